@@ -1,0 +1,57 @@
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume]"""
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model from a preset or a TOML config",
+        description="Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
+        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv.",
+    )
+    p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.max_iters=500 (repeatable)",
+    )
+    p.add_argument("--out", type=Path, help="run folder (default: runs/<preset name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.config import load_preset_or_file, merge, parse_overrides
+    from attnlab.train import resolve, train
+
+    name, doc = load_preset_or_file(args.config)
+    overrides = list(args.overrides) + ([f'train.device="{args.device}"'] if args.device else [])
+    config = resolve(merge(doc, parse_overrides(overrides)))
+    out = args.out if args.out is not None else Path("runs") / name
+    result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
+    summary = {
+        "run": str(result.run_dir),
+        "step": result.step,
+        "train_loss": result.train_loss,
+        "val_loss": result.val_loss,
+        "elapsed_sec": round(result.elapsed_sec, 2),
+        "tokens_per_sec": round(result.tokens_per_sec, 1),
+    }
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(summary)
+    else:
+        print(
+            f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s): "
+            f"val loss {result.val_loss:.4f}. Run folder: {result.run_dir}"
+        )
+    return 0

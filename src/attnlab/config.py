@@ -1,0 +1,155 @@
+"""Configuration plumbing: TOML files and `--set key=value` overrides into frozen dataclasses.
+
+A run's configuration is a TOML document with one table per section (`[model]`, `[data]`,
+`[train]`). Each section becomes a frozen dataclass; an unknown key, a wrong type or an invalid
+value is a `ConfigError` that names the key and suggests close matches.
+"""
+
+import dataclasses
+import difflib
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+import tomllib
+
+from attnlab.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def presets() -> list[str]:
+    """Names of the presets shipped with attnlab (TOML files in `attnlab/presets`)."""
+    folder = resources.files("attnlab") / "presets"
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def close_matches(word: str, choices: typing.Iterable[str]) -> str:
+    """A ' (did you mean ...?)' hint, or '' when nothing is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+
+
+def load_preset_or_file(name: str) -> tuple[str, dict[str, Any]]:
+    """Read a preset by exact name, or a TOML file by path. Returns `(run name, document)`.
+
+    Presets are an exact table of names; a path is anything ending in `.toml` or naming a file.
+    """
+    path = Path(name)
+    if name.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"config file {name} does not exist")
+        stem = path.parent.name if path.name == "config.toml" else path.stem
+        return stem, read_toml(path)
+    if name not in presets():
+        raise ConfigError(
+            f"unknown preset {name!r}{close_matches(name, presets())}; "
+            f"presets are {', '.join(presets())}, or give a path to a .toml file"
+        )
+    text = (resources.files("attnlab") / "presets" / f"{name}.toml").read_text(encoding="utf-8")
+    return name, tomllib.loads(text)
+
+
+def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
+    """`["train.max_iters=10", "data.path=x.txt"]` -> `{"train": {"max_iters": 10}, "data": {"path": "x.txt"}}`.
+
+    Values are read as TOML (`10`, `1e-3`, `true`, `"text"`, `[0.9, 0.95]`); anything that is not
+    valid TOML is taken as a plain string, so `data.path=input.txt` needs no quotes.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p} is a value, not a section")
+        node[leaf] = value
+    return out
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: values in `overrides` win; nested tables merge key by key."""
+    out = dict(base)
+    for k, v in overrides.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    """Return value converted to the annotated type (int -> float is allowed), or raise ConfigError."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        (item_type, *_rest) = typing.get_args(annotation)
+        return tuple(_check_type(v, item_type, where) for v in value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
+        name = getattr(annotation, "__name__", str(annotation))
+        raise ConfigError(f"{where} must be of type {name}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def build(cls: type[T], values: dict[str, Any], section: str) -> T:
+    """Build the frozen dataclass `cls` from a TOML table, checking names, types and values."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{section}] must be a table of key = value pairs")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key {section}.{key}{close_matches(key, fields)}; "
+                f"[{section}] accepts {', '.join(sorted(fields))}"
+            )
+        kwargs[key] = _check_type(value, hints[key], f"{section}.{key}")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(f"[{section}] {e}") from None
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass as a TOML-ready table: None values are left out (TOML has no null)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items() if v is not None}
+
+
+def dump_toml(doc: dict[str, Any]) -> str:
+    return tomli_w.dumps(doc)

@@ -1,0 +1,144 @@
+"""Plain-text corpora for language modelling.
+
+Any UTF-8 file is a corpus. It is split into train and validation text (the last `val_fraction`
+of the characters is validation, as in nanoGPT), encoded once into token files beside the run
+(numpy memmaps, reused while the corpus and tokenizer are unchanged), and served as random
+contiguous blocks.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
+from attnlab.errors import UserError
+from attnlab.fileio import atomic_write, atomic_write_text
+
+TOKEN_CACHE_VERSION = 1
+
+
+def bundled_shakespeare() -> str:
+    """Tiny Shakespeare (Karpathy's char-rnn corpus, 1,115,394 characters), shipped with attnlab."""
+    return (resources.files("attnlab") / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+
+
+def read_corpus(path: str) -> str:
+    """The text of a UTF-8 corpus file; an empty path means the bundled Tiny Shakespeare."""
+    if not path:
+        return bundled_shakespeare()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UserError(f"corpus file {p} does not exist; set data.path to a UTF-8 text file")
+    if not p.is_file():
+        raise UserError(f"corpus path {p} is not a file; set data.path to a UTF-8 text file")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"corpus {p} is not UTF-8: bad byte at line {line} (offset {e.start}); convert it to UTF-8"
+        ) from None
+    if not text.strip():
+        raise UserError(f"corpus {p} is empty; give a text file with some content")
+    return text
+
+
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """The first (1 - val_fraction) of the characters for training, the rest for validation."""
+    n = int(len(text) * (1.0 - val_fraction))
+    return text[:n], text[n:]
+
+
+def train_tokenizer(kind: str, train_text: str, full_text: str, vocab_size: int) -> Tokenizer:
+    """A character tokenizer over the whole corpus (so validation has no unknown characters), or a
+    byte-level BPE trained on the training text alone (bytes cover everything)."""
+    if kind == "char":
+        return CharTokenizer.train(full_text)
+    if kind == "bpe":
+        return BPETokenizer.train(_chunks(train_text), vocab_size)
+    raise UserError(f"unknown tokenizer {kind!r}; data.tokenizer must be 'char' or 'bpe'")
+
+
+def _chunks(text: str, lines_per_chunk: int = 2000) -> list[str]:
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i : i + lines_per_chunk]) for i in range(0, len(lines), lines_per_chunk)]
+
+
+def encode(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """Token ids of `text` as a 1-D array of the smallest unsigned type that holds the vocabulary."""
+    dtype = np.uint16 if tokenizer.vocab_size < 2**16 else np.uint32
+    if isinstance(tokenizer, BPETokenizer):
+        # Encoding line chunks lets the Rust library use every core; chunks end at newlines.
+        ids = [i for chunk in tokenizer.encode_batch(_chunks(text)) for i in chunk]
+    else:
+        ids = tokenizer.encode(text)
+    return np.asarray(ids, dtype=dtype)
+
+
+@dataclass
+class TokenSplits:
+    """Encoded train and validation tokens (memmaps over files in the cache folder)."""
+
+    train: np.ndarray
+    val: np.ndarray
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_splits(
+    tokenizer: Tokenizer, train_text: str, val_text: str, tokenizer_json: str, cache_dir: Path
+) -> TokenSplits:
+    """Encode both splits once into `cache_dir/{train,val}.bin`, reusing them while the corpus and
+    the tokenizer are unchanged (a fingerprint of both is kept in `meta.json`)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = {
+        "version": TOKEN_CACHE_VERSION,
+        "train_sha256": _sha256(train_text.encode("utf-8")),
+        "val_sha256": _sha256(val_text.encode("utf-8")),
+        "tokenizer_sha256": _sha256(tokenizer_json.encode("utf-8")),
+    }
+    meta_path = cache_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if {k: meta.get(k) for k in fingerprint} != fingerprint:
+        meta = dict(fingerprint)
+        for name, text in (("train", train_text), ("val", val_text)):
+            ids = encode(tokenizer, text)
+            atomic_write(cache_dir / f"{name}.bin", ids.tofile)
+            meta[f"{name}_tokens"] = int(ids.size)
+            meta["dtype"] = ids.dtype.name
+        atomic_write_text(meta_path, json.dumps(meta, indent=2))
+    dtype = np.dtype(meta["dtype"])
+    return TokenSplits(
+        *(
+            np.memmap(cache_dir / f"{name}.bin", dtype=dtype, mode="r", shape=(meta[f"{name}_tokens"],))
+            for name in ("train", "val")
+        )
+    )
+
+
+def random_blocks(
+    tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of random contiguous blocks: inputs x `(B, T)` and next-token targets y `(B, T)`, long."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).numpy()
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, block_size + 1)[starts]  # (B, T+1)
+    batch = torch.from_numpy(windows.astype(np.int64))
+    return batch[:, :-1], batch[:, 1:]
+
+
+def sequential_blocks(tokens: np.ndarray, block_size: int, batch_size: int):
+    """Every non-overlapping block of the split in order, in batches: the exact validation loss."""
+    n_blocks = (len(tokens) - 1) // block_size
+    for first in range(0, n_blocks, batch_size):
+        starts = np.arange(first, min(first + batch_size, n_blocks)) * block_size
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, block_size + 1)[starts]
+        batch = torch.from_numpy(windows.astype(np.int64))
+        yield batch[:, :-1], batch[:, 1:]

@@ -1,0 +1,150 @@
+"""Decoding as pure functions outside the models: greedy, sampling, logit filters.
+
+Every strategy runs the same loop: one prefill of the prompt into a KV cache, then one-token
+steps that attend to the cache. When the sequence outgrows the model's block_size the window
+slides: the next token is predicted from the last block_size tokens, recomputed in full (with
+absolute positions, every cached key would sit at the wrong position after a shift).
+
+The model interface: `model(idx, cache=..., last_only=True) -> logits (B, 1, V)`,
+`model.new_cache(batch_size, max_len)`, `model.config.block_size`.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B,)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row, set the rest to -inf. logits `(B, V)`."""
+    k = min(k, logits.size(-1))
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter (Holtzman et al. 2020): keep the smallest set of tokens whose probability
+    sums to at least p (the most likely token always stays). logits `(B, V)`."""
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # Drop a token when the tokens before it already reach p.
+    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def greedy_picker() -> Picker:
+    return lambda logits: logits.argmax(dim=-1)
+
+
+def sampling_picker(
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Picker:
+    """Sample from softmax(logits / temperature) after the optional top-k and top-p filters."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return greedy_picker()
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float() / temperature
+        if top_k is not None:
+            logits = top_k_filter(logits, top_k)
+        if top_p is not None:
+            logits = top_p_filter(logits, top_p)
+        probs = torch.softmax(logits, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    return pick
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def generate_tokens(
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    pick: Picker,
+    *,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token ids `(B,)` one step at a time, after the prompt idx `(B, T)` (long).
+
+    With `eos_id`, a sequence that produced it keeps producing it (padding), and the iteration
+    ends when every sequence has. The model runs in eval mode without autograd.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if idx.dim() != 2 or idx.size(1) == 0:
+        raise ValueError(f"prompt must be a (B, T) tensor with T >= 1, got shape {tuple(idx.shape)}")
+    block = model.config.block_size
+    with _eval_mode(model):
+        seq = idx
+        cache = model.new_cache(idx.size(0), block) if use_cache else None
+        logits = model(seq[:, -block:], cache=cache, last_only=True)
+        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+        for _ in range(max_new_tokens):
+            token = pick(logits[:, -1, :])
+            if eos_id is not None:
+                token = token.masked_fill(done, eos_id)
+                done = done | (token == eos_id)
+            yield token
+            if eos_id is not None and bool(done.all()):
+                return
+            seq = torch.cat([seq, token[:, None]], dim=1)
+            if cache is not None and cache[0].length < block:
+                logits = model(token[:, None], cache=cache, last_only=True)
+            else:
+                cache = None  # the window slides from here on
+                logits = model(seq[:, -block:], last_only=True)
+
+
+def _collect(idx: torch.Tensor, tokens: Iterator[torch.Tensor]) -> torch.Tensor:
+    new = list(tokens)
+    return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx
+
+
+def greedy(
+    model: nn.Module, idx: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None, use_cache: bool = True
+) -> torch.Tensor:
+    """Extend idx `(B, T)` with the most likely token at each step -> `(B, T + N)`, N <= max_new_tokens."""
+    return _collect(
+        idx, generate_tokens(model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache)
+    )
+
+
+def sample(
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """Extend idx `(B, T)` by sampling -> `(B, T + N)`, N <= max_new_tokens. temperature 0 is greedy."""
+    pick = sampling_picker(temperature, top_k, top_p, generator)
+    return _collect(idx, generate_tokens(model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache))

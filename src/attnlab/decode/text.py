@@ -1,0 +1,90 @@
+"""Text in, text out: prompt encoding, incremental detokenisation and stop strings."""
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from attnlab.data.tokenizers import Tokenizer
+from attnlab.decode.sampling import Picker, generate_tokens
+from attnlab.errors import UserError
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The prompt as ids `(1, T)`. An empty prompt starts from the end-of-text token, or a newline."""
+    if prompt:
+        ids = tokenizer.encode(prompt)
+    elif tokenizer.eos_id is not None:
+        ids = [tokenizer.eos_id]
+    else:
+        try:
+            ids = tokenizer.encode("\n")
+        except UserError:
+            raise UserError("the prompt is empty and this tokenizer has no start token; pass --prompt TEXT") from None
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of text could be the start of a stop string."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                longest = max(longest, n)
+                break
+    return longest
+
+
+def stream_text(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    pick: Picker,
+    *,
+    stop: Sequence[str] = (),
+) -> Iterator[str]:
+    """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come.
+
+    Byte-level tokens can end inside a UTF-8 character, and a stop string can span tokens, so a
+    piece is only yielded once it can no longer change; the text ends before the first stop string.
+    """
+    ids: list[int] = []
+    emitted = 0
+    for token in generate_tokens(model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id):
+        token_id = int(token[0])
+        if token_id == tokenizer.eos_id:
+            break
+        ids.append(token_id)
+        text = tokenizer.decode(ids)
+        hits = [text.find(s, max(0, emitted - len(s))) for s in stop]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            end = min(hits)
+            if end > emitted:
+                yield text[emitted:end]
+            return
+        safe = len(text) - _held_back(text, stop)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its other bytes
+            safe = min(safe, len(text.rstrip("\ufffd")))
+        if safe > emitted:
+            yield text[emitted:safe]
+            emitted = safe
+    text = tokenizer.decode(ids)
+    if len(text) > emitted:
+        yield text[emitted:]
+
+
+def complete(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    pick: Picker,
+    *,
+    stop: Sequence[str] = (),
+) -> str:
+    """The continuation of `prompt` (without the prompt), ending before any stop string."""
+    device = next(model.parameters()).device
+    ids = encode_prompt(tokenizer, prompt, device)
+    return "".join(stream_text(model, tokenizer, ids, max_new_tokens, pick, stop=stop))

@@ -1,0 +1,168 @@
+"""Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, §3.2).
+
+Shape legend: B batch, T time (Tq queries, Tk keys), H heads, D head dim, C model dim.
+Masks are boolean, `True` = may attend (see `attnlab.nn.masks`).
+
+References:
+- "Attention Is All You Need", Eq. 1 (scaled dot-product) and §3.2.2 (multi-head).
+- gpt-fast: an explicit, preallocated KV cache object for incremental decoding.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.masks import causal_mask
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ / √D) v, written out as Eq. 1 of the paper.
+
+    q `(..., Tq, D)`, k `(..., Tk, D)`, v `(..., Tk, Dv)`; mask bool broadcastable to
+    `(..., Tq, Tk)`, `True` = may attend. Returns `(out (..., Tq, Dv), weights (..., Tq, Tk))`.
+    The weights are those of the softmax, before dropout. A query whose keys are all masked gets
+    zero weights and a zero output, never NaN.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        # A row with every key masked is softmax(-inf, ..., -inf) = NaN; it attends to nothing.
+        weights = weights.masked_fill(~mask, 0.0)
+    applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
+    return applied @ v, weights
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer, for incremental decoding.
+
+    Buffers are `(B, H, max_len, D)`; `length` counts the positions filled so far. `append`
+    writes the new keys and values in place and returns views of everything cached.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (batch_size, n_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(2)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v `(B, H, T, D)` after what is cached; return all keys and values so far."""
+        start, end = self.length, self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W_O, head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i).
+
+    The per-head projections W_Q^i, W_K^i, W_V^i are stored stacked in one `in_proj` of shape
+    `(3C, C)` (the layout of `torch.nn.MultiheadAttention`): self-attention projects q, k, v with
+    one matmul; cross-attention projects the queries with the first C rows and the memory with the
+    rest.
+
+    The explicit path materialises the weights (needed when they are returned); otherwise the fused
+    `torch.nn.functional.scaled_dot_product_attention` kernel runs. Both compute the same function.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values `(B, H, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
+        c = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
+        k, v = F.linear(memory, self.in_proj.weight[c:], bias).split(c, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention).
+
+        mask: bool, broadcastable to `(B, H, Tq, Tk)`, `True` = may attend.
+        causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
+            positions of the cached sequence.
+        cache: keys and values of earlier positions; the new ones are appended to it.
+        Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
+        """
+        b, t_q, c = x.shape
+        if memory is None:
+            q, k, v = self.in_proj(x).split(c, dim=-1)
+            k, v = self._split_heads(k), self._split_heads(v)
+        else:
+            bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
+            q = F.linear(x, self.in_proj.weight[:c], bias)
+            k, v = self.project_memory(memory)
+        q = self._split_heads(q)  # (B, H, Tq, D)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        t_k = k.size(2)
+
+        dropout_p = self.dropout if self.training else 0.0
+        # A square causal problem has a dedicated flag in the fused kernel; anything else needs
+        # the mask written out.
+        fused_causal = causal and mask is None and t_q == t_k and not need_weights
+        if causal and not fused_causal and t_q > 1:
+            look_ahead = causal_mask(t_q, t_k, device=x.device)
+            mask = look_ahead if mask is None else mask & look_ahead
+
+        if need_weights:
+            y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
+            if mask is not None:
+                # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
+                y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+            weights = None
+        y = y.transpose(1, 2).contiguous().view(b, t_q, c)  # (B, Tq, C): concat(head_1..head_h)
+        return self.out_proj(y), weights

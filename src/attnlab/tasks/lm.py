@@ -1,0 +1,117 @@
+"""Language modelling: a GPT trained on a text corpus to predict the next token.
+
+The task knows which model (GPT), which data (a text corpus split 90/10, char or BPE tokens),
+which loss (next-token cross-entropy) and which metric (validation loss and perplexity). The
+trainer and the CLI know nothing more specific than this interface.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnlab.data.text import encode_splits, random_blocks, read_corpus, sequential_blocks, split_text, train_tokenizer
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.errors import UserError
+from attnlab.eval import perplexity
+from attnlab.models import GPT, GPTConfig
+
+TOKENIZER_KINDS = ("char", "bpe")
+
+
+@dataclass(frozen=True)
+class LMDataConfig:
+    """Where the text comes from and how it becomes tokens."""
+
+    path: str = ""
+    """A UTF-8 text file; empty means the bundled Tiny Shakespeare."""
+    tokenizer: str = "char"
+    """"char" (one token per character) or "bpe" (byte-level BPE trained on the corpus)."""
+    vocab_size: int = 4096
+    """Target vocabulary size of the BPE tokenizer (ignored for "char")."""
+    val_fraction: float = 0.1
+    """Share of the corpus (its end) held out for validation."""
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZER_KINDS:
+            raise ValueError(f"tokenizer must be one of {list(TOKENIZER_KINDS)}, got {self.tokenizer!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.vocab_size < 257:
+            raise ValueError(f"vocab_size must be >= 257 (256 bytes + 1 special token), got {self.vocab_size}")
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class LanguageModeling:
+    """Next-token prediction on a text corpus with a GPT."""
+
+    name = "lm"
+    model_class = GPT
+    model_config_class = GPTConfig
+    data_config_class = LMDataConfig
+
+    def __init__(self, data: LMDataConfig, model: GPTConfig, run_dir: Path, *, resume: bool = False) -> None:
+        """Read the corpus, train the tokenizer (or reload the run's own when resuming), and encode
+        both splits into `run_dir/data`."""
+        self.data_config = data
+        text = read_corpus(data.path)
+        train_text, val_text = split_text(text, data.val_fraction)
+        tokenizer_path = run_dir / "tokenizer.json"
+        if resume:
+            self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
+        else:
+            self.tokenizer = train_tokenizer(data.tokenizer, train_text, text, data.vocab_size)
+            self.tokenizer.save(tokenizer_path)
+        self.splits = encode_splits(
+            self.tokenizer, train_text, val_text, tokenizer_path.read_text(encoding="utf-8"), run_dir / "data"
+        )
+        self.model_config = dataclasses.replace(model, vocab_size=self.tokenizer.vocab_size)
+        block = self.model_config.block_size
+        for name, tokens in (("train", self.splits.train), ("val", self.splits.val)):
+            if len(tokens) <= block:
+                raise UserError(
+                    f"the {name} split of the corpus has {len(tokens)} tokens, fewer than one block of "
+                    f"{block} + 1; use a longer corpus or a smaller model.block_size"
+                )
+
+    def build_model(self) -> GPT:
+        return self.model_class(self.model_config)
+
+    def tokens(self, split: str) -> np.ndarray:
+        return self.splits.train if split == "train" else self.splits.val
+
+    def sample_batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
+        """Random contiguous blocks `(B, T)` from a split, with next-token targets."""
+        return random_blocks(self.tokens(split), batch_size, self.model_config.block_size, generator)
+
+    @staticmethod
+    def batch_tokens(batch: Batch) -> int:
+        return batch[0].numel()
+
+    @staticmethod
+    def loss(model: GPT, batch: Batch, device: torch.device) -> torch.Tensor:
+        x, y = (t.to(device, non_blocking=True) for t in batch)
+        _, loss = model(x, y)
+        return loss
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: GPT, device: torch.device, *, split: str = "val", batch_size: int = 64
+    ) -> dict[str, float]:
+        """Loss and perplexity over every non-overlapping block of a split: deterministic."""
+        model.eval()
+        total, count = 0.0, 0
+        for x, y in sequential_blocks(self.tokens(split), self.model_config.block_size, batch_size):
+            _, loss = model(x.to(device), y.to(device))
+            total += loss.item() * y.numel()
+            count += y.numel()
+        mean = total / count if count else math.nan
+        return {f"{split}_loss": mean, f"{split}_ppl": perplexity(mean)}
+
+
+TASKS = {LanguageModeling.name: LanguageModeling}

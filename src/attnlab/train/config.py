@@ -1,0 +1,123 @@
+"""The resolved configuration of a run: task, model, data, train.
+
+A TOML document (a preset, a file, or a run folder's config.toml) plus `--set` overrides becomes
+a `RunConfig`; the model and data sections are the task's own dataclasses.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnlab.config import as_dict, build, close_matches, dump_toml
+from attnlab.errors import ConfigError
+from attnlab.tasks import TASKS
+
+CONFIG_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation recipe. Names follow nanoGPT where it has one."""
+
+    max_iters: int = 2000
+    """Optimizer steps to run (training stops here; the schedule is set by lr_decay_iters)."""
+    batch_size: int = 12
+    """Sequences per micro-batch."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step."""
+    learning_rate: float = 1e-3
+    """Peak learning rate, reached at the end of warm-up."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_iters: int = 100
+    """Steps of linear warm-up."""
+    lr_decay_iters: int | None = None
+    """Step at which the cosine reaches min_lr; None means max_iters."""
+    decay_lr: bool = True
+    """False keeps the learning rate constant after warm-up."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, on weight matrices only."""
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables."""
+    eval_interval: int = 250
+    """Estimate train and val loss (and save a checkpoint) every this many steps."""
+    eval_iters: int = 20
+    """Batches per split for the loss estimate."""
+    log_interval: int = 10
+    """Steps between progress updates (each costs a host sync)."""
+    seed: int = 1337
+    device: str = "auto"
+    """"auto", "cpu" or "cuda"."""
+    dtype: str = "float32"
+    """"float32", or "bfloat16" autocast with fp32 master weights."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_iters", "warmup_iters"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0 or self.min_lr < 0:
+            raise ValueError("learning_rate must be > 0 and min_lr >= 0")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
+            raise ValueError(f"lr_decay_iters must be >= 1, got {self.lr_decay_iters}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("grad_clip and weight_decay must be >= 0")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    @property
+    def decay_steps(self) -> int:
+        return self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    model: Any
+    data: Any
+    train: TrainConfig
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "format_version": CONFIG_FORMAT_VERSION,
+            "task": self.task,
+            "model": as_dict(self.model),
+            "data": as_dict(self.data),
+            "train": as_dict(self.train),
+        }
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_doc())
+
+
+SECTIONS = ("model", "data", "train")
+
+
+def resolve(doc: dict[str, Any]) -> RunConfig:
+    """Check a TOML document and build its RunConfig. Unknown sections or keys are errors."""
+    allowed = {"format_version", "task", *SECTIONS}
+    for key in doc:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown config key {key!r}{close_matches(key, allowed)}; top-level keys are {sorted(allowed)}"
+            )
+    version = doc.get("format_version", CONFIG_FORMAT_VERSION)
+    if version != CONFIG_FORMAT_VERSION:
+        raise ConfigError(
+            f"config format_version {version!r} is not supported (this attnlab reads {CONFIG_FORMAT_VERSION})"
+        )
+    task_name = doc.get("task", "lm")
+    if task_name not in TASKS:
+        raise ConfigError(
+            f"unknown task {task_name!r}{close_matches(str(task_name), TASKS)}; tasks are {sorted(TASKS)}"
+        )
+    task = TASKS[task_name]
+    return RunConfig(
+        task=task_name,
+        model=build(task.model_config_class, doc.get("model", {}), "model"),
+        data=build(task.data_config_class, doc.get("data", {}), "data"),
+        train=build(TrainConfig, doc.get("train", {}), "train"),
+    )

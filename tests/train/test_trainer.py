@@ -1,0 +1,192 @@
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab import load
+from attnlab.config import merge, parse_overrides, read_toml
+from attnlab.errors import CheckpointError, UserError
+from attnlab.models import GPT, GPTConfig
+from attnlab.train import resolve, train
+from attnlab.train.checkpoint import TRAIN_STATE, WEIGHTS
+from attnlab.train.optim import param_groups
+from attnlab.train.schedules import inverse_sqrt, warmup_cosine
+
+
+def config(toml: Path, *overrides: str):
+    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / WEIGHTS)
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_warmup_cosine_matches_formula():
+    kw = dict(max_lr=1.0, min_lr=0.1, warmup=10, decay_steps=110)
+    assert warmup_cosine(0, **kw) == pytest.approx(1 / 11)
+    assert warmup_cosine(9, **kw) == pytest.approx(10 / 11)
+    assert warmup_cosine(10, **kw) == pytest.approx(1.0)
+    assert warmup_cosine(60, **kw) == pytest.approx(0.1 + 0.5 * (1 + math.cos(math.pi * 0.5)) * 0.9)
+    assert warmup_cosine(110, **kw) == pytest.approx(0.1)
+    assert warmup_cosine(500, **kw) == pytest.approx(0.1)
+
+
+def test_inverse_sqrt_is_the_papers_schedule():
+    d, w = 512, 4000
+    for step in (0, 100, 3999, 4000, 20000):
+        n = step + 1
+        assert inverse_sqrt(step, d_model=d, warmup=w) == pytest.approx(d**-0.5 * min(n**-0.5, n * w**-1.5))
+
+
+def test_weight_decay_only_on_linear_matrices():
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    decay, no_decay = param_groups(model, 0.1)
+    decayed = {id(p) for p in decay["params"]}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert id(model.token_embedding.weight) not in decayed  # tied with lm_head: still an embedding
+    assert id(model.positions.embedding.weight) not in decayed
+    assert all(names[i].endswith("weight") and "norm" not in names[i] for i in decayed)
+    assert {names[i] for i in decayed} == {
+        n for n, p in model.named_parameters() if p.dim() == 2 and "embedding" not in n
+    }
+    total = sum(len(g["params"]) for g in (decay, no_decay))
+    assert total == len(list(model.parameters()))
+
+
+def test_training_lowers_the_loss_and_writes_a_complete_run(tiny_toml, tmp_path):
+    result = train(config(tiny_toml, "train.max_iters=30", "train.eval_interval=10"), tmp_path / "run", progress=False)
+    run_dir = tmp_path / "run"
+    for name in (
+        "config.toml",
+        "model.safetensors",
+        "tokenizer.json",
+        "train_state.pt",
+        "metrics.csv",
+        "checkpoint.json",
+    ):
+        assert (run_dir / name).is_file(), name
+    rows = metric_rows(run_dir)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [int(r["step"]) for r in evals] == [0, 10, 20, 30]
+    assert float(evals[-1]["val_loss"]) < float(evals[0]["val_loss"]) - 0.3
+    assert result.step == 30 and result.val_loss == pytest.approx(float(evals[-1]["val_loss"]), rel=1e-4)
+    # The resolved config records the vocabulary the tokenizer produced.
+    run = load(run_dir)
+    assert run.config.model.vocab_size == run.tokenizer.vocab_size
+
+
+def test_same_config_twice_gives_the_same_losses(tiny_toml, tmp_path):
+    train(config(tiny_toml), tmp_path / "a", progress=False)
+    train(config(tiny_toml), tmp_path / "b", progress=False)
+    losses = [[(r["train_loss"], r["val_loss"]) for r in metric_rows(tmp_path / d)] for d in ("a", "b")]
+    assert losses[0] == losses[1]
+    for name, t in weights(tmp_path / "a").items():
+        assert torch.equal(t, weights(tmp_path / "b")[name]), name
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_resume_is_bit_identical_to_training_straight_through(tiny_toml, tmp_path, dropout):
+    common = [f"model.dropout={dropout}", "train.lr_decay_iters=16", "train.gradient_accumulation_steps=2"]
+    train(config(tiny_toml, "train.max_iters=16", *common), tmp_path / "straight", progress=False)
+    train(config(tiny_toml, "train.max_iters=8", *common), tmp_path / "split", progress=False)
+    train(config(tiny_toml, "train.max_iters=16", *common), tmp_path / "split", resume=True, progress=False)
+    straight, split = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert straight.keys() == split.keys()
+    for name in straight:
+        assert torch.equal(straight[name], split[name]), name
+    # The resumed run's log continues where the first stopped, with no duplicated steps.
+    steps = [int(r["step"]) for r in metric_rows(tmp_path / "split") if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 16
+
+
+def test_max_iters_does_not_change_the_schedule_when_lr_decay_iters_is_set(tiny_toml, tmp_path):
+    train(config(tiny_toml, "train.max_iters=4", "train.lr_decay_iters=8"), tmp_path / "short", progress=False)
+    train(config(tiny_toml, "train.max_iters=8", "train.lr_decay_iters=8"), tmp_path / "long", progress=False)
+    lr = {d: {r["step"]: r["lr"] for r in metric_rows(tmp_path / d) if r["kind"] == "train"} for d in ("short", "long")}
+    assert lr["short"] == {k: v for k, v in lr["long"].items() if int(k) <= 4}
+
+
+def test_resume_log_drops_rows_written_after_the_checkpoint(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    train(config(tiny_toml, "train.max_iters=4"), run_dir, progress=False)
+    with open(run_dir / "metrics.csv", "a", newline="") as f:
+        f.write("6,train,9.9,,0.001,1,1\n")  # as if the run died after logging step 6
+    train(config(tiny_toml, "train.max_iters=8"), run_dir, resume=True, progress=False)
+    rows = [r for r in metric_rows(run_dir) if r["kind"] == "train"]
+    assert "9.9" not in [r["train_loss"] for r in rows]
+    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8]
+
+
+def test_resume_refuses_a_different_model(tiny_toml, tmp_path):
+    train(config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
+    with pytest.raises(CheckpointError, match=r"model config differs.*n_embd: 32 in the run, 64 asked for"):
+        train(config(tiny_toml, "model.n_embd=64"), tmp_path / "run", resume=True, progress=False)
+
+
+def test_fresh_run_refuses_an_existing_run_folder(tiny_toml, tmp_path):
+    train(config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / WEIGHTS).read_bytes()
+    with pytest.raises(UserError, match="already holds a run; pass --resume"):
+        train(config(tiny_toml), tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / WEIGHTS).read_bytes() == before
+
+
+def test_resume_without_a_run_is_an_error(tiny_toml, tmp_path):
+    with pytest.raises(CheckpointError, match="holds no run"):
+        train(config(tiny_toml), tmp_path / "empty", resume=True, progress=False)
+
+
+def test_corrupt_weights_are_detected(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    data = bytearray((run_dir / WEIGHTS).read_bytes())
+    data[-10] ^= 0xFF
+    (run_dir / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load(run_dir)
+
+
+def test_train_state_holds_only_tensors_and_plain_containers(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    state = torch.load(run_dir / TRAIN_STATE, weights_only=True)
+    assert state["step"] == 2 and set(state) >= {"optimizer", "batch_rng", "torch_rng"}
+
+
+def test_saved_and_loaded_model_give_identical_logits(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    run = load(run_dir)
+    again = load(run_dir)
+    idx = torch.randint(0, run.config.model.vocab_size, (2, 16))
+    assert torch.equal(run.model(idx), again.model(idx))
+    fresh = GPT(run.config.model)
+    assert not torch.equal(fresh(idx), run.model(idx))  # loading really replaced the initial weights
+
+
+def test_short_corpus_is_a_clear_error(tmp_path, tiny_toml):
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be: that is the question.\n" * 2)
+    with pytest.raises(UserError, match="fewer than one block"):
+        train(config(tiny_toml, f'data.path="{short.as_posix()}"'), tmp_path / "run", progress=False)
+
+
+def test_bpe_corpus_trains(tiny_toml, tmp_path):
+    result = train(
+        config(tiny_toml, 'data.tokenizer="bpe"', "data.vocab_size=300", "train.max_iters=2"),
+        tmp_path / "run",
+        progress=False,
+    )
+    run = load(result.run_dir)
+    assert run.tokenizer.vocab_size <= 300 and run.config.model.vocab_size == run.tokenizer.vocab_size
+    text = "Citizen: we are accounted poor citizens"
+    assert run.tokenizer.decode(run.tokenizer.encode(text)) == text
