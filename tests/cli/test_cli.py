@@ -1,0 +1,195 @@
+"""The command line end to end, on a tiny real run, and every bad input the user can give it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.train.checkpoint import WEIGHTS
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run `attnlab ARGS` in this process; returns (exit code, stdout, stderr)."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse usage errors and --help
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(result: tuple[int, str, str], *fragments: str) -> None:
+    code, _, err = result
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """One tiny run shared by the read-only tests of this module."""
+    from attnlab.data.text import bundled_shakespeare
+
+    folder = tmp_path_factory.mktemp("cli")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(bundled_shakespeare()[:20_000])
+    run_dir = folder / "run"
+    code = main(
+        ["train", "shakespeare-char-cpu", "--out", str(run_dir), "--quiet", "--set", f"data.path={corpus}"]
+        + [f"--set={kv}" for kv in ("train.max_iters=6", "train.eval_interval=3", "train.eval_iters=2")]
+        + [f"--set={kv}" for kv in ("model.block_size=16", "model.n_layer=1", "model.n_embd=32", "model.n_head=2")]
+    )
+    assert code == 0
+    return run_dir
+
+
+def test_every_command_has_help(capsys):
+    for command in ("train", "sample", "eval", "demo"):
+        code, out, _ = cli(capsys, command, "--help")
+        assert code == 0 and out.startswith("usage: attnlab " + command)
+
+
+def test_train_json_sample_and_eval(trained_run, capsys, tiny_toml, tmp_path):
+    code, out, _ = cli(capsys, "train", tiny_toml, "--out", tmp_path / "run", "--json", "--set", "train.max_iters=4")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["step"] == 4 and summary["run"] == str(tmp_path / "run") and summary["val_loss"] > 0
+
+    code, out, _ = cli(capsys, "eval", trained_run, "--json")
+    assert code == 0
+    metrics = json.loads(out)
+    assert set(metrics) >= {"val_loss", "val_ppl"}
+    assert metrics["val_ppl"] == pytest.approx(2.718281828 ** metrics["val_loss"], rel=1e-6)
+
+    code, out, _ = cli(capsys, "sample", trained_run, "--prompt", "ROMEO:", "--max-new-tokens", "30", "--json")
+    assert code == 0
+    sample = json.loads(out)["samples"][0]
+    assert 0 < len(sample) <= 30  # char tokenizer: one character per token
+
+
+def test_sample_is_seeded_and_streaming_prints_the_same_text(trained_run, capsys):
+    args = ("sample", trained_run, "--prompt", "First", "--max-new-tokens", "40", "--seed", "7")
+    _, first, _ = cli(capsys, *args)
+    _, second, _ = cli(capsys, *args)
+    _, streamed, _ = cli(capsys, *args, "--stream")
+    _, other_seed, _ = cli(capsys, *args[:-1], "8")
+    assert first == second == streamed
+    assert first != other_seed
+    assert first.startswith("First")
+
+
+def test_greedy_sample_with_stop_string(trained_run, capsys):
+    base = ("sample", trained_run, "--prompt", "A", "--temperature", "0", "--max-new-tokens", "60", "--json")
+    full = json.loads(cli(capsys, *base)[1])["samples"][0]
+    stop = full[5:7]
+    cut = json.loads(cli(capsys, *base, "--stop", stop)[1])["samples"][0]
+    assert cut == full[: full.index(stop)]
+
+
+def test_unknown_preset_suggests_close_matches(capsys):
+    assert_user_error(cli(capsys, "train", "shakespeare-char-cp"), "unknown preset", "shakespeare-char-cpu")
+
+
+def test_unknown_config_key_is_named_with_suggestion(capsys, tiny_toml, tmp_path):
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "train.max_itres=3")
+    assert_user_error(result, "train.max_itres", "did you mean 'max_iters'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_wrong_value_type(capsys, tiny_toml, tmp_path):
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_layer=two")
+    assert_user_error(result, "model.n_layer", "int")
+
+
+def test_invalid_value(capsys, tiny_toml, tmp_path):
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_head=3")
+    assert_user_error(result, "n_embd (32) must be divisible by n_head (3)")
+
+
+def test_missing_corpus(capsys, tiny_toml, tmp_path):
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", f"data.path={tmp_path / 'no.txt'}")
+    assert_user_error(result, "no.txt does not exist")
+
+
+def test_empty_corpus(capsys, tiny_toml, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", f"data.path={empty}")
+    assert_user_error(result, "empty.txt is empty")
+
+
+def test_corpus_shorter_than_one_block(capsys, tiny_toml, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Now is the winter of our discontent.\n" * 3)
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", f"data.path={short}")
+    assert_user_error(result, "fewer than one block", "model.block_size")
+
+
+def test_prompt_with_unseen_characters(trained_run, capsys):
+    assert_user_error(cli(capsys, "sample", trained_run, "--prompt", "Grüße ☃"), "never saw", "'ü'", "'☃'")
+
+
+def test_negative_max_new_tokens(trained_run, capsys):
+    assert_user_error(cli(capsys, "sample", trained_run, "--max-new-tokens", "-5"), "--max-new-tokens", ">= 0")
+
+
+def test_bad_sampling_values(trained_run, capsys):
+    assert_user_error(cli(capsys, "sample", trained_run, "--temperature", "-1"), "--temperature")
+    assert_user_error(cli(capsys, "sample", trained_run, "--top-p", "1.5"), "--top-p")
+
+
+def test_missing_run_folder(capsys, tmp_path):
+    assert_user_error(cli(capsys, "sample", tmp_path / "nope"), "does not exist")
+    assert_user_error(cli(capsys, "eval", tmp_path / "nope"), "does not exist")
+
+
+def test_folder_that_is_not_a_run(capsys, tmp_path):
+    assert_user_error(cli(capsys, "eval", tmp_path), "not a run folder")
+
+
+def test_corrupt_checkpoint(capsys, trained_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_run, copy)
+    (copy / WEIGHTS).write_bytes((copy / WEIGHTS).read_bytes()[:-100])
+    assert_user_error(cli(capsys, "sample", copy), "corrupt")
+    assert_user_error(cli(capsys, "eval", copy), "corrupt")
+
+
+def test_resume_with_a_different_model_config_keeps_the_run(capsys, tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", tiny_toml, "--out", run_dir, "--quiet", "--set", "train.max_iters=2")[0] == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    result = cli(capsys, "train", tiny_toml, "--out", run_dir, "--resume", "--set", "model.n_layer=3")
+    assert_user_error(result, "model config differs", "n_layer: 2 in the run, 3 asked for")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+def test_existing_run_without_resume(capsys, tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", tiny_toml, "--out", run_dir, "--quiet", "--set", "train.max_iters=2")[0] == 0
+    assert_user_error(cli(capsys, "train", tiny_toml, "--out", run_dir), "already holds a run", "--resume")
+
+
+def test_resume_via_cli_continues(capsys, tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli(capsys, "train", tiny_toml, "--out", run_dir, "--quiet", "--set", "train.max_iters=2")[0] == 0
+    code, out, _ = cli(capsys, "train", tiny_toml, "--out", run_dir, "--resume", "--json", "--set", "train.max_iters=4")
+    assert code == 0 and json.loads(out)["step"] == 4
+
+
+def test_real_process_error_has_no_traceback(tmp_path):
+    """The installed entry point, as a user runs it: exit code 2, one line, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnlab", "sample", str(tmp_path / "missing")], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
