@@ -7,6 +7,7 @@ value is a `ConfigError` that names the key and suggests close matches.
 
 import dataclasses
 import difflib
+import tomllib
 import types
 import typing
 from importlib import resources
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tomli_w
-import tomllib
 
 from attnlab.errors import ConfigError
 

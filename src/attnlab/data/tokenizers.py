@@ -132,10 +132,19 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer:
         raise UserError(f"tokenizer file {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"tokenizer file {path} is unreadable or not JSON ({e}); retrain or restore it") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path} is not a tokenizer file attnlab can read: expected a JSON object")
     if doc.get("format") == CHAR_FORMAT:
         if doc.get("version") != CHAR_FORMAT_VERSION:
             raise UserError(f"{path}: unsupported character tokenizer version {doc.get('version')!r}")
-        return CharTokenizer(doc["chars"])
+        chars = doc.get("chars")
+        if (
+            not isinstance(chars, list)
+            or not all(isinstance(c, str) and len(c) == 1 for c in chars)
+            or len(set(chars)) != len(chars)
+        ):
+            raise UserError(f"{path}: 'chars' must be a list of distinct single characters; retrain or restore it")
+        return CharTokenizer(chars)
     from tokenizers import Tokenizer as HFTokenizer
 
     try:

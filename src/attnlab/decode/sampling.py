@@ -28,6 +28,8 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filter (Holtzman et al. 2020): keep the smallest set of tokens whose probability
     sums to at least p (the most likely token always stays). logits `(B, V)`."""
+    if p >= 1.0:  # everything; a float32 running sum can reach 1 before the tail and cut it
+        return logits
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     # Drop a token when the tokens before it already reach p.
@@ -98,20 +100,24 @@ def generate_tokens(
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"prompt must be a (B, T) tensor with T >= 1, got shape {tuple(idx.shape)}")
     block = model.config.block_size
+    # Eval and inference mode are entered around each model call, never across a `yield`: the
+    # caller's code runs between steps and must not inherit them (nor lose them when another
+    # generator, suspended in between, exits its context out of order).
+    seq = idx
     with _eval_mode(model):
-        seq = idx
         cache = model.new_cache(idx.size(0), block) if use_cache else None
         logits = model(seq[:, -block:], cache=cache, last_only=True)
-        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-        for _ in range(max_new_tokens):
-            token = pick(logits[:, -1, :])
-            if eos_id is not None:
-                token = token.masked_fill(done, eos_id)
-                done = done | (token == eos_id)
-            yield token
-            if eos_id is not None and bool(done.all()):
-                return
-            seq = torch.cat([seq, token[:, None]], dim=1)
+    done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+    for _ in range(max_new_tokens):
+        token = pick(logits[:, -1, :])
+        if eos_id is not None:
+            token = token.masked_fill(done, eos_id)
+            done = done | (token == eos_id)
+        yield token
+        if eos_id is not None and bool(done.all()):
+            return
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        with _eval_mode(model):
             if cache is not None and cache[0].length < block:
                 logits = model(token[:, None], cache=cache, last_only=True)
             else:

@@ -49,6 +49,7 @@ def stream_text(
     Byte-level tokens can end inside a UTF-8 character, and a stop string can span tokens, so a
     piece is only yielded once it can no longer change; the text ends before the first stop string.
     """
+    stop = [s for s in stop if s]  # an empty stop string would end every completion at once
     ids: list[int] = []
     emitted = 0
     for token in generate_tokens(model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id):
@@ -64,9 +65,10 @@ def stream_text(
             if end > emitted:
                 yield text[emitted:end]
             return
-        safe = len(text) - _held_back(text, stop)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its other bytes
-            safe = min(safe, len(text.rstrip("\ufffd")))
+        # An incomplete UTF-8 sequence decodes as U+FFFD: wait for its other bytes. What could
+        # start a stop string is held back from the complete characters before it.
+        stable = text.rstrip("\ufffd")
+        safe = len(stable) - _held_back(stable, stop)
         if safe > emitted:
             yield text[emitted:safe]
             emitted = safe

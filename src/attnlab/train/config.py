@@ -110,7 +110,7 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
             f"config format_version {version!r} is not supported (this attnlab reads {CONFIG_FORMAT_VERSION})"
         )
     task_name = doc.get("task", "lm")
-    if task_name not in TASKS:
+    if not isinstance(task_name, str) or task_name not in TASKS:
         raise ConfigError(
             f"unknown task {task_name!r}{close_matches(str(task_name), TASKS)}; tasks are {sorted(TASKS)}"
         )
