@@ -166,8 +166,10 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         save_checkpoint(run_dir, model, state)
 
     write = sys.stderr.write
-    bar = tqdm(total=tc.max_iters, initial=step, disable=not progress, dynamic_ncols=True, unit="it", file=sys.stderr)
-    log = bar.write if progress else (lambda s: write(s + "\n"))
+    # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
+    show_bar = progress and sys.stderr.isatty()
+    bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
+    log = bar.write if show_bar else (lambda s: write(s + "\n"))
     losses = {"train": math.nan, "val": math.nan}
     if step == 0 and tc.max_iters > 0:
         losses = estimate(0)
