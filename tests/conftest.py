@@ -1,11 +1,13 @@
 """Shared fixtures: a small real corpus and a tiny run configuration that trains in about a second."""
 
+import gzip
 from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.data.text import bundled_shakespeare
+from helpers import FIXTURE, SPLITS
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -56,3 +58,14 @@ def tiny_toml(tmp_path: Path, corpus: Path) -> Path:
     path = tmp_path / "tiny.toml"
     path.write_text(TINY_TOML.format(corpus=corpus.as_posix()), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def fifty_pairs(tmp_path_factory) -> Path:
+    """A Multi30k-shaped folder whose every split is the same 50 real training pairs."""
+    folder = tmp_path_factory.mktemp("fifty")
+    for lang in ("de", "en"):
+        lines = gzip.decompress((FIXTURE / f"train.{lang}.gz").read_bytes()).decode("utf-8").splitlines()[:50]
+        for split in SPLITS:
+            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
+    return folder

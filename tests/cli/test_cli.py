@@ -8,27 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import main
-from attnlab.train.checkpoint import WEIGHTS
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """Run `attnlab ARGS` in this process; returns (exit code, stdout, stderr)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse usage errors and --help
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(result: tuple[int, str, str], *fragments: str) -> None:
-    code, _, err = result
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from attnlab.train.checkpoint import BEST_WEIGHTS, WEIGHTS
+from helpers import assert_user_error, cli
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +139,8 @@ def test_corrupt_checkpoint(capsys, trained_run, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(trained_run, copy)
-    (copy / WEIGHTS).write_bytes((copy / WEIGHTS).read_bytes()[:-100])
+    for weights in (WEIGHTS, BEST_WEIGHTS):
+        (copy / weights).write_bytes((copy / weights).read_bytes()[:-100])
     assert_user_error(cli(capsys, "sample", copy), "corrupt")
     assert_user_error(cli(capsys, "eval", copy), "corrupt")
 

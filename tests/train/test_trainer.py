@@ -11,7 +11,7 @@ from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.errors import CheckpointError, UserError
 from attnlab.models import GPT, GPTConfig
 from attnlab.train import resolve, train
-from attnlab.train.checkpoint import TRAIN_STATE, WEIGHTS
+from attnlab.train.checkpoint import BEST_WEIGHTS, TRAIN_STATE, WEIGHTS
 from attnlab.train.optim import param_groups
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 
@@ -41,9 +41,12 @@ def test_warmup_cosine_matches_formula():
 
 def test_inverse_sqrt_is_the_papers_schedule():
     d, w = 512, 4000
-    for step in (0, 100, 3999, 4000, 20000):
+    peak = d**-0.5 * w**-0.5
+    for step in (0, 100, 3998, 3999, 4000, 20000):
         n = step + 1
-        assert inverse_sqrt(step, d_model=d, warmup=w) == pytest.approx(d**-0.5 * min(n**-0.5, n * w**-1.5))
+        expected = d**-0.5 * min(n**-0.5, n * w**-1.5)  # Vaswani et al. Eq. 3
+        assert inverse_sqrt(step, max_lr=peak, warmup=w) == pytest.approx(expected, rel=1e-12)
+    assert inverse_sqrt(w - 1, max_lr=1.0, warmup=w) == pytest.approx(1.0)
 
 
 def test_weight_decay_only_on_linear_matrices():
@@ -145,14 +148,32 @@ def test_resume_without_a_run_is_an_error(tiny_toml, tmp_path):
         train(config(tiny_toml), tmp_path / "empty", resume=True, progress=False)
 
 
-def test_corrupt_weights_are_detected(tiny_toml, tmp_path):
+@pytest.mark.parametrize("name", [WEIGHTS, BEST_WEIGHTS])
+def test_corrupt_weights_are_detected(tiny_toml, tmp_path, name):
     run_dir = tmp_path / "run"
     train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
-    data = bytearray((run_dir / WEIGHTS).read_bytes())
+    data = bytearray((run_dir / name).read_bytes())
     data[-10] ^= 0xFF
-    (run_dir / WEIGHTS).write_bytes(bytes(data))
+    (run_dir / name).write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
-        load(run_dir)
+        load(run_dir, checkpoint="best" if name == BEST_WEIGHTS else "last")
+    if name == WEIGHTS:
+        with pytest.raises(CheckpointError, match="corrupt"):
+            train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
+
+
+def test_best_checkpoint_is_the_best_validation_loss(tiny_toml, tmp_path):
+    import json
+
+    run_dir = tmp_path / "run"
+    result = train(config(tiny_toml, "train.max_iters=12"), run_dir, progress=False)
+    evals = [r for r in metric_rows(run_dir) if r["kind"] == "eval" and int(r["step"]) > 0]
+    best_row = min(evals, key=lambda r: float(r["val_loss"]))
+    record = json.loads((run_dir / "best.json").read_text())
+    assert record["step"] == int(best_row["step"])
+    assert record["val_loss"] == pytest.approx(float(best_row["val_loss"]), rel=1e-5)
+    assert result.best == pytest.approx(record["val_loss"])
+    assert load(run_dir).step == record["step"] and load(run_dir, checkpoint="last").step == 12
 
 
 def test_train_state_holds_only_tensors_and_plain_containers(tiny_toml, tmp_path):

@@ -7,7 +7,7 @@ import sys
 from attnlab import __version__
 from attnlab.errors import UserError
 
-SUBCOMMANDS = ("train", "sample", "eval", "demo")
+SUBCOMMANDS = ("train", "sample", "translate", "eval", "demo")
 
 
 class ArgumentParser(argparse.ArgumentParser):

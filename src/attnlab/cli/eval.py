@@ -1,4 +1,4 @@
-"""attnlab eval RUN [--split val] [--json]"""
+"""attnlab eval RUN [--split NAME] [--beam N] [--json]"""
 
 import argparse
 
@@ -6,32 +6,44 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a trained run on its held-out data",
-        description="Evaluate a run on every block of a split (deterministic).",
+        help="evaluate a trained run on held-out data",
+        description="Evaluate a run on a split: loss and perplexity for language models (every block, "
+        "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU).",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
-    p.add_argument("--split", default="val", choices=["val", "train"], help="which split (default val)")
+    p.add_argument("--split", default="val", help="val or train (LM); val, test2016 or test2017 (translation)")
+    p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
+    p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from attnlab import load
     from attnlab.device import resolve_device
+    from attnlab.errors import UserError
     from attnlab.tasks import TASKS
 
+    if args.beam < 1:
+        raise UserError(f"--beam must be >= 1, got {args.beam}")
     device = resolve_device(args.device)
-    run = load(args.run_dir, device=device)
-    task = TASKS[run.config.task](run.config.data, run.config.model, run.path, resume=True)
-    metrics = task.evaluate(run.model, device, split=args.split)
+    run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
+    data = run.config.data
+    if args.data_dir:
+        if not hasattr(data, "data_dir"):
+            raise UserError(f"--data-dir is for tasks that read a data folder, not a {run.config.task!r} run")
+        data = dataclasses.replace(data, data_dir=args.data_dir)
+    task = TASKS[run.config.task](data, run.config.model, run.path, resume=True, splits=(args.split,))
+    metrics = task.evaluate(run.model, device, split=args.split, beam=args.beam)
     if args.json:
         from attnlab.cli import print_json
 
-        print_json({"run": str(run.path), "step": run.step, **metrics})
+        print_json({"run": str(run.path), "step": run.step, "split": args.split, **metrics})
     else:
-        print(
-            f"{run.path} (step {run.step}), {args.split} split: "
-            + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        )
+        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        print(f"{run.path} (step {run.step}), {args.split} split: {shown}")
     return 0

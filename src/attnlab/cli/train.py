@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", type=Path, help="run folder (default: runs/<preset name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--data-dir", help="folder of the task's data files (sets data.data_dir), e.g. a Multi30k folder")
     p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -29,19 +30,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.config import load_preset_or_file, merge, parse_overrides
+    from attnlab.config import load_preset_or_file, parse_overrides
+    from attnlab.errors import UserError
     from attnlab.train import resolve, train
+    from attnlab.train.config import apply_overrides
 
     name, doc = load_preset_or_file(args.config)
-    overrides = list(args.overrides) + ([f'train.device="{args.device}"'] if args.device else [])
-    config = resolve(merge(doc, parse_overrides(overrides)))
+    overrides = parse_overrides(args.overrides)
+    if args.device:
+        overrides.setdefault("train", {})["device"] = args.device
+    if args.data_dir:
+        overrides.setdefault("data", {})["data_dir"] = args.data_dir
+    config = resolve(apply_overrides(doc, overrides))
+    if args.data_dir and not hasattr(config.data, "data_dir"):
+        raise UserError(f"--data-dir is for tasks that read a data folder; a {config.task!r} run reads data.path")
     out = args.out if args.out is not None else Path("runs") / name
     result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
     summary = {
         "run": str(result.run_dir),
         "step": result.step,
-        "train_loss": result.train_loss,
-        "val_loss": result.val_loss,
+        **result.metrics,
         "elapsed_sec": round(result.elapsed_sec, 2),
         "tokens_per_sec": round(result.tokens_per_sec, 1),
     }
@@ -52,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(
             f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s): "
-            f"val loss {result.val_loss:.4f}. Run folder: {result.run_dir}"
+            + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in result.metrics.items())
+            + f". Run folder: {result.run_dir}"
         )
     return 0

@@ -78,12 +78,19 @@ class CharTokenizer:
 class BPETokenizer:
     """Byte-level BPE (GPT-2 style): any text encodes, nothing is unknown, decoding is exact.
 
-    Thin wrapper over `tokenizers.Tokenizer`; trained on the user's corpus to `vocab_size`.
+    Thin wrapper over `tokenizers.Tokenizer`; trained on the user's corpus to `vocab_size`. Special
+    tokens take the first ids, in the order given: `special_tokens=("<pad>", "<bos>", "<eos>")` gives
+    pad 0, bos 1, eos 2 (the translation setup); the default `("<|endoftext|>",)` is GPT-2's one
+    separator, which then serves as `eos_id`.
     """
 
     def __init__(self, tokenizer) -> None:  # tokenizers.Tokenizer
         self.tokenizer = tokenizer
-        self.eos_id = tokenizer.token_to_id("<|endoftext|>")
+        # Looked up once: decoding loops compare every new token with eos_id.
+        self._pad_id = tokenizer.token_to_id("<pad>")
+        self._bos_id = tokenizer.token_to_id("<bos>")
+        eos = tokenizer.token_to_id("<eos>")
+        self._eos_id = eos if eos is not None else tokenizer.token_to_id("<|endoftext|>")
 
     @classmethod
     def train(
@@ -103,11 +110,30 @@ class BPETokenizer:
             show_progress=False,
         )
         tok.train_from_iterator(texts, trainer=trainer)
+        # The trainer puts special tokens first, in order; the rest of attnlab relies on it (pad = 0).
+        got = [tok.token_to_id(t) for t in special_tokens]
+        if got != list(range(len(special_tokens))):
+            raise RuntimeError(f"special tokens {list(special_tokens)} got ids {got}, expected 0, 1, ...")
         return cls(tok)
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int | None:
+        """Id of "<pad>", or None when the tokenizer has none."""
+        return self._pad_id
+
+    @property
+    def bos_id(self) -> int | None:
+        """Id of "<bos>", or None when the tokenizer has none."""
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of "<eos>" if present, else of GPT-2's "<|endoftext|>", else None."""
+        return self._eos_id
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -115,8 +141,13 @@ class BPETokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """The text of `ids`; with `skip_special`, pad, bos and eos ids are dropped first."""
+        ids = list(ids)
+        if skip_special:
+            special = {i for i in (self.pad_id, self.bos_id, self.eos_id) if i is not None}
+            ids = [i for i in ids if i not in special]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(Path(path), self.tokenizer.to_str())

@@ -1,7 +1,7 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks."""
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from attnlab.nn.blocks import NORM_ORDERS, TransformerBlock
+from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.feedforward import ACTIVATIONS, FeedForward
 from attnlab.nn.masks import causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.positions import (
@@ -18,6 +18,7 @@ __all__ = [
     "ACTIVATIONS",
     "NORM_ORDERS",
     "POSITIONS",
+    "DecoderBlock",
     "FeedForward",
     "KVCache",
     "LearnedPositions",

@@ -82,6 +82,11 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def select(self, index: torch.Tensor) -> None:
+        """Keep and reorder batch rows: index `(B',)` long (beam search follows its hypotheses)."""
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
 
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W_O, head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i).
@@ -122,6 +127,7 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         memory: torch.Tensor | None = None,
         *,
+        memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
@@ -129,6 +135,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention).
 
+        memory_kv: the memory's keys and values `(B, H, Tk, D)` from `project_memory`, computed once
+            per source sentence when decoding step by step; replaces `memory`.
         mask: bool, broadcastable to `(B, H, Tq, Tk)`, `True` = may attend.
         causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
             positions of the cached sequence.
@@ -136,13 +144,13 @@ class MultiHeadAttention(nn.Module):
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
         b, t_q, c = x.shape
-        if memory is None:
+        if memory is None and memory_kv is None:
             q, k, v = self.in_proj(x).split(c, dim=-1)
             k, v = self._split_heads(k), self._split_heads(v)
         else:
             bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
             q = F.linear(x, self.in_proj.weight[:c], bias)
-            k, v = self.project_memory(memory)
+            k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         q = self._split_heads(q)  # (B, H, Tq, D)
         if cache is not None:
             k, v = cache.append(k, v)

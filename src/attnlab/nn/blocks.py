@@ -65,3 +65,64 @@ class TransformerBlock(nn.Module):
             x = self.norm1(x + self.dropout(a))
             x = self.norm2(x + self.ffn(x))
         return x, weights
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, encoder–decoder attention, feed-forward (the paper's Figure 1, right).
+
+    Each of the three sublayers sits in a residual connection with a LayerNorm, in the same pre- or
+    post-norm order as `TransformerBlock`. The queries of the second sublayer come from the decoder,
+    its keys and values from the encoder output ("memory"), §3.2.3.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        bias: bool = True,
+        norm: str = "post",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if norm not in NORM_ORDERS:
+            raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
+        self.pre_norm = norm == "pre"
+        self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.norm3 = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory_kv: tuple[torch.Tensor, torch.Tensor],
+        *,
+        memory_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x `(B, T, C)`; memory_kv: the encoder output projected by `cross_attn.project_memory`;
+        memory_mask: bool `(B, 1, 1, S)`, True on real source tokens. Returns x `(B, T, C)` and,
+        when asked for, the cross-attention weights `(B, H, T, S)`."""
+
+        def cross(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.cross_attn(h, memory_kv=memory_kv, mask=memory_mask, need_weights=need_weights)
+
+        if self.pre_norm:
+            x = x + self.dropout(self.self_attn(self.norm1(x), causal=True, cache=cache)[0])
+            a, weights = cross(self.norm2(x))
+            x = x + self.dropout(a)
+            x = x + self.ffn(self.norm3(x))
+        else:
+            x = self.norm1(x + self.dropout(self.self_attn(x, causal=True, cache=cache)[0]))
+            a, weights = cross(x)
+            x = self.norm2(x + self.dropout(a))
+            x = self.norm3(x + self.ffn(x))
+        return x, weights

@@ -1,5 +1,16 @@
-"""The glue for one kind of job: which model, which data, which loss, which metric."""
+"""The glue for one kind of job: which model, which data, which loss, which metric.
 
-from attnlab.tasks.lm import TASKS, LanguageModeling, LMDataConfig
+A task class provides: `data_config_class`; `model_config_class(values) -> type` (the model
+section's dataclass, which may depend on `model.kind`); `build_model_from_config(config)`;
+`selection` (the validation metric that picks the best checkpoint, and "min" or "max"); and, once
+constructed for a run folder, `model_config`, `tokenizer`, `build_model()`,
+`train_batch(index, generator)`, `batch_tokens(batch)`, `loss(model, batch, device, label_smoothing)`,
+`evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`.
+"""
 
-__all__ = ["TASKS", "LanguageModeling", "LMDataConfig"]
+from attnlab.tasks.lm import LanguageModeling, LMDataConfig
+from attnlab.tasks.translation import Translation, TranslationDataConfig
+
+TASKS = {LanguageModeling.name: LanguageModeling, Translation.name: Translation}
+
+__all__ = ["TASKS", "LMDataConfig", "LanguageModeling", "Translation", "TranslationDataConfig"]

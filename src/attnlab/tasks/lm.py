@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from attnlab.data.text import encode_splits, random_blocks, read_corpus, sequential_blocks, split_text, train_tokenizer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
@@ -51,14 +52,32 @@ class LanguageModeling:
     """Next-token prediction on a text corpus with a GPT."""
 
     name = "lm"
-    model_class = GPT
-    model_config_class = GPTConfig
     data_config_class = LMDataConfig
+    selection = ("val_loss", "min")
 
-    def __init__(self, data: LMDataConfig, model: GPTConfig, run_dir: Path, *, resume: bool = False) -> None:
+    @staticmethod
+    def model_config_class(values: dict) -> type:
+        return GPTConfig
+
+    @staticmethod
+    def build_model_from_config(config: GPTConfig) -> GPT:
+        return GPT(config)
+
+    def __init__(
+        self,
+        data: LMDataConfig,
+        model: GPTConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        batch_size: int = 12,
+        splits: tuple[str, ...] = ("train", "val"),
+    ) -> None:
         """Read the corpus, train the tokenizer (or reload the run's own when resuming), and encode
-        both splits into `run_dir/data`."""
+        both splits into `run_dir/data`. (`splits` is part of the common task interface; a text
+        corpus always yields both.)"""
         self.data_config = data
+        self.batch_size = batch_size
         text = read_corpus(data.path)
         train_text, val_text = split_text(text, data.val_fraction)
         tokenizer_path = run_dir / "tokenizer.json"
@@ -80,7 +99,7 @@ class LanguageModeling:
                 )
 
     def build_model(self) -> GPT:
-        return self.model_class(self.model_config)
+        return GPT(self.model_config)
 
     def tokens(self, split: str) -> np.ndarray:
         return self.splits.train if split == "train" else self.splits.val
@@ -89,21 +108,46 @@ class LanguageModeling:
         """Random contiguous blocks `(B, T)` from a split, with next-token targets."""
         return random_blocks(self.tokens(split), batch_size, self.model_config.block_size, generator)
 
+    def train_batch(self, index: int, generator: torch.Generator) -> Batch:
+        """A training micro-batch: random blocks drawn with the trainer's generator."""
+        return self.sample_batch("train", self.batch_size, generator)
+
     @staticmethod
     def batch_tokens(batch: Batch) -> int:
         return batch[0].numel()
 
     @staticmethod
-    def loss(model: GPT, batch: Batch, device: torch.device) -> torch.Tensor:
+    def loss(model: GPT, batch: Batch, device: torch.device, label_smoothing: float = 0.0) -> torch.Tensor:
         x, y = (t.to(device, non_blocking=True) for t in batch)
-        _, loss = model(x, y)
-        return loss
+        if label_smoothing == 0.0:
+            return model(x, y)[1]
+        logits = model(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), label_smoothing=label_smoothing)
+
+    @torch.no_grad()
+    def evaluate_during_training(
+        self, model: GPT, device: torch.device, *, step: int, eval_iters: int, seed: int, **_
+    ) -> dict[str, float]:
+        """nanoGPT's estimate: mean loss of `eval_iters` random batches of each split. Draws from its
+        own generator, so evaluating never shifts the training batches."""
+        gen = torch.Generator().manual_seed(seed + 1_000_003 * (step + 1))
+        out = {}
+        for split in ("train", "val"):
+            losses = [
+                self.loss(model, self.sample_batch(split, self.batch_size, gen), device).item()
+                for _ in range(eval_iters)
+            ]
+            out[f"{split}_loss"] = sum(losses) / len(losses)
+        return out
 
     @torch.no_grad()
     def evaluate(
-        self, model: GPT, device: torch.device, *, split: str = "val", batch_size: int = 64
+        self, model: GPT, device: torch.device, *, split: str = "val", batch_size: int = 64, **_: object
     ) -> dict[str, float]:
-        """Loss and perplexity over every non-overlapping block of a split: deterministic."""
+        """Loss and perplexity over every non-overlapping block of a split: deterministic. (Other
+        keywords of the common task interface, such as a translation's beam size, do not apply.)"""
+        if split not in ("train", "val"):
+            raise UserError(f"unknown split {split!r} for a language model; choose val or train")
         model.eval()
         total, count = 0.0, 0
         for x, y in sequential_blocks(self.tokens(split), self.model_config.block_size, batch_size):
@@ -112,6 +156,3 @@ class LanguageModeling:
             count += y.numel()
         mean = total / count if count else math.nan
         return {f"{split}_loss": mean, f"{split}_ppl": perplexity(mean)}
-
-
-TASKS = {LanguageModeling.name: LanguageModeling}

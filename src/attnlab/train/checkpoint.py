@@ -6,6 +6,8 @@
     train_state.pt       optimizer, step, RNG states: tensors and plain containers only,
                          loaded with `weights_only=True`
     checkpoint.json      written last: step and SHA-256 of the two files above
+    best.safetensors     the weights that scored best on the task's validation metric,
+    best.json            with their step, score and SHA-256
     metrics.csv          one row per log or eval event
 
 Every file is written atomically (temporary file, fsync, rename), so a run killed mid-write keeps
@@ -39,6 +41,7 @@ CONFIG, WEIGHTS, TOKENIZER, TRAIN_STATE, MANIFEST = (
     "train_state.pt",
     "checkpoint.json",
 )
+BEST_WEIGHTS, BEST_MANIFEST = "best.safetensors", "best.json"
 
 
 def file_sha256(path: Path) -> str:
@@ -76,10 +79,18 @@ def save_checkpoint(run_dir: Path, model: nn.Module, train_state: dict[str, Any]
     atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2))
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / MANIFEST
+def save_best(run_dir: Path, record: dict[str, Any]) -> None:
+    """Copy the checkpoint just written to best.safetensors, and describe it in best.json."""
+    data = (run_dir / WEIGHTS).read_bytes()
+    atomic_write(run_dir / BEST_WEIGHTS, lambda tmp: tmp.write_bytes(data))
+    record = {"format_version": CHECKPOINT_FORMAT_VERSION, **record, "weights_sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write_text(run_dir / BEST_MANIFEST, json.dumps(record, indent=2))
+
+
+def read_manifest(run_dir: Path, name: str = MANIFEST) -> dict[str, Any]:
+    path = run_dir / name
     if not path.exists():
-        raise CheckpointError(f"{run_dir} has no complete checkpoint ({MANIFEST} is missing); train it first")
+        raise CheckpointError(f"{run_dir} has no complete checkpoint ({name} is missing); train it first")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -97,16 +108,18 @@ def _verify(run_dir: Path, name: str, expected: str) -> None:
         raise CheckpointError(f"{path} is corrupt: its checksum does not match {MANIFEST}; restore it or retrain")
 
 
-def load_weights(run_dir: Path, model: nn.Module) -> None:
-    """Load the checked weights into `model` (strict: every tensor must match by name and shape)."""
-    _verify(run_dir, WEIGHTS, read_manifest(run_dir)["weights_sha256"])
+def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False) -> None:
+    """Load the checked weights (the last checkpoint, or the best) into `model`; strict: every
+    tensor must match by name and shape."""
+    weights, manifest = (BEST_WEIGHTS, BEST_MANIFEST) if best else (WEIGHTS, MANIFEST)
+    _verify(run_dir, weights, read_manifest(run_dir, manifest)["weights_sha256"])
     try:
-        missing, unexpected = load_model(model, str(run_dir / WEIGHTS), strict=False)
+        missing, unexpected = load_model(model, str(run_dir / weights), strict=False)
     except (SafetensorError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"{run_dir / WEIGHTS} does not fit this model: {str(e).splitlines()[0]}") from None
+        raise CheckpointError(f"{run_dir / weights} does not fit this model: {str(e).splitlines()[0]}") from None
     if missing or unexpected:
         raise CheckpointError(
-            f"{run_dir / WEIGHTS} does not fit this model "
+            f"{run_dir / weights} does not fit this model "
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
         )
 
@@ -133,14 +146,21 @@ class Run:
     step: int
 
 
-def load_run(path: str | Path, *, device: str | torch.device = "cpu") -> Run:
-    """A run folder -> its model (in eval mode), tokenizer and config."""
+def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str = "best") -> Run:
+    """A run folder -> its model (in eval mode), tokenizer and config.
+
+    checkpoint: "best" (the weights that scored best on validation, when the run has them, else
+    the last) or "last" (the latest checkpoint).
+    """
+    if checkpoint not in ("best", "last"):
+        raise ValueError(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
     config = read_config(run_dir)
-    manifest = read_manifest(run_dir)
+    best = checkpoint == "best" and (run_dir / BEST_MANIFEST).exists()
+    manifest = read_manifest(run_dir, BEST_MANIFEST if best else MANIFEST)
     tokenizer = load_tokenizer(run_dir / TOKENIZER)
-    model = TASKS[config.task].model_class(config.model)
-    load_weights(run_dir, model)
+    model = TASKS[config.task].build_model_from_config(config.model)
+    load_weights(run_dir, model, best=best)
     return Run(run_dir, config, tokenizer, model.to(device).eval(), manifest["step"])

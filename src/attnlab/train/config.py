@@ -7,7 +7,7 @@ a `RunConfig`; the model and data sections are the task's own dataclasses.
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.config import as_dict, build, close_matches, dump_toml
+from attnlab.config import as_dict, build, close_matches, dump_toml, merge
 from attnlab.errors import ConfigError
 from attnlab.tasks import TASKS
 
@@ -51,6 +51,11 @@ class TrainConfig:
     """"auto", "cpu" or "cuda"."""
     dtype: str = "float32"
     """"float32", or "bfloat16" autocast with fp32 master weights."""
+    schedule: str = "cosine"
+    """"cosine": linear warm-up then cosine to min_lr; "inverse_sqrt": the paper's warm-up then
+    1/√step decay (Vaswani et al. Eq. 3), peaking at learning_rate."""
+    label_smoothing: float = 0.0
+    """Label smoothing ε of the training loss (Szegedy et al. 2016; the paper uses 0.1)."""
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "warmup_iters"):
@@ -65,6 +70,10 @@ class TrainConfig:
             raise ValueError(f"lr_decay_iters must be >= 1, got {self.lr_decay_iters}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("grad_clip and weight_decay must be >= 0")
+        if self.schedule not in ("cosine", "inverse_sqrt"):
+            raise ValueError(f"schedule must be 'cosine' or 'inverse_sqrt', got {self.schedule!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
 
@@ -117,7 +126,16 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
     task = TASKS[task_name]
     return RunConfig(
         task=task_name,
-        model=build(task.model_config_class, doc.get("model", {}), "model"),
+        model=build(task.model_config_class(doc.get("model", {})), doc.get("model", {}), "model"),
         data=build(task.data_config_class, doc.get("data", {}), "data"),
         train=build(TrainConfig, doc.get("train", {}), "train"),
     )
+
+
+def apply_overrides(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`merge`, except that changing `model.kind` starts the model section from that kind's
+    defaults (plus the overrides' other model keys): a Transformer's keys mean nothing to an RNN."""
+    new_kind = overrides.get("model", {}).get("kind")
+    if new_kind is not None and new_kind != doc.get("model", {}).get("kind"):
+        doc = {**doc, "model": {}}
+    return merge(doc, overrides)

@@ -17,7 +17,11 @@ def warmup_cosine(step: int, *, max_lr: float, min_lr: float, warmup: int, decay
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
-def inverse_sqrt(step: int, *, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    """The paper's schedule (Vaswani et al. Eq. 3): d^-0.5 · min(n^-0.5, n · warmup^-1.5), n = step + 1."""
+def inverse_sqrt(step: int, *, max_lr: float, warmup: int) -> float:
+    """The paper's schedule (Vaswani et al. Eq. 3) scaled to peak at max_lr: linear warm-up over
+    `warmup` steps, then decay ∝ 1/√step. With max_lr = d_model^-0.5 · warmup^-0.5 it is Eq. 3
+    exactly: d^-0.5 · min(n^-0.5, n · warmup^-1.5), n = step + 1.
+    """
     n = step + 1
-    return scale * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
+    warmup = max(warmup, 1)
+    return max_lr * min(n / warmup, math.sqrt(warmup / n))

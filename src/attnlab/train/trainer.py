@@ -25,24 +25,35 @@ from attnlab.train.checkpoint import (
     load_train_state,
     load_weights,
     read_config,
+    save_best,
     save_checkpoint,
     write_config,
 )
-from attnlab.train.config import RunConfig
+from attnlab.train.config import RunConfig, TrainConfig
 from attnlab.train.optim import adamw
-from attnlab.train.schedules import warmup_cosine
+from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 
-METRICS_FIELDS = ["step", "kind", "train_loss", "val_loss", "lr", "tokens_per_sec", "elapsed_sec"]
+METRICS_FIELDS = ["step", "kind", "train_loss", "val_loss", "val_bleu", "lr", "tokens_per_sec", "elapsed_sec"]
 
 
 @dataclass
 class TrainResult:
     run_dir: Path
     step: int
-    train_loss: float
-    val_loss: float
+    metrics: dict[str, float]
+    """The last evaluation's results (e.g. train_loss, val_loss, val_bleu)."""
+    best: float | None
+    """Best value of the task's selection metric (val_loss for LM, val_bleu for translation)."""
     elapsed_sec: float
     tokens_per_sec: float
+
+    @property
+    def val_loss(self) -> float:
+        return self.metrics.get("val_loss", math.nan)
+
+    @property
+    def train_loss(self) -> float:
+        return self.metrics.get("train_loss", math.nan)
 
 
 def _differences(saved: Any, wanted: Any) -> list[str]:
@@ -110,7 +121,7 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     _prepare_run_dir(config, run_dir, resume)
     device = resolve_device(tc.device)
     torch.manual_seed(tc.seed)
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=resume)
+    task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
     config = RunConfig(config.task, task.model_config, config.data, tc)
     write_config(run_dir, config)
 
@@ -119,7 +130,8 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )
     batches = torch.Generator().manual_seed(tc.seed)
-    step, elapsed = 0, 0.0
+    metric_name, mode = task.selection
+    step, elapsed, best = 0, 0.0, None
     if resume:
         load_weights(run_dir, model)
         state = load_train_state(run_dir)
@@ -128,40 +140,28 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and state.get("cuda_rng"):
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        step, elapsed = state["step"], state["elapsed_sec"]
+        step, elapsed, best = state["step"], state["elapsed_sec"], state.get("best")
     metrics = MetricsLog(run_dir / "metrics.csv", step if resume else None)
 
-    def lr_at(s: int) -> float:
-        if not tc.decay_lr:
-            return tc.learning_rate if s >= tc.warmup_iters else tc.learning_rate * (s + 1) / (tc.warmup_iters + 1)
-        return warmup_cosine(
-            s, max_lr=tc.learning_rate, min_lr=tc.min_lr, warmup=tc.warmup_iters, decay_steps=tc.decay_steps
-        )
-
-    @torch.no_grad()
-    def estimate(at_step: int) -> dict[str, float]:
-        # Its own generator, so evaluating never shifts the training batches.
-        gen = torch.Generator().manual_seed(tc.seed + 1_000_003 * (at_step + 1))
+    def evaluate(at_step: int) -> dict[str, float]:
         model.eval()
-        out = {}
-        for split in ("train", "val"):
-            losses = []
-            for _ in range(tc.eval_iters):
-                with autocast(device, tc.dtype):
-                    losses.append(task.loss(model, task.sample_batch(split, tc.batch_size, gen), device).item())
-            out[split] = sum(losses) / len(losses)
+        with torch.no_grad(), autocast(device, tc.dtype):
+            out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
         model.train()
         return out
 
+    def is_better(value: float) -> bool:
+        return best is None or (value < best if mode == "min" else value > best)
+
     def checkpoint() -> None:
-        cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else []
         state = {
             "step": step,
             "elapsed_sec": elapsed,
+            "best": best,
             "optimizer": optimizer.state_dict(),
             "batch_rng": batches.get_state(),
             "torch_rng": torch.get_rng_state(),
-            "cuda_rng": cuda_rng,
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
         }
         save_checkpoint(run_dir, model, state)
 
@@ -170,24 +170,25 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     show_bar = progress and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
-    losses = {"train": math.nan, "val": math.nan}
+    results: dict[str, float] = {}
     if step == 0 and tc.max_iters > 0:
-        losses = estimate(0)
-        metrics.write(step=0, kind="eval", train_loss=losses["train"], val_loss=losses["val"], elapsed_sec=0.0)
-        log(f"step 0: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        results = evaluate(0)
+        metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
+        log(f"step 0: {_describe(results)}")
 
     model.train()
-    tokens_per_step = tc.batch_size * tc.gradient_accumulation_steps * task.model_config.block_size
-    window_start, window_steps, tokens_per_sec, last_loss = time.perf_counter(), 0, math.nan, math.nan
+    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+    tokens_per_sec = math.nan
     while step < tc.max_iters:
-        lr = lr_at(step)
+        lr = _learning_rate(tc, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
-        for _ in range(tc.gradient_accumulation_steps):
-            batch = task.sample_batch("train", tc.batch_size, batches)
+        for micro in range(tc.gradient_accumulation_steps):
+            batch = task.train_batch(step * tc.gradient_accumulation_steps + micro, batches)
+            window_tokens += task.batch_tokens(batch)
             with autocast(device, tc.dtype):
-                loss = task.loss(model, batch, device) / tc.gradient_accumulation_steps
+                loss = task.loss(model, batch, device, tc.label_smoothing) / tc.gradient_accumulation_steps
             loss.backward()
             loss_sum += loss.detach()
         if tc.grad_clip > 0:
@@ -201,8 +202,8 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             last_loss = loss_sum.item()  # the one host sync per log interval
             now = time.perf_counter()
             elapsed += now - window_start
-            tokens_per_sec = window_steps * tokens_per_step / (now - window_start)
-            window_start, window_steps = now, 0
+            tokens_per_sec = window_tokens / (now - window_start)
+            window_start, window_steps, window_tokens = now, 0, 0
             metrics.write(
                 step=step, kind="train", train_loss=last_loss, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_sec=elapsed
             )
@@ -211,12 +212,29 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
 
         if step % tc.eval_interval == 0 or step == tc.max_iters:
             pause = time.perf_counter()
-            losses = estimate(step)
-            metrics.write(
-                step=step, kind="eval", train_loss=losses["train"], val_loss=losses["val"], lr=lr, elapsed_sec=elapsed
-            )
-            log(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            results = evaluate(step)
+            metrics.write(step=step, kind="eval", lr=lr, elapsed_sec=elapsed, **results)
+            improved = is_better(results[metric_name])
+            if improved:
+                best = results[metric_name]
+            log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
             checkpoint()
+            if improved:
+                save_best(run_dir, {"step": step, metric_name: best})
             window_start += time.perf_counter() - pause  # evaluation is not training time
     bar.close()
-    return TrainResult(run_dir, step, losses["train"], losses["val"], elapsed, tokens_per_sec)
+    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec)
+
+
+def _learning_rate(tc: TrainConfig, step: int) -> float:
+    if tc.schedule == "inverse_sqrt":
+        return inverse_sqrt(step, max_lr=tc.learning_rate, warmup=tc.warmup_iters)
+    if not tc.decay_lr:
+        return min(tc.learning_rate, tc.learning_rate * (step + 1) / (tc.warmup_iters + 1))
+    return warmup_cosine(
+        step, max_lr=tc.learning_rate, min_lr=tc.min_lr, warmup=tc.warmup_iters, decay_steps=tc.decay_steps
+    )
+
+
+def _describe(results: dict[str, float]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in results.items())

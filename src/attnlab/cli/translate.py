@@ -1,0 +1,98 @@
+"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--attention out.png]"""
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate sentences with a trained translation model",
+        description="Translate the TEXT arguments, or every line of --input (one line in, one line out; "
+        "an empty line gives an empty line).",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="a translation run folder written by `attnlab train`")
+    p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate")
+    p.add_argument("--input", type=Path, help="a UTF-8 file with one sentence per line ('-' for stdin)")
+    p.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="score / length^p (default 1.0)")
+    p.add_argument("--max-len-ratio", type=float, default=1.5, help="output length limit per source token")
+    p.add_argument("--attention", type=Path, metavar="PNG", help="save the first sentence's alignment heatmap")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.add_argument("--json", action="store_true", help='print {"translations": [...]} as JSON')
+    p.set_defaults(run=run)
+
+
+def _read_lines(path: Path) -> list[str]:
+    from attnlab.data.parallel import read_lines
+    from attnlab.errors import UserError
+
+    if str(path) == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            return data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            line = data[: e.start].count(b"\n") + 1
+            raise UserError(f"stdin:{line} is not UTF-8; convert the input to UTF-8") from None
+    return read_lines(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab import load
+    from attnlab.device import resolve_device
+    from attnlab.errors import UserError
+    from attnlab.tasks import Translation
+
+    if args.beam < 1:
+        raise UserError(f"--beam must be >= 1, got {args.beam}")
+    if args.input is not None and args.text:
+        raise UserError("give sentences as TEXT arguments or with --input, not both")
+    if args.input is None and not args.text:
+        raise UserError("nothing to translate: give TEXT or --input FILE")
+    device = resolve_device(args.device)
+    run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
+    if run.config.task != "translation":
+        raise UserError(f"{args.run_dir} is a {run.config.task!r} run, not a translation model; use `attnlab sample`")
+    lines = _read_lines(args.input) if args.input is not None else list(args.text)
+    task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
+    sources, cut = task.encode_sources(lines)
+    if cut:
+        sys.stderr.write(
+            f"attnlab translate: warning: {cut} input line(s) longer than {task.data_config.max_len} tokens "
+            "were cut to fit the model\n"
+        )
+    outputs = task.translate_ids(
+        run.model, sources, device, beam=args.beam, length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio
+    )
+    if args.attention is not None:
+        _save_alignment(task, run.model, sources[0], outputs[0], args.attention, device, torch)
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json({"translations": outputs})
+    else:
+        for line in outputs:
+            print(line)
+    return 0
+
+
+def _save_alignment(task, model, source_ids, output_text, path: Path, device, torch) -> None:
+    """Heatmap of the decoder's cross-attention for the first sentence and its translation."""
+    from attnlab.errors import UserError
+    from attnlab.viz.attention import plot_alignment
+
+    if not source_ids:
+        raise UserError("the first input line is empty: there is no alignment to draw")
+    tok = task.tokenizer
+    target_ids = tok.encode(output_text) if output_text else []
+    src = torch.tensor([source_ids], device=device)
+    tgt_in = torch.tensor([[task.bos_id, *target_ids]], device=device)
+    weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)
+    source_tokens = [tok.tokenizer.id_to_token(i) for i in source_ids]
+    target_tokens = [tok.tokenizer.id_to_token(i) for i in target_ids] + ["</s>"]
+    plot_alignment(weights, source_tokens, target_tokens, path, title="decoder cross-attention (last layer)")
+    sys.stderr.write(f"alignment saved to {path}\n")

@@ -1,0 +1,152 @@
+"""Greedy and beam-search decoding for encoder–decoder models (`attnlab.models.protocols`).
+
+Both are batched over sentences; the encoder runs once per sentence and the decoder steps on its
+cache. Each sentence gets its own length limit, `ceil(max_len_ratio · source length) + max_len_extra`
+target tokens, after which it must end. With beam size 1, beam search returns exactly the greedy
+output (tested).
+
+Beam search follows fairseq: at each step every live hypothesis is extended by every token; of the
+2K best candidates, those ending in <eos> among the first K are finished, the best K others live
+on. A sentence is done when it has K finished hypotheses (or reaches its limit); the answer is the
+finished hypothesis with the best score / length^length_penalty (Wu et al. 2016 use a similar
+length normalisation). Neither <pad> nor <bos> is ever produced.
+"""
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def length_limits(src: torch.Tensor, pad_id: int, max_len_ratio: float, max_len_extra: int, cap: int) -> torch.Tensor:
+    """Per-sentence target length limits `(B,)` from the source lengths of src `(B, S)`."""
+    src_len = (src != pad_id).sum(dim=1).float()
+    return torch.clamp(torch.ceil(src_len * max_len_ratio).long() + max_len_extra, max=cap)
+
+
+@torch.inference_mode()
+def greedy_translate(
+    model: nn.Module,
+    src: torch.Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+) -> list[list[int]]:
+    """The most likely token at each step until <eos>; returns each sentence's ids without bos/eos."""
+    return beam_search(
+        model, src, beam_size=1, bos_id=bos_id, eos_id=eos_id, max_len_ratio=max_len_ratio, max_len_extra=max_len_extra
+    )
+
+
+@torch.inference_mode()
+def beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    *,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float = 1.0,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+) -> list[list[int]]:
+    """Best-scoring translation of each source sentence in src `(B, S)`, as ids without bos/eos."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    was_training = model.training
+    model.eval()
+    try:
+        return _beam_search(model, src, beam_size, bos_id, eos_id, length_penalty, max_len_ratio, max_len_extra)
+    finally:
+        model.train(was_training)
+
+
+def _beam_search(
+    model: nn.Module,
+    src: torch.Tensor,
+    k: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float,
+    max_len_ratio: float,
+    max_len_extra: int,
+) -> list[list[int]]:
+    b, device = src.size(0), src.device
+    cap = getattr(model.config, "max_len", 256) - 1  # positions available after <bos>
+    limits = length_limits(src, model.pad_id, max_len_ratio, max_len_extra, cap)  # (B,)
+    max_steps = int(limits.max())
+    state = model.start(src, max_steps + 1)
+    state.select(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: beams of each sentence
+
+    scores = torch.full((b, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
+    tokens = torch.full((b * k,), bos_id, dtype=torch.long, device=device)
+    history = torch.zeros((b, k, 0), dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+
+    for t in range(max_steps):
+        logits = model.step(tokens, state).float()  # (B*K, V)
+        logits[:, [model.pad_id, bos_id]] = float("-inf")  # never outputs, whatever the model says
+        logp = F.log_softmax(logits, dim=-1)
+        v = logp.size(-1)
+        logp = logp.view(b, k, v)
+        # At its length limit a sentence must end: only <eos> remains possible.
+        at_limit = (limits <= t + 1)[:, None, None]
+        eos_only = torch.full_like(logp, float("-inf"))
+        eos_only[..., eos_id] = 0.0
+        logp = torch.where(at_limit, logp + eos_only, logp)
+
+        candidates = (scores[:, :, None] + logp).view(b, k * v)
+        cand_scores, cand_index = candidates.topk(min(2 * k, k * v), dim=1)  # (B, 2K), best first
+        cand_beam, cand_token = cand_index // v, cand_index % v
+        is_eos = cand_token == eos_id
+
+        # Finish the <eos> candidates ranked within the first K of sentences still searching.
+        rank = torch.arange(cand_scores.size(1), device=device)[None, :]
+        to_finish = is_eos & (rank < k) & ~done[:, None] & (cand_scores > float("-inf"))
+        for i, j in to_finish.nonzero().tolist():
+            ids = history[i, cand_beam[i, j]].tolist()
+            finished[i].append((cand_scores[i, j].item() / (len(ids) + 1) ** length_penalty, ids))
+        done |= torch.tensor([len(f) >= k for f in finished], device=device)
+        if bool(done.all()):
+            break
+
+        # The K best candidates that do not end: sort <eos> ones after all others, keep order.
+        order = (rank + is_eos.long() * cand_scores.size(1)).argsort(dim=1)[:, :k]
+        next_scores = cand_scores.gather(1, order)
+        next_beam = cand_beam.gather(1, order)
+        next_token = cand_token.gather(1, order)
+        next_scores = next_scores.masked_fill(is_eos.gather(1, order), float("-inf"))
+
+        history = torch.cat(
+            [history.gather(1, next_beam[:, :, None].expand(-1, -1, history.size(2))), next_token[:, :, None]], dim=2
+        )
+        scores = next_scores
+        tokens = next_token.reshape(-1)
+        state.select((next_beam + torch.arange(b, device=device)[:, None] * k).reshape(-1))
+
+    results = []
+    for i in range(b):
+        if finished[i]:
+            results.append(max(finished[i], key=lambda f: f[0])[1])
+        else:  # only reachable if the limit loop ended early; keep the best live hypothesis
+            results.append(history[i, int(scores[i].argmax())].tolist())
+    return results
+
+
+def strip_special(ids: Sequence[int], special: set[int]) -> list[int]:
+    return [i for i in ids if i not in special]
+
+
+def sequence_log_prob(model: nn.Module, src: torch.Tensor, tgt: Sequence[int], bos_id: int, eos_id: int) -> float:
+    """log P(tgt <eos> | src) under the model, for one sentence src `(1, S)`; tests compare beams with it."""
+    tgt_in = torch.tensor([[bos_id, *tgt]], device=src.device)
+    tgt_out = torch.tensor([[*tgt, eos_id]], device=src.device)
+    with torch.inference_mode():
+        logp = F.log_softmax(model(src, tgt_in).float(), dim=-1)
+    return float(logp.gather(-1, tgt_out[..., None]).sum()) if math.isfinite(logp.sum()) else -math.inf

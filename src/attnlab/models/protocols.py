@@ -1,0 +1,48 @@
+"""What decoding and training need from an encoder–decoder, whatever its family.
+
+The Transformer (`models/seq2seq.py`) and the RNN baselines (`models/rnn.py`) implement this, so
+one trainer, one greedy decoder and one beam search serve all three (Vaswani et al. 2017;
+Cho et al. 2014; Bahdanau et al. 2015).
+
+Token conventions of the shared vocabulary: `pad_id` pads both sides; a target sequence is
+`<bos> y_1 ... y_n <eos>`; the decoder input is the target without its last token, the loss
+target the target without its first.
+
+Shape legend: B batch, S source length, T target length, V vocabulary.
+"""
+
+from typing import Protocol
+
+import torch
+
+
+class DecoderState(Protocol):
+    """Everything a decoder carries between steps: encoder output, source mask, caches."""
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep and reorder batch rows in place: index `(B',)` long into the current batch.
+
+        Beam search uses it to expand each sentence to its beams (`repeat_interleave`) and to follow
+        the surviving hypotheses after each step.
+        """
+        ...
+
+
+class Seq2SeqModel(Protocol):
+    pad_id: int
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits `(B, T, V)` for source ids `(B, S)` and decoder input ids `(B, T)`."""
+        ...
+
+    def start(self, src: torch.Tensor, max_len: int) -> DecoderState:
+        """Encode src `(B, S)` once and prepare to decode up to `max_len` target tokens."""
+        ...
+
+    def step(self, tokens: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """Feed the previous target tokens `(B,)`; return next-token logits `(B, V)`; advance state."""
+        ...
+
+    def cross_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Source–target alignment weights `(B, T, S)` (rows sum to 1 over real source tokens)."""
+        ...

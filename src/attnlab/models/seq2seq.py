@@ -1,0 +1,220 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+Reads like the paper: config; embeddings scaled by √d_model plus sinusoidal positions (§3.4,
+§3.5); an encoder of N self-attention blocks (§3.1, Figure 1 left); a decoder of N blocks with
+masked self-attention and encoder–decoder attention (Figure 1 right); a linear projection to the
+vocabulary, which shares its matrix with both embeddings when the vocabulary is joint (§3.4,
+after Press & Wolf 2017).
+
+Implements `attnlab.models.protocols.Seq2SeqModel`: `forward` for teacher-forced training,
+`start`/`step` for incremental decoding (the encoder runs once per sentence; the decoder's
+self-attention keys and values are cached, and each layer's projection of the encoder output is
+computed once), `cross_attention` for the alignment picture.
+
+Shape legend: B batch, S source length, T target length, C d_model, H heads, V vocabulary.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.nn import (
+    ACTIVATIONS,
+    NORM_ORDERS,
+    POSITIONS,
+    DecoderBlock,
+    KVCache,
+    TransformerBlock,
+    build_positions,
+    padding_mask_from_ids,
+)
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Shape and behaviour of an encoder–decoder Transformer. Validated on construction."""
+
+    kind: str = "transformer"
+    """Model family tag in run configs; always "transformer" for this class."""
+    vocab_size: int | None = None
+    """Size of the joint source/target vocabulary; None until the tokenizer sets it."""
+    d_model: int = 256
+    n_heads: int = 8
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    d_ff: int = 512
+    """Hidden width of the position-wise feed-forward network."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention weights and every sublayer output (the paper's P_drop)."""
+    activation: str = "relu"
+    """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS (the paper: relu)."""
+    norm: str = "post"
+    """Residual order: "post" as in the paper, or "pre"."""
+    positions: str = "sinusoidal"
+    """Positional encoding, one of attnlab.nn.POSITIONS."""
+    max_len: int = 256
+    """Longest sequence (source or target, in tokens) the positional table covers."""
+    tie_embeddings: bool = True
+    """Share one matrix between the source embedding, the target embedding and the output projection."""
+    pad_id: int = 0
+    """Padding token id of the vocabulary."""
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.kind != "transformer":
+            raise ValueError(f"kind must be 'transformer' for Seq2SeqConfig, got {self.kind!r}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+        for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.norm not in NORM_ORDERS:
+            raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {sorted(POSITIONS)}, got {self.positions!r}")
+
+
+@dataclass
+class TransformerDecoderState:
+    """What `step` needs: per-layer memory keys/values, the source mask, self-attention caches."""
+
+    memory_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    src_mask: torch.Tensor  # (B, 1, 1, S)
+    caches: list[KVCache]
+
+    def select(self, index: torch.Tensor) -> None:
+        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
+        self.src_mask = self.src_mask.index_select(0, index)
+        for cache in self.caches:
+            cache.select(index)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder–decoder Transformer for translation."""
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("Seq2SeqConfig.vocab_size is None: set it (it normally comes from the tokenizer)")
+        self.config = config
+        self.pad_id = config.pad_id
+        c = config
+        self.src_embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.tgt_embedding = self.src_embedding if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model)
+        self.positions = build_positions(c.positions, c.max_len, c.d_model)
+        self.dropout = nn.Dropout(c.dropout)
+        block_args = dict(dropout=c.dropout, activation=c.activation, norm=c.norm, eps=c.layer_norm_eps)
+        self.encoder = nn.ModuleList(
+            TransformerBlock(c.d_model, c.n_heads, c.d_ff, **block_args) for _ in range(c.n_encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderBlock(c.d_model, c.n_heads, c.d_ff, **block_args) for _ in range(c.n_decoder_layers)
+        )
+        self.encoder_norm = self._final_norm()
+        self.decoder_norm = self._final_norm()
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self._init_weights()
+        if c.tie_embeddings:
+            self.output.weight = self.tgt_embedding.weight
+
+    def _final_norm(self) -> nn.Module:
+        # Post-norm blocks end in a LayerNorm; pre-norm stacks need one at the end of each stack.
+        c = self.config
+        return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm == "pre" else nn.Identity()
+
+    def _init_weights(self) -> None:
+        # Xavier for projections (as the annotated Transformer); embeddings N(0, d^-1/2), so that
+        # after the √d scaling of §3.4 they have unit variance, like the positional encodings.
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for emb in {self.src_embedding, self.tgt_embedding}:
+            nn.init.normal_(emb.weight, mean=0.0, std=self.config.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[self.pad_id].zero_()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _embed(self, ids: torch.Tensor, embedding: nn.Embedding, start: int = 0) -> torch.Tensor:
+        t = ids.size(1)
+        if start + t > self.config.max_len:
+            raise ValueError(f"sequence of {start + t} tokens is longer than max_len {self.config.max_len}")
+        pos = torch.arange(start, start + t, device=ids.device)
+        return self.dropout(embedding(ids) * math.sqrt(self.config.d_model) + self.positions(pos))
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """src `(B, S)` -> memory `(B, S, C)` and the source padding mask `(B, 1, 1, S)`."""
+        src_mask = padding_mask_from_ids(src, self.pad_id)
+        x = self._embed(src, self.src_embedding)
+        for block in self.encoder:
+            x, _ = block(x, mask=src_mask)
+        return self.encoder_norm(x), src_mask
+
+    def _memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [block.cross_attn.project_memory(memory) for block in self.decoder]
+
+    def _decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        src_mask: torch.Tensor,
+        *,
+        caches: list[KVCache] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        start = caches[0].length if caches is not None else 0
+        x = self._embed(tgt_in, self.tgt_embedding, start)
+        weights = []
+        for i, block in enumerate(self.decoder):
+            cache = caches[i] if caches is not None else None
+            x, w = block(x, memory_kv[i], memory_mask=src_mask, cache=cache, need_weights=need_weights)
+            weights.append(w)
+        return self.decoder_norm(x), weights
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced next-token logits `(B, T, V)` for src `(B, S)` and decoder input `(B, T)`."""
+        memory, src_mask = self.encode(src)
+        h, _ = self._decode(tgt_in, self._memory_kv(memory), src_mask)
+        return self.output(h)
+
+    def start(self, src: torch.Tensor, max_len: int) -> TransformerDecoderState:
+        """Encode src `(B, S)` once and preallocate self-attention caches for `max_len` target tokens."""
+        memory, src_mask = self.encode(src)
+        c = self.config
+        caches = [
+            KVCache(
+                src.size(0),
+                c.n_heads,
+                min(max_len, c.max_len),
+                c.d_model // c.n_heads,
+                device=memory.device,
+                dtype=memory.dtype,
+            )
+            for _ in range(c.n_decoder_layers)
+        ]
+        return TransformerDecoderState(self._memory_kv(memory), src_mask, caches)
+
+    def step(self, tokens: torch.Tensor, state: TransformerDecoderState) -> torch.Tensor:
+        """Previous target tokens `(B,)` -> next-token logits `(B, V)`; the caches grow by one."""
+        h, _ = self._decode(tokens[:, None], state.memory_kv, state.src_mask, caches=state.caches)
+        return self.output(h[:, -1])
+
+    @torch.no_grad()
+    def cross_attention_layers(self, src: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
+        """Encoder–decoder attention of every decoder layer: a list of `(B, H, T, S)`."""
+        memory, src_mask = self.encode(src)
+        _, weights = self._decode(tgt_in, self._memory_kv(memory), src_mask, need_weights=True)
+        return weights
+
+    def cross_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """The alignment `(B, T, S)`: the last decoder layer's cross-attention, averaged over heads."""
+        return self.cross_attention_layers(src, tgt_in)[-1].mean(dim=1)

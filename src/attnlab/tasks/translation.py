@@ -1,0 +1,239 @@
+"""Machine translation: an encoder–decoder trained on a parallel corpus (Multi30k de→en).
+
+The task knows which models (the Transformer, or an RNN baseline, chosen by `model.kind`), which
+data (Multi30k from `--data-dir`, one joint byte-level BPE vocabulary trained on the training
+split), which loss (label-smoothed cross-entropy over real target tokens) and which metric (BLEU
+with sacrebleu; the best checkpoint is the one with the best validation BLEU).
+"""
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.data.parallel import (
+    MULTI30K_SPLITS,
+    TranslationBatch,
+    collate,
+    encode_pairs,
+    load_multi30k,
+    token_batches,
+    train_joint_bpe,
+)
+from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
+from attnlab.decode.seq2seq import beam_search
+from attnlab.errors import ConfigError, UserError
+from attnlab.eval import bleu, bleu_lc_tok
+from attnlab.models.rnn import RNNConfig, build_rnn
+from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+
+MODEL_KINDS: dict[str, type] = {"transformer": Seq2SeqConfig, "rnn": RNNConfig, "rnn-attention": RNNConfig}
+
+
+@dataclass(frozen=True)
+class TranslationDataConfig:
+    """Where the parallel text comes from and how it is batched."""
+
+    data_dir: str = ""
+    """Folder with {train,val,test_2016_flickr,test_2017_flickr}.{src,tgt}.gz (attnlab train --data-dir)."""
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    vocab_size: int = 8000
+    """Size of the joint BPE vocabulary, trained on the training split only."""
+    max_len: int = 100
+    """Longest sequence per side in tokens (target counted with <bos> and <eos>); longer pairs are cut."""
+    max_tokens: int = 4096
+    """Tokens per batch (batch size × longest padded side), batches formed by length."""
+    eval_beam: int = 1
+    """Beam size for the validation BLEU during training (1 = greedy, fast)."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "max_tokens", "eval_beam"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size < 260:
+            raise ValueError(f"vocab_size must be >= 260 (256 bytes + specials), got {self.vocab_size}")
+
+
+class Translation:
+    """Sequence-to-sequence translation with a Transformer or an RNN encoder–decoder."""
+
+    name = "translation"
+    data_config_class = TranslationDataConfig
+    selection = ("val_bleu", "max")
+
+    @staticmethod
+    def model_config_class(values: dict[str, Any]) -> type:
+        kind = values.get("kind", "transformer")
+        if kind not in MODEL_KINDS:
+            raise ConfigError(f"unknown model.kind {kind!r}; choose one of {', '.join(MODEL_KINDS)}")
+        return MODEL_KINDS[kind]
+
+    @staticmethod
+    def build_model_from_config(config: Seq2SeqConfig | RNNConfig) -> nn.Module:
+        if isinstance(config, Seq2SeqConfig):
+            return Seq2SeqTransformer(config)
+        return build_rnn(config)
+
+    def __init__(
+        self,
+        data: TranslationDataConfig,
+        model: Any,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        batch_size: int = 0,
+        splits: Sequence[str] = ("train", "val"),
+    ) -> None:
+        """Read the splits, train (or reload) the joint BPE vocabulary, encode the pairs.
+        Batches are formed by token count (`data.max_tokens`), so `batch_size` is not used."""
+        if splits and not data.data_dir:
+            raise UserError("translation needs its data: pass --data-dir DIR (a Multi30k folder)")
+        self.data_config = data
+        tokenizer_path = run_dir / "tokenizer.json"
+        corpora = {s: load_multi30k(data.data_dir, s, data.src_lang, data.tgt_lang) for s in splits}
+        if resume or "train" not in corpora:
+            tokenizer = load_tokenizer(tokenizer_path)
+            if not isinstance(tokenizer, BPETokenizer) or tokenizer.pad_id is None or tokenizer.bos_id is None:
+                raise UserError(f"{tokenizer_path} is not a translation vocabulary (it lacks <pad>/<bos>/<eos>)")
+        else:
+            tokenizer = train_joint_bpe(corpora["train"], data.vocab_size)
+            tokenizer.save(tokenizer_path)
+        self.tokenizer = tokenizer
+        self.pad_id, self.bos_id, self.eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+        self.corpora = corpora
+        self.encoded = {s: encode_pairs(tokenizer, c.pairs, data.max_len) for s, c in corpora.items()}
+        for s, c in corpora.items():
+            notes = []
+            if c.skipped_empty:
+                notes.append(f"skipped {c.skipped_empty} empty pairs")
+            if self.encoded[s].truncated:
+                notes.append(f"truncated {self.encoded[s].truncated} pairs longer than {data.max_len} tokens")
+            if notes:
+                sys.stderr.write(f"{s}: {'; '.join(notes)}\n")
+        max_len = model.max_len if isinstance(model, Seq2SeqConfig) else None
+        if max_len is not None and max_len < data.max_len:
+            raise ConfigError(f"model.max_len ({max_len}) must be >= data.max_len ({data.max_len})")
+        self.model_config = dataclasses.replace(model, vocab_size=tokenizer.vocab_size, pad_id=self.pad_id)
+        self._epoch: tuple[int, list[list[int]]] | None = None
+
+    def build_model(self) -> nn.Module:
+        return self.build_model_from_config(self.model_config)
+
+    # -- training --------------------------------------------------------------------------
+    def _batches(self, split: str, seed: int | None) -> list[list[int]]:
+        enc = self.encoded[split]
+        return token_batches(
+            [len(s) for s in enc.src], [len(t) for t in enc.tgt], self.data_config.max_tokens, seed=seed
+        )
+
+    def train_batch(self, index: int, generator: torch.Generator) -> TranslationBatch:
+        """Micro-batch number `index` of the training stream: epochs of length-bucketed batches,
+        each epoch shuffled by its own seed, so a resumed run sees exactly the same batches."""
+        n = len(self._batches("train", None)) if self._epoch is None else len(self._epoch[1])
+        epoch, position = divmod(index, n)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self._batches("train", generator.initial_seed() + epoch))
+        enc = self.encoded["train"]
+        return collate(enc.src, enc.tgt, self._epoch[1][position], self.pad_id)
+
+    def batches_per_epoch(self) -> int:
+        return len(self._batches("train", 0))
+
+    @staticmethod
+    def batch_tokens(batch: TranslationBatch) -> int:
+        return batch.n_tokens
+
+    def loss(self, model: nn.Module, batch: TranslationBatch, device: torch.device, label_smoothing: float = 0.0):
+        src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in (batch.src, batch.tgt_in, batch.tgt_out))
+        logits = model(src, tgt_in)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(),
+            tgt_out.reshape(-1),
+            ignore_index=self.pad_id,
+            label_smoothing=label_smoothing,
+        )
+
+    @torch.no_grad()
+    def split_loss(self, model: nn.Module, device: torch.device, split: str) -> float:
+        total, count = 0.0, 0
+        enc = self.encoded[split]
+        for indices in self._batches(split, None):
+            batch = collate(enc.src, enc.tgt, indices, self.pad_id)
+            total += self.loss(model, batch, device).item() * batch.n_tokens
+            count += batch.n_tokens
+        return total / count
+
+    def evaluate_during_training(self, model: nn.Module, device: torch.device, **_: Any) -> dict[str, float]:
+        """Validation loss and BLEU (decoded with `data.eval_beam`)."""
+        val_loss = self.split_loss(model, device, "val")
+        hyps = self.translate_ids(model, self.encoded["val"].src, device, beam=self.data_config.eval_beam)
+        refs = [tgt for _, tgt in self.corpora["val"].pairs]
+        return {"val_loss": val_loss, "val_bleu": bleu(hyps, refs).score}
+
+    # -- using a model ------------------------------------------------------------------------
+    def translate_ids(
+        self,
+        model: nn.Module,
+        sources: Sequence[Sequence[int]],
+        device: torch.device,
+        *,
+        beam: int = 5,
+        length_penalty: float = 1.0,
+        max_len_ratio: float = 1.5,
+    ) -> list[str]:
+        """Translate already-encoded source sentences (in their order) to detokenized text."""
+        out: list[str] = [""] * len(sources)
+        lengths = [len(s) for s in sources]
+        for indices in token_batches(lengths, lengths, 6000, seed=None):
+            width = max(lengths[i] for i in indices)
+            src = torch.full((len(indices), max(width, 1)), self.pad_id, dtype=torch.long)
+            for row, i in enumerate(indices):
+                src[row, : lengths[i]] = torch.tensor(sources[i], dtype=torch.long)
+            ids = beam_search(
+                model,
+                src.to(device),
+                beam_size=beam,
+                bos_id=self.bos_id,
+                eos_id=self.eos_id,
+                length_penalty=length_penalty,
+                max_len_ratio=max_len_ratio,
+            )
+            for row, i in enumerate(indices):
+                out[i] = self.tokenizer.decode(ids[row], skip_special=True).strip() if lengths[i] else ""
+        return out
+
+    def encode_sources(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+        """Source token ids of each text (empty text -> no tokens) and how many were cut to max_len."""
+        limit = self.data_config.max_len
+        ids, cut = [], 0
+        for text in texts:
+            t = self.tokenizer.encode(text.strip()) if text.strip() else []
+            if len(t) > limit:
+                t, cut = t[:limit], cut + 1
+            ids.append(t)
+        return ids, cut
+
+    def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "val", beam: int = 5) -> dict:
+        """BLEU of the split: sacreBLEU (detokenized, cased, with its signature) and lowercased
+        tokenized BLEU, comparable with the Multi30k tutorial figures."""
+        if split not in self.corpora:
+            raise UserError(f"unknown split {split!r}; choose one of {', '.join(MULTI30K_SPLITS)}")
+        pairs = self.corpora[split].pairs
+        hyps = self.translate_ids(model, self.encoded[split].src, device, beam=beam)
+        refs = [tgt for _, tgt in pairs]
+        score = bleu(hyps, refs)
+        return {
+            "bleu": score.score,
+            "bleu_lc_tok": bleu_lc_tok(hyps, refs),
+            "sacrebleu_signature": score.signature,
+            "sentences": len(pairs),
+            "beam": beam,
+            f"{split}_loss": self.split_loss(model, device, split),
+        }

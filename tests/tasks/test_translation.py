@@ -1,0 +1,74 @@
+"""The translation task end to end: real BPE, real batches, the real trainer and decoders."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab import load
+from attnlab.errors import ConfigError, UserError
+from attnlab.models.rnn import AttentionGRUSeq2Seq, GRUSeq2Seq
+from attnlab.models.seq2seq import Seq2SeqTransformer
+from attnlab.tasks import Translation
+from attnlab.train import resolve, train
+from attnlab.train.config import apply_overrides
+from helpers import FIXTURE, translation_doc
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attention"])
+def test_each_model_kind_overfits_fifty_pairs(kind, fifty_pairs, tmp_path):
+    result = train(resolve(translation_doc(fifty_pairs, kind)), tmp_path / kind, progress=False)
+    assert result.metrics["val_bleu"] > 90, result.metrics
+    run = load(tmp_path / kind)
+    expected = {"transformer": Seq2SeqTransformer, "rnn": GRUSeq2Seq, "rnn-attention": AttentionGRUSeq2Seq}[kind]
+    assert type(run.model) is expected
+
+
+def test_resume_is_bit_identical_across_epochs(fifty_pairs, tmp_path):
+    # max_tokens 600 makes several batches per epoch, so 12 steps cross epoch boundaries.
+    doc = translation_doc(fifty_pairs, "transformer", max_iters=12, eval_interval=6)
+    doc["data"]["max_tokens"] = 600
+    doc["model"]["dropout"] = 0.1
+    train(resolve(doc), tmp_path / "straight", progress=False)
+    train(resolve({**doc, "train": {**doc["train"], "max_iters": 6}}), tmp_path / "split", progress=False)
+    train(resolve(doc), tmp_path / "split", resume=True, progress=False)
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_epochs_visit_every_pair_once(fifty_pairs, tmp_path):
+    doc = translation_doc(fifty_pairs)
+    doc["data"]["max_tokens"] = 600
+    config = resolve(doc)
+    task = Translation(config.data, config.model, tmp_path, batch_size=0)
+    n = task.batches_per_epoch()
+    assert n > 2
+    gen = torch.Generator().manual_seed(5)
+    seen = [row.tolist() for i in range(n) for row in task.train_batch(i, gen).src]
+    expected = [s for s in task.encoded["train"].src]
+    strip = [[t for t in row if t != task.pad_id] for row in seen]
+    assert sorted(strip) == sorted(expected)
+    first, second = task.train_batch(0, gen).src, task.train_batch(n, gen).src
+    assert not torch.equal(first, second) or n == 1  # a new epoch is shuffled anew
+
+
+def test_switching_model_kind_starts_from_that_kinds_defaults():
+    from attnlab.config import load_preset_or_file
+
+    _, doc = load_preset_or_file("multi30k-de-en")
+    config = resolve(apply_overrides(doc, {"model": {"kind": "rnn-attention"}}))
+    assert config.model.kind == "rnn-attention" and config.model.hidden_size == 512
+    with pytest.raises(ConfigError, match="unknown model.kind"):
+        resolve(apply_overrides(doc, {"model": {"kind": "lstm"}}))
+
+
+def test_missing_data_dir_and_split_files(tmp_path):
+    config = resolve(translation_doc(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="does not exist"):
+        Translation(config.data, config.model, tmp_path, batch_size=0)
+    (tmp_path / "partial").mkdir()
+    for name in ("train.de.gz", "train.en.gz"):
+        (tmp_path / "partial" / name).write_bytes((FIXTURE / name).read_bytes())
+    config = resolve(translation_doc(tmp_path / "partial"))
+    with pytest.raises(UserError, match=r"lacks val\.de\.gz, val\.en\.gz"):
+        Translation(config.data, config.model, tmp_path, batch_size=0)
