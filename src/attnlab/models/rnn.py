@@ -132,6 +132,15 @@ class GRUState:
         self.context = _select_rows(self.context, index, dim=0)
 
 
+def embeddings(config: RNNConfig) -> tuple[nn.Embedding, nn.Embedding]:
+    """Source and target embeddings of a joint vocabulary, one shared matrix with tie_embeddings."""
+    src = nn.Embedding(config.vocab_size, config.emb_dim, padding_idx=config.pad_id)
+    tgt = nn.Embedding(config.vocab_size, config.emb_dim, padding_idx=config.pad_id)
+    if config.tie_embeddings:
+        tgt.weight = src.weight
+    return src, tgt
+
+
 class GRUSeq2Seq(nn.Module):
     """RNN encoder–decoder with a single context vector (Cho et al. 2014, Fig. 1).
 
@@ -148,10 +157,7 @@ class GRUSeq2Seq(nn.Module):
         self.pad_id = config.pad_id
         V, E, H, L = config.vocab_size, config.emb_dim, config.hidden_size, config.n_layers
         between_layers = config.dropout if L > 1 else 0.0  # nn.GRU applies it between stacked layers only
-        self.src_embedding = nn.Embedding(V, E, padding_idx=config.pad_id)
-        self.tgt_embedding = nn.Embedding(V, E, padding_idx=config.pad_id)
-        if config.tie_embeddings:
-            self.tgt_embedding.weight = self.src_embedding.weight
+        self.src_embedding, self.tgt_embedding = embeddings(config)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = nn.GRU(E, H, L, batch_first=True, dropout=between_layers)
         self.decoder = nn.GRU(E + H, H, L, batch_first=True, dropout=between_layers)
@@ -277,10 +283,7 @@ class AttentionGRUSeq2Seq(nn.Module):
         self.pad_id = config.pad_id
         V, E, H, L = config.vocab_size, config.emb_dim, config.hidden_size, config.n_layers
         between_layers = config.dropout if L > 1 else 0.0  # nn.GRU applies it between stacked layers only
-        self.src_embedding = nn.Embedding(V, E, padding_idx=config.pad_id)
-        self.tgt_embedding = nn.Embedding(V, E, padding_idx=config.pad_id)
-        if config.tie_embeddings:
-            self.tgt_embedding.weight = self.src_embedding.weight
+        self.src_embedding, self.tgt_embedding = embeddings(config)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = nn.GRU(E, H, L, batch_first=True, dropout=between_layers, bidirectional=True)
         self.bridge = nn.Linear(2 * H, H)  # W_s: encoder ends -> s_0
