@@ -221,7 +221,7 @@ def test_additive_attention_matches_the_formula(n_layers):
             c = (expected.unsqueeze(1) * h).sum(0)  # (2H,)
             y = model.tgt_embedding.weight[tgt_in[b, 0]]  # (E,)
             s1 = model.decoder(torch.cat([y, c]).view(1, 1, -1), s0.unsqueeze(1))[0].view(-1)  # (H,)
-            expected_logits = model.readout.weight @ torch.cat([s1, c, y]) + model.readout.bias
+            expected_logits = model.readout(torch.cat([s1, c, y]))
             torch.testing.assert_close(logits[b], expected_logits, rtol=1e-5, atol=1e-5)
 
 
@@ -257,7 +257,7 @@ def test_gru_baseline_reads_the_source_only_through_its_final_state():
         y = model.tgt_embedding.weight[tgt_in[:, 0]]  # (B, E)
         c = state.context
         h1 = model.decoder(torch.cat([y, c], -1).unsqueeze(1), c.unsqueeze(0))[0][:, 0]  # (B, H)
-        expected_logits = torch.cat([h1, y, c], -1) @ model.readout.weight.T + model.readout.bias
+        expected_logits = model.readout(torch.cat([h1, y, c], -1))
         torch.testing.assert_close(model(src, tgt_in)[:, 0], expected_logits, rtol=1e-5, atol=1e-5)
 
         # No attention: the alignment picture is uniform over the real source tokens.
@@ -355,3 +355,15 @@ def test_learns_to_reverse_eight_sentences(kind):
         out = greedy(model, src, max_len=5)
     keep = tgt_out != 0
     assert torch.equal(out[keep], tgt_out[keep]), (loss.item(), out, tgt_out)
+
+
+def test_deep_output_is_maxout_then_projection():
+    from attnlab.models.rnn import DeepOutput
+
+    torch.manual_seed(0)
+    layer = DeepOutput(6, 3, 5)
+    x = torch.randn(4, 6)
+    z = x @ layer.hidden.weight.T + layer.hidden.bias  # (4, 6): units 2k and 2k+1 form pool k
+    pooled = torch.stack([torch.maximum(z[:, 2 * k], z[:, 2 * k + 1]) for k in range(3)], dim=1)
+    expected = pooled @ layer.output.weight.T + layer.output.bias
+    torch.testing.assert_close(layer(x), expected)
