@@ -204,3 +204,11 @@ def test_load_missing_file_is_a_user_error(tmp_path: Path):
 def test_load_directory_is_a_user_error(tmp_path: Path):
     with pytest.raises(UserError):
         load_tokenizer(tmp_path)
+
+
+def test_bpe_token_texts_are_real_characters():
+    tok = BPETokenizer.train(["Ein Mann fährt Fahrrad über die Straße.\n" * 20], 300)
+    ids = tok.encode(" fährt über")
+    texts = tok.token_texts(ids)
+    assert "".join(texts) == " fährt über"  # whole characters here: concatenation is the text
+    assert not any("Ã" in t for t in texts)

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         run.model, sources, device, beam=args.beam, length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio
     )
     if args.attention is not None:
-        _save_alignment(task, run.model, sources[0], outputs[0], args.attention, device, torch)
+        _save_alignment(task, run.model, sources[0], args.attention, device, args, torch)
     if args.json:
         from attnlab.cli import print_json
 
@@ -80,19 +80,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_alignment(task, model, source_ids, output_text, path: Path, device, torch) -> None:
-    """Heatmap of the decoder's cross-attention for the first sentence and its translation."""
+def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.Namespace, torch) -> None:
+    """Heatmap of the decoder's cross-attention for the first sentence and the ids it was translated to."""
+    from attnlab.decode.seq2seq import beam_search
     from attnlab.errors import UserError
     from attnlab.viz.attention import plot_alignment
 
     if not source_ids:
         raise UserError("the first input line is empty: there is no alignment to draw")
-    tok = task.tokenizer
-    target_ids = tok.encode(output_text) if output_text else []
     src = torch.tensor([source_ids], device=device)
+    (target_ids,) = beam_search(
+        model,
+        src,
+        beam_size=args.beam,
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        length_penalty=args.length_penalty,
+        max_len_ratio=args.max_len_ratio,
+    )
     tgt_in = torch.tensor([[task.bos_id, *target_ids]], device=device)
-    weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)
-    source_tokens = [tok.tokenizer.id_to_token(i) for i in source_ids]
-    target_tokens = [tok.tokenizer.id_to_token(i) for i in target_ids] + ["</s>"]
-    plot_alignment(weights, source_tokens, target_tokens, path, title="decoder cross-attention (last layer)")
+    with torch.no_grad():
+        weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)
+    tok = task.tokenizer
+    target_tokens = [*tok.token_texts(target_ids), "</s>"]
+    plot_alignment(weights, tok.token_texts(source_ids), target_tokens, path, title="decoder cross-attention")
     sys.stderr.write(f"alignment saved to {path}\n")

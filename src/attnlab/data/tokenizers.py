@@ -149,6 +149,12 @@ class BPETokenizer:
             ids = [i for i in ids if i not in special]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token's own text, for labels: real characters rather than the byte alphabet's
+        stand-ins ("ä", not "Ã¤"); a token holding part of a multi-byte character shows "�".
+        Example: ids of " Ein Mann" -> [" Ein", " Mann"]."""
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
     def save(self, path: str | Path) -> None:
         atomic_write_text(Path(path), self.tokenizer.to_str())
 
