@@ -427,3 +427,11 @@ def test_pipeline_on_the_fixture(joint_bpe: BPETokenizer):
             n = len(enc.tgt[i]) - 1
             assert joint_bpe.decode(batch.tgt_out[row, :n].tolist(), skip_special=True) == corpus.pairs[i][1]
     assert total == sum(len(t) - 1 for t in enc.tgt)
+
+
+def test_token_batches_count_does_not_depend_on_the_seed():
+    rng = torch.Generator().manual_seed(0)
+    src = torch.randint(1, 40, (500,), generator=rng).tolist()
+    tgt = torch.randint(1, 40, (500,), generator=rng).tolist()
+    counts = {len(token_batches(src, tgt, 300, seed=seed)) for seed in (None, 0, 1, 2, 3)}
+    assert len(counts) == 1

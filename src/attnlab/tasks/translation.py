@@ -135,7 +135,9 @@ class Translation:
 
     def train_batch(self, index: int, generator: torch.Generator) -> TranslationBatch:
         """Micro-batch number `index` of the training stream: epochs of length-bucketed batches,
-        each epoch shuffled by its own seed, so a resumed run sees exactly the same batches."""
+        each epoch shuffled by its own seed, so a resumed run sees exactly the same batches.
+        Every epoch has the same number of batches: packing depends only on the sorted lengths,
+        which the seed does not change (it reorders ties and batches)."""
         n = len(self._batches("train", None)) if self._epoch is None else len(self._epoch[1])
         epoch, position = divmod(index, n)
         if self._epoch is None or self._epoch[0] != epoch:
