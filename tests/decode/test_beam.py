@@ -19,7 +19,7 @@ PAD, BOS, EOS = 0, 1, 2
 class PrefixState:
     prefixes: list[tuple[int, ...]]
 
-    def select(self, index: torch.Tensor) -> None:
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
 

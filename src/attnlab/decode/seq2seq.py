@@ -12,7 +12,6 @@ finished hypothesis with the best score / length^length_penalty (Wu et al. 2016 
 length normalisation). Neither <pad> nor <bos> is ever produced.
 """
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -128,7 +127,8 @@ def _beam_search(
         )
         scores = next_scores
         tokens = next_token.reshape(-1)
-        state.select((next_beam + torch.arange(b, device=device)[:, None] * k).reshape(-1))
+        # Beams only ever continue beams of their own sentence: the source side need not move.
+        state.select((next_beam + torch.arange(b, device=device)[:, None] * k).reshape(-1), same_source=True)
 
     results = []
     for i in range(b):
@@ -144,9 +144,12 @@ def strip_special(ids: Sequence[int], special: set[int]) -> list[int]:
 
 
 def sequence_log_prob(model: nn.Module, src: torch.Tensor, tgt: Sequence[int], bos_id: int, eos_id: int) -> float:
-    """log P(tgt <eos> | src) under the model, for one sentence src `(1, S)`; tests compare beams with it."""
+    """log P(tgt <eos> | src) under the distribution the decoders search (<pad> and <bos> masked
+    out, as in `beam_search`), for one sentence src `(1, S)`; tests compare hypotheses with it."""
     tgt_in = torch.tensor([[bos_id, *tgt]], device=src.device)
     tgt_out = torch.tensor([[*tgt, eos_id]], device=src.device)
     with torch.inference_mode():
-        logp = F.log_softmax(model(src, tgt_in).float(), dim=-1)
-    return float(logp.gather(-1, tgt_out[..., None]).sum()) if math.isfinite(logp.sum()) else -math.inf
+        logits = model(src, tgt_in).float()
+        logits[..., [model.pad_id, bos_id]] = float("-inf")
+        logp = F.log_softmax(logits, dim=-1)
+    return float(logp.gather(-1, tgt_out[..., None]).sum())

@@ -19,11 +19,14 @@ import torch
 class DecoderState(Protocol):
     """Everything a decoder carries between steps: encoder output, source mask, caches."""
 
-    def select(self, index: torch.Tensor) -> None:
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
         """Keep and reorder batch rows in place: index `(B',)` long into the current batch.
 
         Beam search uses it to expand each sentence to its beams (`repeat_interleave`) and to follow
-        the surviving hypotheses after each step.
+        the surviving hypotheses after each step. `same_source=True` promises that every new row
+        comes from a row of the same source sentence, so what depends on the source alone (encoder
+        output, its projections, the source mask) may stay where it is: only the decoder's own
+        state moves. That saves copying the whole memory at every step.
         """
         ...
 

@@ -131,10 +131,11 @@ class GRUState:
     context: torch.Tensor
     """The summary c of the source `(B, H)`: the encoder's final top-layer state."""
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep and reorder batch rows in place: index `(B',)` long."""
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
+        """Keep and reorder batch rows in place: index `(B',)` long (see DecoderState.select)."""
         self.hidden = _select_rows(self.hidden, index, dim=1)
-        self.context = _select_rows(self.context, index, dim=0)
+        if not same_source:
+            self.context = _select_rows(self.context, index, dim=0)
 
 
 class DeepOutput(nn.Module):
@@ -276,12 +277,13 @@ class AttentionGRUState:
     mask: torch.Tensor
     """Source mask `(B, S)` bool, True = a real token (may attend)."""
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep and reorder batch rows in place: index `(B',)` long."""
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
+        """Keep and reorder batch rows in place: index `(B',)` long (see DecoderState.select)."""
         self.hidden = _select_rows(self.hidden, index, dim=1)
-        self.memory = _select_rows(self.memory, index, dim=0)
-        self.keys = _select_rows(self.keys, index, dim=0)
-        self.mask = _select_rows(self.mask, index, dim=0)
+        if not same_source:
+            self.memory = _select_rows(self.memory, index, dim=0)
+            self.keys = _select_rows(self.keys, index, dim=0)
+            self.mask = _select_rows(self.mask, index, dim=0)
 
 
 class AttentionGRUSeq2Seq(nn.Module):

@@ -90,9 +90,10 @@ class TransformerDecoderState:
     src_mask: torch.Tensor  # (B, 1, 1, S)
     caches: list[KVCache]
 
-    def select(self, index: torch.Tensor) -> None:
-        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
-        self.src_mask = self.src_mask.index_select(0, index)
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
+        if not same_source:  # the encoder side is the same for every row of one source sentence
+            self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
+            self.src_mask = self.src_mask.index_select(0, index)
         for cache in self.caches:
             cache.select(index)
 
