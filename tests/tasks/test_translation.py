@@ -72,3 +72,24 @@ def test_missing_data_dir_and_split_files(tmp_path):
     config = resolve(translation_doc(tmp_path / "partial"))
     with pytest.raises(UserError, match=r"lacks val\.de\.gz, val\.en\.gz"):
         Translation(config.data, config.model, tmp_path, batch_size=0)
+
+
+def test_best_checkpoint_has_the_best_val_bleu_and_is_verified(fifty_pairs, tmp_path):
+    import csv
+    import json
+
+    from attnlab.errors import CheckpointError
+
+    run_dir = tmp_path / "run"
+    train(resolve(translation_doc(fifty_pairs, max_iters=60, eval_interval=20)), run_dir, progress=False)
+    with open(run_dir / "metrics.csv", newline="") as f:
+        evals = [r for r in csv.DictReader(f) if r["kind"] == "eval" and int(r["step"]) > 0]
+    best_row = max(evals, key=lambda r: float(r["val_bleu"]))
+    record = json.loads((run_dir / "best.json").read_text())
+    assert record["val_bleu"] == pytest.approx(float(best_row["val_bleu"]), rel=1e-5)
+    assert load(run_dir).step == record["step"] and load(run_dir, checkpoint="last").step == 60
+    data = bytearray((run_dir / "best.safetensors").read_bytes())
+    data[-10] ^= 0xFF
+    (run_dir / "best.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load(run_dir)

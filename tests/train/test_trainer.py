@@ -148,32 +148,24 @@ def test_resume_without_a_run_is_an_error(tiny_toml, tmp_path):
         train(config(tiny_toml), tmp_path / "empty", resume=True, progress=False)
 
 
-@pytest.mark.parametrize("name", [WEIGHTS, BEST_WEIGHTS])
-def test_corrupt_weights_are_detected(tiny_toml, tmp_path, name):
+def test_corrupt_weights_are_detected(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
     train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
-    data = bytearray((run_dir / name).read_bytes())
+    data = bytearray((run_dir / WEIGHTS).read_bytes())
     data[-10] ^= 0xFF
-    (run_dir / name).write_bytes(bytes(data))
+    (run_dir / WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
-        load(run_dir, checkpoint="best" if name == BEST_WEIGHTS else "last")
-    if name == WEIGHTS:
-        with pytest.raises(CheckpointError, match="corrupt"):
-            train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
+        load(run_dir)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
 
 
-def test_best_checkpoint_is_the_best_validation_loss(tiny_toml, tmp_path):
-    import json
-
+def test_language_model_runs_keep_no_best_checkpoint(tiny_toml, tmp_path):
+    """The LM's in-training loss is an estimate on random batches: too noisy to pick a "best" by."""
     run_dir = tmp_path / "run"
     result = train(config(tiny_toml, "train.max_iters=12"), run_dir, progress=False)
-    evals = [r for r in metric_rows(run_dir) if r["kind"] == "eval" and int(r["step"]) > 0]
-    best_row = min(evals, key=lambda r: float(r["val_loss"]))
-    record = json.loads((run_dir / "best.json").read_text())
-    assert record["step"] == int(best_row["step"])
-    assert record["val_loss"] == pytest.approx(float(best_row["val_loss"]), rel=1e-5)
-    assert result.best == pytest.approx(record["val_loss"])
-    assert load(run_dir).step == record["step"] and load(run_dir, checkpoint="last").step == 12
+    assert not (run_dir / BEST_WEIGHTS).exists() and result.best is None
+    assert load(run_dir).step == 12 == load(run_dir, checkpoint="last").step
 
 
 def test_train_state_holds_only_tensors_and_plain_containers(tiny_toml, tmp_path):

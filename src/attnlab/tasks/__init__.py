@@ -2,7 +2,8 @@
 
 A task class provides: `data_config_class`; `model_config_class(values) -> type` (the model
 section's dataclass, which may depend on `model.kind`); `build_model_from_config(config)`;
-`selection` (the validation metric that picks the best checkpoint, and "min" or "max"); and, once
+`selection` (the validation metric that picks the best checkpoint, and "min" or "max"; None
+keeps no best checkpoint); and, once
 constructed for a run folder, `model_config`, `tokenizer`, `build_model()`,
 `train_batch(index, generator)`, `batch_tokens(batch)`, `loss(model, batch, device, label_smoothing)`,
 `evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`.

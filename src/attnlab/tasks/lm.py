@@ -53,7 +53,10 @@ class LanguageModeling:
 
     name = "lm"
     data_config_class = LMDataConfig
-    selection = ("val_loss", "min")
+    # No "best" checkpoint: the loss during training is nanoGPT's estimate on a few random batches,
+    # too noisy to choose by (measured: the estimate's best step was worse on the full split than
+    # the last one). The run's last checkpoint is its model.
+    selection = None
 
     @staticmethod
     def model_config_class(values: dict) -> type:

@@ -130,7 +130,7 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )
     batches = torch.Generator().manual_seed(tc.seed)
-    metric_name, mode = task.selection
+    selection = task.selection  # (metric, "min" | "max") that picks the best checkpoint, or None
     step, elapsed, best = 0, 0.0, None
     if resume:
         load_weights(run_dir, model)
@@ -150,8 +150,11 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         model.train()
         return out
 
-    def is_better(value: float) -> bool:
-        return best is None or (value < best if mode == "min" else value > best)
+    def is_better(results: dict[str, float]) -> bool:
+        if selection is None:
+            return False
+        value = results[selection[0]]
+        return best is None or (value < best if selection[1] == "min" else value > best)
 
     def checkpoint() -> None:
         state = {
@@ -214,13 +217,13 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             pause = time.perf_counter()
             results = evaluate(step)
             metrics.write(step=step, kind="eval", lr=lr, elapsed_sec=elapsed, **results)
-            improved = is_better(results[metric_name])
+            improved = is_better(results)
             if improved:
-                best = results[metric_name]
+                best = results[selection[0]]
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
             checkpoint()
             if improved:
-                save_best(run_dir, {"step": step, metric_name: best})
+                save_best(run_dir, {"step": step, selection[0]: best})
             window_start += time.perf_counter() - pause  # evaluation is not training time
     bar.close()
     return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec)
