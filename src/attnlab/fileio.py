@@ -1,11 +1,28 @@
-"""Atomic file writes: a temporary file beside the target, fsync, rename, fsync the folder.
+"""File I/O helpers: atomic writes, and UTF-8 decoding that says where a bad byte is.
 
-A process killed at any moment leaves either the old file or the new one, never half of one.
+Atomic writes go through a temporary file beside the target, fsync, rename, fsync the folder: a
+process killed at any moment leaves either the old file or the new one, never half of one.
 """
 
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+from attnlab.errors import UserError
+
+
+def decode_utf8(raw: bytes, where: str, *, bom: bool = False) -> str:
+    """raw as UTF-8 text (dropping a leading byte-order mark when `bom`); a bad byte is a UserError
+    naming `where`, the line and the column. Example: b"ok\n\xff" from "a.txt" -> "a.txt:2 is not UTF-8 ..."."""
+    try:
+        return raw.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(
+            f"{where}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at line {line}, column {column}); "
+            "convert it to UTF-8"
+        ) from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -27,15 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _read_lines(path: Path) -> list[str]:
     from attnlab.data.parallel import read_lines
-    from attnlab.errors import UserError
+    from attnlab.fileio import decode_utf8
 
     if str(path) == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            return data.decode("utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise UserError(f"stdin:{line} is not UTF-8; convert the input to UTF-8") from None
+        return decode_utf8(sys.stdin.buffer.read(), "stdin").splitlines()
     return read_lines(path)
 
 

@@ -25,6 +25,7 @@ import torch
 
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import UserError
+from attnlab.fileio import decode_utf8
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -47,14 +48,7 @@ def read_lines(path: str | Path) -> list[str]:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
             raise UserError(f"{p} is a damaged gzip file ({e}); download or unpack it again") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(
-            f"{p}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {column}); convert the file to UTF-8"
-        ) from None
+    text = decode_utf8(raw, str(p), bom=True)
     lines = text.split("\n")
     if lines[-1] == "":  # the newline that ends the last line opens no new one
         lines.pop()

@@ -18,7 +18,7 @@ import torch
 
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer
 from attnlab.errors import UserError
-from attnlab.fileio import atomic_write, atomic_write_text
+from attnlab.fileio import atomic_write, atomic_write_text, decode_utf8
 
 TOKEN_CACHE_VERSION = 2  # 2: BPE chunks cut only where pre-tokenisation cuts (ids equal tokenizer.encode)
 
@@ -37,14 +37,7 @@ def read_corpus(path: str) -> str:
         raise UserError(f"corpus file {p} does not exist; set data.path to a UTF-8 text file")
     if not p.is_file():
         raise UserError(f"corpus path {p} is not a file; set data.path to a UTF-8 text file")
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise UserError(
-            f"corpus {p} is not UTF-8: bad byte at line {line} (offset {e.start}); convert it to UTF-8"
-        ) from None
+    text = decode_utf8(p.read_bytes(), f"corpus {p}")
     if not text.strip():
         raise UserError(f"corpus {p} is empty; give a text file with some content")
     return text

@@ -139,10 +139,6 @@ def _beam_search(
     return results
 
 
-def strip_special(ids: Sequence[int], special: set[int]) -> list[int]:
-    return [i for i in ids if i not in special]
-
-
 def sequence_log_prob(model: nn.Module, src: torch.Tensor, tgt: Sequence[int], bos_id: int, eos_id: int) -> float:
     """log P(tgt <eos> | src) under the distribution the decoders search (<pad> and <bos> masked
     out, as in `beam_search`), for one sentence src `(1, S)`; tests compare hypotheses with it."""

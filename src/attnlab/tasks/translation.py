@@ -7,6 +7,7 @@ with sacrebleu; the best checkpoint is the one with the best validation BLEU).
 """
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,15 +139,15 @@ class Translation:
         each epoch shuffled by its own seed, so a resumed run sees exactly the same batches.
         Every epoch has the same number of batches: packing depends only on the sorted lengths,
         which the seed does not change (it reorders ties and batches)."""
-        n = len(self._batches("train", None)) if self._epoch is None else len(self._epoch[1])
-        epoch, position = divmod(index, n)
+        epoch, position = divmod(index, self.batches_per_epoch())
         if self._epoch is None or self._epoch[0] != epoch:
             self._epoch = (epoch, self._batches("train", generator.initial_seed() + epoch))
         enc = self.encoded["train"]
         return collate(enc.src, enc.tgt, self._epoch[1][position], self.pad_id)
 
+    @functools.cache  # noqa: B019 (one task per run; the count never changes)
     def batches_per_epoch(self) -> int:
-        return len(self._batches("train", 0))
+        return len(self._batches("train", None))
 
     @staticmethod
     def batch_tokens(batch: TranslationBatch) -> int:

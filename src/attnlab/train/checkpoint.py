@@ -66,8 +66,8 @@ def read_config(run_dir: Path) -> RunConfig:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def save_checkpoint(run_dir: Path, model: nn.Module, train_state: dict[str, Any]) -> None:
-    """Write weights, then training state, then the manifest that vouches for both."""
+def save_checkpoint(run_dir: Path, model: nn.Module, train_state: dict[str, Any]) -> dict[str, Any]:
+    """Write weights, then training state, then the manifest that vouches for both; return the manifest."""
     atomic_write(run_dir / WEIGHTS, lambda tmp: save_model(model, str(tmp), metadata={"format": "attnlab"}))
     atomic_write(run_dir / TRAIN_STATE, lambda tmp: torch.save(train_state, tmp))
     manifest = {
@@ -77,14 +77,16 @@ def save_checkpoint(run_dir: Path, model: nn.Module, train_state: dict[str, Any]
         "train_state_sha256": file_sha256(run_dir / TRAIN_STATE),
     }
     atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest
 
 
-def save_best(run_dir: Path, record: dict[str, Any]) -> None:
-    """Copy the checkpoint just written to best.safetensors, and describe it in best.json."""
+def save_best(run_dir: Path, manifest: dict[str, Any], record: dict[str, Any]) -> None:
+    """Copy the checkpoint `manifest` describes (just written) to best.safetensors, and describe it
+    in best.json with `record` (step, score) and the weights' checksum from the manifest."""
     data = (run_dir / WEIGHTS).read_bytes()
     atomic_write(run_dir / BEST_WEIGHTS, lambda tmp: tmp.write_bytes(data))
-    record = {"format_version": CHECKPOINT_FORMAT_VERSION, **record, "weights_sha256": hashlib.sha256(data).hexdigest()}
-    atomic_write_text(run_dir / BEST_MANIFEST, json.dumps(record, indent=2))
+    best = {"format_version": CHECKPOINT_FORMAT_VERSION, **record, "weights_sha256": manifest["weights_sha256"]}
+    atomic_write_text(run_dir / BEST_MANIFEST, json.dumps(best, indent=2))
 
 
 def read_manifest(run_dir: Path, name: str = MANIFEST) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         value = results[selection[0]]
         return best is None or (value < best if selection[1] == "min" else value > best)
 
-    def checkpoint() -> None:
+    def checkpoint() -> dict[str, Any]:
         state = {
             "step": step,
             "elapsed_sec": elapsed,
@@ -166,7 +166,7 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
         }
-        save_checkpoint(run_dir, model, state)
+        return save_checkpoint(run_dir, model, state)
 
     write = sys.stderr.write
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
@@ -180,7 +180,7 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         log(f"step 0: {_describe(results)}")
 
     model.train()
-    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+    window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
     while step < tc.max_iters:
         lr = _learning_rate(tc, step)
@@ -199,14 +199,13 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        window_steps += 1
 
         if step % tc.log_interval == 0 or step == tc.max_iters:
             last_loss = loss_sum.item()  # the one host sync per log interval
             now = time.perf_counter()
             elapsed += now - window_start
             tokens_per_sec = window_tokens / (now - window_start)
-            window_start, window_steps, window_tokens = now, 0, 0
+            window_start, window_tokens = now, 0
             metrics.write(
                 step=step, kind="train", train_loss=last_loss, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_sec=elapsed
             )
@@ -221,9 +220,9 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             if improved:
                 best = results[selection[0]]
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
-            checkpoint()
+            manifest = checkpoint()
             if improved:
-                save_best(run_dir, {"step": step, selection[0]: best})
+                save_best(run_dir, manifest, {"step": step, selection[0]: best})
             window_start += time.perf_counter() - pause  # evaluation is not training time
     bar.close()
     return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec)
