@@ -1,11 +1,15 @@
-"""Tokenizers: characters, and byte-level BPE on the Hugging Face `tokenizers` library.
+"""Tokenizers: characters, byte-level BPE, and BERT's WordPiece (the last two on the Hugging Face
+`tokenizers` library).
 
-Both save to one `tokenizer.json` and round-trip text exactly: `decode(encode(s)) == s` for any
-text the tokenizer can encode. The file says what it is through its own format fields: attnlab's
-character format carries `"format": "attnlab-char"`; anything else is read as a Hugging Face
-`tokenizers` file.
+All save to one `tokenizer.json`. Characters and byte-level BPE round-trip text exactly:
+`decode(encode(s)) == s` for any text the tokenizer can encode. WordPiece does not: it normalises
+(lowercases, strips accents, drops control characters) and splits off punctuation, as BERT does.
+The file says what it is through its own format fields: attnlab's character format carries
+`"format": "attnlab-char"`; anything else is read as a Hugging Face `tokenizers` file, a WordPiece
+one when its model type says so.
 
-References: Sennrich et al. 2016 (BPE); Radford et al. 2019 (byte-level BPE of GPT-2).
+References: Sennrich et al. 2016 (BPE); Radford et al. 2019 (byte-level BPE of GPT-2);
+Schuster & Nakajima 2012 and Wu et al. 2016, §4.1 (WordPiece); Devlin et al. 2019 (BERT's use of it).
 """
 
 import json
@@ -14,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from attnlab.errors import UserError
-from attnlab.fileio import atomic_write_text
+from attnlab.fileio import atomic_write_text, decode_utf8
 
 CHAR_FORMAT = "attnlab-char"
 CHAR_FORMAT_VERSION = 1
@@ -159,8 +163,182 @@ class BPETokenizer:
         atomic_write_text(Path(path), self.tokenizer.to_str())
 
 
-def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer:
-    """Read a `tokenizer.json` written by either tokenizer."""
+# BERT's special tokens, in the order that fixes their ids when attnlab trains a WordPiece vocabulary.
+WORDPIECE_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class WordPieceTokenizer:
+    """BERT's WordPiece: normalise, split on whitespace and punctuation, then split each word
+    greedily into the longest pieces of the vocabulary, continuation pieces prefixed with "##".
+
+    Thin wrapper over `tokenizers.Tokenizer` with a WordPiece model, the BERT normaliser
+    (`lowercase`; accents are stripped exactly when lowercasing, as in BERT uncased), the BERT
+    pre-tokenizer and the WordPiece decoder. Example: "Unaffable!" -> ["una", "##ffa", "##ble", "!"]
+    with BERT's vocabulary. The five special tokens are matched in raw text before anything else,
+    so the text "[UNK]" encodes to `unk_id` alone. Nothing adds [CLS] or [SEP]: callers place them.
+    """
+
+    bos_id = None
+    eos_id = None
+
+    def __init__(self, tokenizer, *, source: str = "the tokenizer") -> None:  # tokenizers.Tokenizer
+        self.tokenizer = tokenizer
+        ids = {}
+        for token in WORDPIECE_SPECIAL_TOKENS:
+            ids[token] = tokenizer.token_to_id(token)
+            if ids[token] is None:
+                raise UserError(
+                    f"{source} has no {token} token; a BERT vocabulary needs all of "
+                    f"{', '.join(WORDPIECE_SPECIAL_TOKENS)}"
+                )
+        self._pad_id, self._unk_id, self._cls_id, self._sep_id, self._mask_id = ids.values()
+
+    @staticmethod
+    def _pipeline(model, *, lowercase: bool):  # tokenizers.models.WordPiece -> tokenizers.Tokenizer
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, normalizers, pre_tokenizers
+
+        tok = HFTokenizer(model)
+        # strip_accents=None follows lowercase, the behaviour of BERT's uncased and cased models.
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        return tok
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, *, lowercase: bool = True) -> "WordPieceTokenizer":
+        """A WordPiece vocabulary of at most `vocab_size` entries learnt from `texts`, with
+        [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. A small corpus may give fewer entries."""
+        from tokenizers import models, trainers
+
+        tok = cls._pipeline(models.WordPiece(unk_token="[UNK]"), lowercase=lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS), show_progress=False
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        # The trainer puts special tokens first, in order; BERT code relies on pad = 0.
+        got = [tok.token_to_id(t) for t in WORDPIECE_SPECIAL_TOKENS]
+        if got != list(range(len(WORDPIECE_SPECIAL_TOKENS))):
+            raise RuntimeError(f"special tokens {list(WORDPIECE_SPECIAL_TOKENS)} got ids {got}, expected 0..4")
+        return cls(tok)
+
+    @classmethod
+    def from_vocab_txt(cls, path: str | Path, *, lowercase: bool = True) -> "WordPieceTokenizer":
+        """The tokenizer of a BERT `vocab.txt`: one token per line, its id the line number (from 0).
+        Special ids are wherever the vocabulary has [PAD], [UNK], [CLS], [SEP] and [MASK]."""
+        from tokenizers import AddedToken, models
+
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise UserError(f"vocabulary file {path} does not exist") from None
+        except OSError as e:
+            raise UserError(f"vocabulary file {path} is unreadable ({e})") from None
+        text = decode_utf8(raw, str(path), bom=True)
+        # Line breaks as Python's text mode reads them (BERT's own loader): str.splitlines would
+        # also break at characters such as U+0085 or U+2028, which can be tokens.
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        # A final empty line is the file's last newline, not a token.
+        while lines and lines[-1] == "":
+            lines.pop()
+        vocab: dict[str, int] = {}
+        for i, token in enumerate(lines):
+            if token in vocab:
+                raise UserError(
+                    f"{path}:{i + 1}: token {token!r} already on line {vocab[token] + 1}; ids must be unique"
+                )
+            vocab[token] = i
+        missing = [t for t in WORDPIECE_SPECIAL_TOKENS if t not in vocab]
+        if missing:
+            raise UserError(
+                f"{path} has no {missing[0]} token; a BERT vocabulary needs all of "
+                f"{', '.join(WORDPIECE_SPECIAL_TOKENS)}"
+            )
+        tok = cls._pipeline(models.WordPiece(vocab=vocab, unk_token="[UNK]"), lowercase=lowercase)
+        # Registered as special tokens, as a trained vocabulary has them: matched before
+        # normalisation (so "[MASK]" survives lowercasing) and never split. Their ids stay the file's.
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in WORDPIECE_SPECIAL_TOKENS])
+        return cls(tok, source=str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad_id
+
+    @property
+    def unk_id(self) -> int:
+        return self._unk_id
+
+    @property
+    def cls_id(self) -> int:
+        return self._cls_id
+
+    @property
+    def sep_id(self) -> int:
+        return self._sep_id
+
+    @property
+    def mask_id(self) -> int:
+        return self._mask_id
+
+    @property
+    def special_ids(self) -> list[int]:
+        """The ids of [PAD], [UNK], [CLS], [SEP] and [MASK], sorted."""
+        return sorted((self._pad_id, self._unk_id, self._cls_id, self._sep_id, self._mask_id))
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of `text`, without [CLS] or [SEP]."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_words(self, words: Sequence[str]) -> tuple[list[int], list[int]]:
+        """Subword ids of already split words, and for each word the index of its first subword
+        in those ids (where a tagger reads the word's label).
+
+        A word the normaliser erases entirely (an empty string, a zero-width space, a control
+        character) still gets one token, [UNK], so that `len(starts) == len(words)` always.
+        Example (BERT's vocabulary): ["Unaffable", "!"] -> ids of [una, ##ffa, ##ble, !], starts [0, 3].
+        """
+        if not words:
+            return [], []
+        encoding = self.tokenizer.encode(list(words), is_pretokenized=True, add_special_tokens=False)
+        pieces: list[list[int]] = [[] for _ in words]
+        for token_id, word in zip(encoding.ids, encoding.word_ids, strict=True):
+            pieces[word].append(token_id)
+        ids: list[int] = []
+        starts: list[int] = []
+        for word_pieces in pieces:
+            starts.append(len(ids))
+            ids.extend(word_pieces or [self._unk_id])
+        return ids, starts
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """The text of `ids`, "##" pieces joined to the word before them. Normalisation is not
+        undone (lowercased stays lowercased). With `skip_special`, the five special ids are dropped."""
+        ids = list(ids)
+        if skip_special:
+            special = set(self.special_ids)
+            ids = [i for i in ids if i not in special]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token as the vocabulary spells it, for labels: continuation pieces keep their "##".
+        Example: ids of "unaffable" -> ["una", "##ffa", "##ble"]."""
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(Path(path), self.tokenizer.to_str())
+
+
+def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPieceTokenizer:
+    """Read a `tokenizer.json` written by any of the tokenizers (a WordPiece one when the file's
+    model type is WordPiece, else byte-level BPE)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -185,6 +363,10 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     try:
-        return BPETokenizer(HFTokenizer.from_str(text))
+        tok = HFTokenizer.from_str(text)
     except Exception as e:  # the Rust library raises its own exception type
         raise UserError(f"{path} is not a tokenizer file attnlab can read: {e}") from None
+    model = doc.get("model")
+    if isinstance(model, dict) and model.get("type") == "WordPiece":
+        return WordPieceTokenizer(tok, source=str(path))
+    return BPETokenizer(tok)

@@ -1,0 +1,253 @@
+"""BERT: a bidirectional Transformer encoder (Devlin et al. 2019).
+
+Reads top to bottom like the paper: config, embeddings (token + position + segment, §3 "Input/Output
+Representations", Figure 2), a stack of post-norm Transformer blocks that attend in both directions
+(the encoder of Vaswani et al. 2017), the pooler on the first token ([CLS]), and the heads: masked
+language modelling (§3.1, "Task #1"), and classifiers over the pooled output or every position
+(§4, Figure 4).
+
+The only attention mask is the key-padding mask: tokens equal to `pad_id` cannot be attended to.
+Pad on the right: positions are counted from the first token, so left padding would shift them.
+
+Shape legend: B batch, T time, C d_model, V vocab, H heads, L labels.
+
+References:
+- Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+  Understanding".
+- google-research/bert `modeling.py` (initialiser range 0.02, LayerNorm eps 1e-12, the pooler, the
+  transform before the tied MLM decoder in `run_pretraining.py`).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.nn import ACTIVATIONS, TransformerBlock, padding_mask_from_ids
+
+HEADS = ("mlm", "sequence", "token", "none")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Everything that fixes the shape and behaviour of a BERT. Validated on construction."""
+
+    kind: str = "bert"
+    """Always "bert": lets a task pick the model family by `model.kind`."""
+    vocab_size: int = 8000
+    """Number of token ids."""
+    max_len: int = 128
+    """Number of learned position embeddings: the longest input."""
+    type_vocab_size: int = 2
+    """Number of segment embeddings (sentence A / sentence B)."""
+    d_model: int = 256
+    """Model width C."""
+    n_heads: int = 4
+    """Attention heads per block; must divide d_model."""
+    n_layers: int = 4
+    """Number of Transformer blocks."""
+    d_ff: int = 1024
+    """Feed-forward hidden width (4C in the paper)."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention weights, residual branches and classifier inputs."""
+    activation: str = "gelu"
+    """Feed-forward and MLM-transform non-linearity, one of attnlab.nn.ACTIVATIONS."""
+    layer_norm_eps: float = 1e-12
+    """Epsilon of every LayerNorm (BERT's value)."""
+    pad_id: int = 0
+    """Token id of padding; keys with this id are masked out."""
+    head: str = "mlm"
+    """Output head: "mlm" (masked-LM logits), "sequence" (one label per input, from the pooled
+    output), "token" (one label per position) or "none" (the hidden states)."""
+    n_labels: int = 0
+    """Number of classes of a "sequence" or "token" head; 0 for "mlm" and "none"."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "bert":
+            raise ValueError(f"kind must be 'bert', got {self.kind!r}")
+        for name in ("vocab_size", "max_len", "type_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {list(HEADS)}, got {self.head!r}")
+        if self.head in ("sequence", "token") and self.n_labels < 1:
+            raise ValueError(f"n_labels must be >= 1 for head {self.head!r}, got {self.n_labels}")
+        if self.head in ("mlm", "none") and self.n_labels != 0:
+            raise ValueError(f"n_labels must be 0 for head {self.head!r} (it has no classes), got {self.n_labels}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class BertEmbeddings(nn.Module):
+    """The input representation (§3, Figure 2): token + position + segment embeddings, summed,
+    then LayerNorm and dropout. ids and segments `(B, T)` long -> `(B, T, C)`."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.max_len = config.max_len
+        self.token = nn.Embedding(config.vocab_size, config.d_model)
+        self.position = nn.Embedding(config.max_len, config.d_model)
+        self.segment = nn.Embedding(config.type_vocab_size, config.d_model)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        t = ids.size(1)
+        if t > self.max_len:
+            raise ValueError(f"sequence of {t} tokens is longer than max_len {self.max_len}")
+        if segments is None:
+            segments = torch.zeros_like(ids)  # a single sentence is all segment A
+        pos = torch.arange(t, device=ids.device)  # (T,)
+        x = self.token(ids) + self.position(pos) + self.segment(segments)  # (B, T, C)
+        return self.dropout(self.norm(x))
+
+
+class MaskedLMHead(nn.Module):
+    """Masked-LM output (§3.1, Task #1): a dense layer, the activation and a LayerNorm, then a
+    decoder whose weight is the token embedding matrix (tied) plus an output bias of its own.
+    x `(B, T, C)` -> logits `(B, T, V)`."""
+
+    def __init__(self, config: BertConfig, token_embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.act = ACTIVATIONS[config.activation]
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.d_model, config.vocab_size)
+        self.decoder.weight = token_embedding.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(self.act(self.dense(x))))
+
+
+class ClassifierHead(nn.Module):
+    """Dropout then a linear map to label scores (§4): x `(..., C)` -> `(..., L)`. The "sequence"
+    head applies it to the pooled output `(B, C)`, the "token" head to every position `(B, T, C)`."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(config.dropout)
+        self.proj = nn.Linear(config.d_model, config.n_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.dropout(x))
+
+
+class Bert(nn.Module):
+    """Bidirectional Transformer encoder with one head. `forward(ids (B, T))` -> the head's output:
+    "mlm" `(B, T, V)`, "sequence" `(B, L)`, "token" `(B, T, L)`, "none" `(B, T, C)`."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                config.d_model,
+                config.n_heads,
+                config.d_ff,
+                dropout=config.dropout,
+                activation=config.activation,
+                norm="post",  # BERT keeps the original Transformer's order (§3)
+                eps=config.layer_norm_eps,
+            )
+            for _ in range(config.n_layers)
+        )
+        self.pooler = nn.Linear(config.d_model, config.d_model)
+        self.head: nn.Module | None
+        if config.head == "mlm":
+            self.head = MaskedLMHead(config, self.embeddings.token)
+        elif config.head in ("sequence", "token"):
+            self.head = ClassifierHead(config)
+        else:
+            self.head = None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # BERT's truncated normal with stddev 0.02 (initializer_range); a plain normal is close enough.
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def _run(
+        self, ids: torch.Tensor, segments: torch.Tensor | None, need_weights: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden states `(B, T, C)` of the last block and, when asked for, each block's weights."""
+        mask = padding_mask_from_ids(ids, self.config.pad_id)  # (B, 1, 1, T): padding is never a key
+        x = self.embeddings(ids, segments)  # (B, T, C)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, mask=mask, need_weights=need_weights)
+            if w is not None:
+                weights.append(w)
+        return x, weights
+
+    def encode(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """Last hidden states `(B, T, C)` of ids `(B, T)` long, with segment ids `(B, T)` long
+        (default all 0). Positions where `ids == pad_id` are padding: no position attends to them."""
+        return self._run(ids, segments, need_weights=False)[0]
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The pooler: tanh(W h + b) of the first position ([CLS]). hidden `(B, T, C)` -> `(B, C)`."""
+        return torch.tanh(self.pooler(hidden[:, 0]))
+
+    def pooled(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """The pooled representation `(B, C)` of ids `(B, T)`, the input of sentence-level classifiers."""
+        return self.pool(self.encode(ids, segments))
+
+    def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's output for ids `(B, T)` long (see the class docstring for the shapes)."""
+        hidden = self.encode(ids, segments)  # (B, T, C)
+        if self.head is None:
+            return hidden
+        if self.config.head == "sequence":
+            return self.head(self.pool(hidden))  # (B, L)
+        return self.head(hidden)  # (B, T, V) or (B, T, L)
+
+    @torch.no_grad()
+    def attention_weights(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The per-head self-attention weights of every block for ids `(B, T)`: a list of `(B, H, T, T)`."""
+        return self._run(ids, segments, need_weights=True)[1]
+
+    def load_encoder(self, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+        """Copy everything but the head (embeddings, blocks, pooler) from the state dict of another
+        `Bert`, whatever its head; this model's head keeps its fresh initialisation (fine-tuning
+        starts from a pre-trained encoder, §4). `head.*` entries of `state_dict` are ignored.
+
+        Returns the names of this model's encoder tensors that `state_dict` lacks, left as they are
+        (a checkpoint saved without a pooler, say). Raises ValueError for a tensor whose shape
+        differs, or an encoder tensor this model has no place for (another depth, another family).
+        """
+        own = {name: t for name, t in self.state_dict().items() if not name.startswith("head.")}
+        for name, tensor in state_dict.items():
+            if name.startswith("head."):
+                continue
+            if name not in own:
+                raise ValueError(f"{name} is in the state dict but this Bert has no such tensor ({self.config})")
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"{name} has shape {tuple(tensor.shape)} in the state dict but {tuple(own[name].shape)} "
+                    "in this Bert; the two configs differ"
+                )
+        encoder = {name: t for name, t in state_dict.items() if name in own}
+        self.load_state_dict(encoder, strict=False)
+        return [name for name in own if name not in encoder]
