@@ -7,7 +7,7 @@ import sys
 from attnlab import __version__
 from attnlab.errors import UserError
 
-SUBCOMMANDS = ("train", "sample", "translate", "eval", "demo")
+SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -61,6 +61,45 @@ def _bounded_int(text: str, low: int) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
+
+
+def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str = "best"):
+    """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
+    from attnlab import load
+    from attnlab.device import resolve_device
+    from attnlab.tasks import TASKS
+
+    dev = resolve_device(device)
+    run = load(run_dir, device=dev, checkpoint=checkpoint)
+    if run.config.task != task_name:
+        raise UserError(f"{run_dir} is a {run.config.task!r} run, not a {task_name} model")
+    task = TASKS[task_name](run.config.data, run.config.model, run.path, resume=True, splits=())
+    return run, task, dev
+
+
+def add_text_arguments(p: argparse.ArgumentParser, task_name: str) -> None:
+    """The arguments of the commands that apply a trained encoder run to sentences."""
+    p.add_argument("run_dir", metavar="RUN", help=f"a {task_name} run folder written by `attnlab train`")
+    p.add_argument("text", nargs="*", metavar="TEXT", help="sentences, one per argument")
+    p.add_argument("--input", help="a UTF-8 file with one sentence per line (- for stdin)")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+
+
+def read_text_arguments(texts: list[str], input_path: str | None) -> list[str]:
+    """Sentences from TEXT arguments or an --input file (`-` = stdin), one per line."""
+    from attnlab.data.parallel import read_lines
+    from attnlab.fileio import decode_utf8
+
+    if input_path is not None and texts:
+        raise UserError("give sentences as TEXT arguments or with --input, not both")
+    if input_path is None and not texts:
+        raise UserError("no text given: pass TEXT arguments or --input FILE")
+    if input_path is None:
+        return list(texts)
+    if input_path == "-":
+        return decode_utf8(sys.stdin.buffer.read(), "stdin").splitlines()
+    return read_lines(input_path)
 
 
 def print_json(obj: object) -> None:

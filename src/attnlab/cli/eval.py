@@ -11,7 +11,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU).",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
-    p.add_argument("--split", default="val", help="val or train (LM); val, test2016 or test2017 (translation)")
+    p.add_argument(
+        "--split",
+        default="val",
+        help="val or train (LM); val, test2016 or test2017 (translation); val, dev or test (classification, "
+        "tagging); val or test (masked LM)",
+    )
     p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
     p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")

@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="run folder (default: runs/<preset name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--data-dir", help="folder of the task's data files (sets data.data_dir), e.g. a Multi30k folder")
+    p.add_argument(
+        "--init-from",
+        metavar="FOLDER",
+        help="fine-tune from a pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder "
+        "(sets data.init_from; classification and tagging)",
+    )
     p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -44,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     config = resolve(apply_overrides(doc, overrides))
     if args.data_dir and not hasattr(config.data, "data_dir"):
         raise UserError(f"--data-dir is for tasks that read a data folder; a {config.task!r} run reads data.path")
+    if args.init_from:
+        if not hasattr(config.data, "init_from"):
+            raise UserError(
+                f"--init-from is for fine-tuning tasks (classification, tagging), not a {config.task!r} run"
+            )
+        overrides.setdefault("data", {})["init_from"] = args.init_from
+        config = resolve(apply_overrides(doc, overrides))
     out = args.out if args.out is not None else Path("runs") / name
     result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
     summary = {

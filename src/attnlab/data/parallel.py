@@ -216,6 +216,25 @@ def token_batches(
     return batches
 
 
+class EpochBatches:
+    """The training stream of a data set as batches: batch `index` is found in its epoch, and each
+    epoch is `token_batches` shuffled by its own seed, so a resumed run sees exactly the same
+    batches. Every epoch has the same number of batches: packing depends only on the sorted
+    lengths, which the seed does not change (it reorders ties and batches)."""
+
+    def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int) -> None:
+        self.src_lengths, self.tgt_lengths, self.max_tokens = list(src_lengths), list(tgt_lengths), max_tokens
+        self.per_epoch = len(token_batches(self.src_lengths, self.tgt_lengths, max_tokens, seed=None))
+        self._epoch: tuple[int, list[list[int]]] | None = None
+
+    def __call__(self, index: int, seed: int) -> list[int]:
+        """The example indices of batch `index` of the stream seeded by `seed`."""
+        epoch, position = divmod(index, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, token_batches(self.src_lengths, self.tgt_lengths, self.max_tokens, seed=seed + epoch))
+        return self._epoch[1][position]
+
+
 @dataclass
 class TranslationBatch:
     """A padded batch, long tensors: `src (B, S)`, `tgt_in (B, T)` (teacher-forced decoder input, starts
@@ -236,7 +255,8 @@ class TranslationBatch:
         return TranslationBatch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.pad_id)
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """Token id lists as one right-padded long tensor `(B, longest)`."""
     out = torch.full((len(rows), max((len(r) for r in rows), default=0)), pad_id, dtype=torch.long)
     for b, row in enumerate(rows):
         out[b, : len(row)] = torch.tensor(row, dtype=torch.long)
@@ -256,8 +276,8 @@ def collate(
         if len(tgt[i]) < 2:
             raise ValueError(f"target {i} has {len(tgt[i])} tokens; it needs at least bos and eos")
     return TranslationBatch(
-        src=_pad([list(src[i]) for i in indices], pad_id),  # (B, S)
-        tgt_in=_pad([list(tgt[i][:-1]) for i in indices], pad_id),  # (B, T)
-        tgt_out=_pad([list(tgt[i][1:]) for i in indices], pad_id),  # (B, T)
+        src=pad_rows([list(src[i]) for i in indices], pad_id),  # (B, S)
+        tgt_in=pad_rows([list(tgt[i][:-1]) for i in indices], pad_id),  # (B, T)
+        tgt_out=pad_rows([list(tgt[i][1:]) for i in indices], pad_id),  # (B, T)
         pad_id=pad_id,
     )

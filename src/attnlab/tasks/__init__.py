@@ -6,12 +6,29 @@ section's dataclass, which may depend on `model.kind`); `build_model_from_config
 keeps no best checkpoint); and, once
 constructed for a run folder, `model_config`, `tokenizer`, `build_model()`,
 `train_batch(index, generator)`, `batch_tokens(batch)`, `loss(model, batch, device, label_smoothing)`,
-`evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`.
+`evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`; optionally
+`initialize(model)`, called once on a new run's fresh model (fine-tuning copies a pre-trained
+encoder in there).
 """
 
+from attnlab.tasks.classification import Classification, ClassificationDataConfig
 from attnlab.tasks.lm import LanguageModeling, LMDataConfig
+from attnlab.tasks.mlm import MaskedLM, MLMDataConfig
+from attnlab.tasks.tagging import Tagging, TaggingDataConfig
 from attnlab.tasks.translation import Translation, TranslationDataConfig
 
-TASKS = {LanguageModeling.name: LanguageModeling, Translation.name: Translation}
+TASKS = {task.name: task for task in (LanguageModeling, Translation, MaskedLM, Classification, Tagging)}
 
-__all__ = ["TASKS", "LMDataConfig", "LanguageModeling", "Translation", "TranslationDataConfig"]
+__all__ = [
+    "TASKS",
+    "Classification",
+    "ClassificationDataConfig",
+    "LMDataConfig",
+    "LanguageModeling",
+    "MLMDataConfig",
+    "MaskedLM",
+    "Tagging",
+    "TaggingDataConfig",
+    "Translation",
+    "TranslationDataConfig",
+]

@@ -20,6 +20,7 @@ from torch import nn
 
 from attnlab.data.parallel import (
     MULTI30K_SPLITS,
+    EpochBatches,
     TranslationBatch,
     collate,
     encode_pairs,
@@ -122,7 +123,6 @@ class Translation:
         if max_len is not None and max_len < data.max_len:
             raise ConfigError(f"model.max_len ({max_len}) must be >= data.max_len ({data.max_len})")
         self.model_config = dataclasses.replace(model, vocab_size=tokenizer.vocab_size, pad_id=self.pad_id)
-        self._epoch: tuple[int, list[list[int]]] | None = None
 
     def build_model(self) -> nn.Module:
         return self.build_model_from_config(self.model_config)
@@ -135,19 +135,17 @@ class Translation:
         )
 
     def train_batch(self, index: int, generator: torch.Generator) -> TranslationBatch:
-        """Micro-batch number `index` of the training stream: epochs of length-bucketed batches,
-        each epoch shuffled by its own seed, so a resumed run sees exactly the same batches.
-        Every epoch has the same number of batches: packing depends only on the sorted lengths,
-        which the seed does not change (it reorders ties and batches)."""
-        epoch, position = divmod(index, self.batches_per_epoch())
-        if self._epoch is None or self._epoch[0] != epoch:
-            self._epoch = (epoch, self._batches("train", generator.initial_seed() + epoch))
+        """Micro-batch number `index` of the training stream (see `EpochBatches`)."""
         enc = self.encoded["train"]
-        return collate(enc.src, enc.tgt, self._epoch[1][position], self.pad_id)
+        return collate(enc.src, enc.tgt, self._stream(index, generator.initial_seed()), self.pad_id)
 
-    @functools.cache  # noqa: B019 (one task per run; the count never changes)
+    @functools.cached_property
+    def _stream(self) -> EpochBatches:
+        enc = self.encoded["train"]
+        return EpochBatches([len(s) for s in enc.src], [len(t) for t in enc.tgt], self.data_config.max_tokens)
+
     def batches_per_epoch(self) -> int:
-        return len(self._batches("train", None))
+        return self._stream.per_epoch
 
     @staticmethod
     def batch_tokens(batch: TranslationBatch) -> int:

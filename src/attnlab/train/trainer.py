@@ -33,7 +33,18 @@ from attnlab.train.config import RunConfig, TrainConfig
 from attnlab.train.optim import adamw
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 
-METRICS_FIELDS = ["step", "kind", "train_loss", "val_loss", "val_bleu", "lr", "tokens_per_sec", "elapsed_sec"]
+METRICS_FIELDS = [
+    "step",
+    "kind",
+    "train_loss",
+    "val_loss",
+    "val_bleu",
+    "val_accuracy",
+    "val_ppl",
+    "lr",
+    "tokens_per_sec",
+    "elapsed_sec",
+]
 
 
 @dataclass
@@ -73,17 +84,19 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> None:
         saved = read_config(run_dir)
         if saved.task != config.task:
             raise CheckpointError(f"cannot resume: {run_dir} is a {saved.task!r} run, not {config.task!r}")
-        wanted_model = type(saved.model)(**{**vars(config.model), "vocab_size": saved.model.vocab_size})
-        for section, old, new in (("model", saved.model, wanted_model), ("data", saved.data, config.data)):
-            diffs = _differences(old, new)
-            if diffs:
-                raise CheckpointError(
-                    f"cannot resume {run_dir}: its {section} config differs ({'; '.join(diffs)}); "
-                    f"resume with the same {section} settings or train into a new --out folder"
-                )
+        _check_same(run_dir, "data", saved.data, config.data)
     elif (run_dir / CONFIG).exists():
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _check_same(run_dir: Path, section: str, saved: Any, wanted: Any) -> None:
+    diffs = _differences(saved, wanted) if type(saved) is type(wanted) else [f"kind: {saved!r} vs {wanted!r}"]
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: its {section} config differs ({'; '.join(diffs)}); "
+            f"resume with the same {section} settings or train into a new --out folder"
+        )
 
 
 class MetricsLog:
@@ -122,10 +135,17 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     device = resolve_device(tc.device)
     torch.manual_seed(tc.seed)
     task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
+    if resume:
+        # The task completes the model config (vocabulary size, label count, a pre-trained
+        # encoder's shape), so the comparison is with what it made of the asked-for config.
+        _check_same(run_dir, "model", read_config(run_dir).model, task.model_config)
     config = RunConfig(config.task, task.model_config, config.data, tc)
     write_config(run_dir, config)
 
-    model = task.build_model().to(device)
+    model = task.build_model()
+    if not resume and hasattr(task, "initialize"):
+        task.initialize(model)  # e.g. a pre-trained encoder's weights for fine-tuning
+    model = model.to(device)
     optimizer = adamw(
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )

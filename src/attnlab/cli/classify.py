@@ -1,0 +1,40 @@
+"""attnlab classify RUN [TEXT ... | --input FILE] [--json]"""
+
+import argparse
+
+from attnlab.cli import add_text_arguments
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "classify",
+        help="label sentences with a trained classifier (e.g. SST-2 sentiment)",
+        description="Print the most likely label of each sentence and its probability.",
+    )
+    add_text_arguments(p, "classification")
+    p.add_argument("--json", action="store_true", help="print labels and probabilities as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.cli import open_task_run, print_json, read_text_arguments
+
+    texts = read_text_arguments(args.text, args.input)
+    run, task, device = open_task_run(args.run_dir, "classification", args.device, args.checkpoint)
+    results = _classify(task, run.model, texts, device)
+    if args.json:
+        print_json({"results": [{"text": t, **r} for t, r in zip(texts, results, strict=True)]})
+    else:
+        for r in results:
+            print(f"{r['label']}\t{r['probabilities'][r['label']]:.3f}" if r else "")
+    return 0
+
+
+def _classify(task, model, texts: list[str], device) -> list[dict]:
+    """Empty lines get an empty result (an empty output line), not a guess."""
+    present = [i for i, t in enumerate(texts) if t.strip()]
+    found = task.classify(model, [texts[i] for i in present], device) if present else []
+    out: list[dict] = [{} for _ in texts]
+    for i, r in zip(present, found, strict=True):
+        out[i] = r
+    return out

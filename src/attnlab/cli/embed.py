@@ -1,0 +1,38 @@
+"""attnlab embed RUN_OR_FOLDER TEXT ... [--json]"""
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="contextual sentence vectors from a BERT encoder",
+        description="Mean of the encoder's last hidden states over each sentence's tokens. RUN_OR_FOLDER is an "
+        "attnlab run with a BERT encoder (pre-training or fine-tuning) or a Hugging Face BERT folder.",
+    )
+    p.add_argument("source", metavar="RUN_OR_FOLDER", help="attnlab run folder or Hugging Face BERT folder")
+    p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to embed")
+    p.add_argument("--input", help="a UTF-8 file with one sentence per line (- for stdin)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.add_argument("--json", action="store_true", help='print {"vectors": [[...], ...], "dim": C} as JSON')
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.cli import print_json, read_text_arguments
+    from attnlab.device import resolve_device
+    from attnlab.errors import UserError
+    from attnlab.tasks.encoder import embed_texts, load_encoder
+
+    texts = read_text_arguments(args.text, args.input)
+    if any(not t.strip() for t in texts):
+        raise UserError("an input sentence is empty; every sentence needs at least one word to embed")
+    device = resolve_device(args.device)
+    model, tokenizer = load_encoder(args.source, device)
+    vectors = embed_texts(model, tokenizer, texts, device)
+    if args.json:
+        print_json({"dim": vectors.size(1), "vectors": [[round(x, 6) for x in v.tolist()] for v in vectors]})
+    else:
+        for text, v in zip(texts, vectors, strict=True):
+            print(f"{text}\t" + " ".join(f"{x:.4f}" for x in v.tolist()))
+    return 0

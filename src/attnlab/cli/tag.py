@@ -1,0 +1,35 @@
+"""attnlab tag RUN [TEXT ... | --input FILE] [--json]"""
+
+import argparse
+
+from attnlab.cli import add_text_arguments
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tag",
+        help="tag each word of sentences with a trained tagger (e.g. UD part of speech)",
+        description="Split each sentence into words (as UD English does) and print word/TAG for each word.",
+    )
+    add_text_arguments(p, "tagging")
+    p.add_argument("--json", action="store_true", help="print [[word, tag], ...] per sentence as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.cli import open_task_run, print_json, read_text_arguments
+
+    texts = read_text_arguments(args.text, args.input)
+    run, task, device = open_task_run(args.run_dir, "tagging", args.device, args.checkpoint)
+    present = [i for i, t in enumerate(texts) if t.strip()]
+    tagged: list[list[tuple[str, str]]] = [[] for _ in texts]
+    for i, pairs in zip(
+        present, task.tag(run.model, [texts[i] for i in present], device) if present else [], strict=True
+    ):
+        tagged[i] = pairs
+    if args.json:
+        print_json({"sentences": [[list(p) for p in pairs] for pairs in tagged]})
+    else:
+        for pairs in tagged:
+            print(" ".join(f"{w}/{t}" for w, t in pairs))
+    return 0

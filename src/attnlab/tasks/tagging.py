@@ -1,0 +1,186 @@
+"""Token tagging (UD English EWT part-of-speech): one tag per word.
+
+Which model: a BERT encoder with a classifier on every position, or the BiLSTM baseline
+(`model.kind`). Which data: the CoNLL-U files `*-ud-{train,dev,test}.conllu[.gz]` of a Universal
+Dependencies treebank. Words are split into subwords; the loss and the prediction use each word's
+first subword (Devlin et al. 2019, §5.3), so accuracy is per word. The best checkpoint is chosen
+on dev; test is reported.
+"""
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.data.conllu import TaggedSentence, read_conllu
+from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.errors import UserError
+from attnlab.tasks.encoder import EncoderTask
+
+# The universal part-of-speech tags (universaldependencies.org/u/pos): the fixed label set for
+# "upos", so a tag that a small training file happens to lack can still be scored.
+UPOS = (
+    "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM",
+    "PART", "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X",
+)  # fmt: skip
+
+# Words of free text for `attnlab tag`, split as UD English does: clitics are words of their own
+# ("can't" -> "ca n't", "I'm" -> "I 'm"), hyphenated words stay whole, other symbols stand alone.
+WORD = re.compile(r"(?i)\w+(?=n't\b)|n't\b|'(?:s|m|re|ve|ll|d)\b|\w+(?:-\w+)*|[^\w\s]")
+
+
+@dataclass(frozen=True)
+class TaggingDataConfig:
+    """Where the tagged sentences come from and how they become tokens."""
+
+    data_dir: str = ""
+    """Folder with one `*-ud-train.conllu`, `*-ud-dev.conllu` and `*-ud-test.conllu` (plain or .gz)."""
+    column: str = "upos"
+    """Which tag column to learn: "upos" or "xpos"."""
+    vocab_size: int = 8000
+    """WordPiece vocabulary trained on the training words (unless init_from or tokenizer is set)."""
+    tokenizer: str = ""
+    """Use this tokenizer.json (or a run folder's) instead of training one."""
+    init_from: str = ""
+    """Start from this pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder."""
+    max_len: int = 128
+    """Longest input in subword tokens, [CLS] and [SEP] included; words past it count as errors."""
+    max_tokens: int = 4096
+    """Tokens per batch (batch size × longest sentence in it)."""
+
+    def __post_init__(self) -> None:
+        if self.column not in ("upos", "xpos"):
+            raise ValueError(f"column must be 'upos' or 'xpos', got {self.column!r}")
+        for name in ("vocab_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_len < 3:
+            raise ValueError(f"max_len must be >= 3 ([CLS], a token, [SEP]), got {self.max_len}")
+
+
+def find_split_file(data_dir: str, split: str) -> Path:
+    folder = Path(data_dir).expanduser()
+    if not folder.is_dir():
+        raise UserError(f"data folder {folder} does not exist; pass --data-dir with a UD treebank folder")
+    found = sorted(folder.glob(f"*-ud-{split}.conllu")) + sorted(folder.glob(f"*-ud-{split}.conllu.gz"))
+    if not found:
+        raise UserError(
+            f"{folder} has no *-ud-{split}.conllu[.gz]; a UD treebank folder holds "
+            "*-ud-train.conllu, *-ud-dev.conllu and *-ud-test.conllu (plain or .gz)"
+        )
+    if len(found) > 1:
+        raise UserError(f"{folder} has several {split} files ({', '.join(p.name for p in found)}); keep one")
+    return found[0]
+
+
+class Tagging(EncoderTask):
+    """A tag for every word, predicted at its first subword."""
+
+    name = "tagging"
+    data_config_class = TaggingDataConfig
+    head = "token"
+    split_names = ("train", "dev", "test")
+
+    def __init__(
+        self,
+        data: TaggingDataConfig,
+        model: Any,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        batch_size: int = 0,
+        splits: Sequence[str] = ("train", "val"),
+    ) -> None:
+        """Read the CoNLL-U splits (`val` is the treebank's dev set), set up the vocabulary and
+        the tag set (from train), encode. `splits=()` loads nothing: enough to tag new text."""
+        if splits and not data.data_dir:
+            raise UserError("tagging needs its data: pass --data-dir DIR (a UD treebank folder)")
+        names = {"dev" if s == "val" else s for s in splits}
+        for s in names:
+            if s not in self.split_names:
+                raise UserError(f"unknown split {s!r}; choose one of {', '.join(self.split_names)}")
+        self.paths = {s: find_split_file(data.data_dir, s) for s in sorted(names)}
+        self.sentences: dict[str, list[TaggedSentence]] = {
+            s: read_conllu(path, column=data.column) for s, path in self.paths.items()
+        }
+        train = self.sentences.get("train")
+        self._setup(
+            data,
+            model,
+            run_dir,
+            resume=resume,
+            train_texts=(lambda: [" ".join(s.words) for s in train]) if train is not None else None,
+            labels=(lambda: self._label_set(train)) if train is not None else None,
+        )
+        if "dev" in self.sentences:
+            self.sentences["val"], self.paths["val"] = self.sentences["dev"], self.paths["dev"]
+        self.ids: dict[str, list[list[int]]] = {}
+        self.starts: dict[str, list[list[int]]] = {}
+        self.unscorable: dict[str, int] = {}
+        for s, sents in self.sentences.items():
+            self.ids[s], self.starts[s], cut = self.encode_sentences([x.words for x in sents])
+            self.unscorable[s] = cut + self._unknown_tags(s)
+
+    def _label_set(self, train: list[TaggedSentence]) -> list[str]:
+        return list(UPOS) if self.data_config.column == "upos" else sorted({t for s in train for t in s.tags})
+
+    def _unknown_tags(self, split: str) -> int:
+        """Words whose tag is outside the label set. In UPOS that is a malformed file; an XPOS tag
+        that training never saw cannot be predicted, so it counts as an error."""
+        unknown = 0
+        for sentence in self.sentences[split]:
+            for tag in sentence.tags:
+                if tag not in self.label_ids:
+                    if self.data_config.column == "upos":
+                        raise UserError(
+                            f"{self.paths[split]}: the sentence at line {sentence.line} has {tag!r}, "
+                            f"which is not a UPOS tag ({', '.join(UPOS)})"
+                        )
+                    unknown += 1
+        if unknown:
+            sys.stderr.write(f"{split}: {unknown} words have XPOS tags never seen in training; they count as errors\n")
+        return unknown
+
+    def encode_sentences(self, sentences: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[list[int]], int]:
+        """[CLS] subwords [SEP] of each sentence, the position of each word's first subword (words
+        cut off by max_len have none), and how many words were cut off."""
+        ids, starts, cut = [], [], 0
+        for words in sentences:
+            pieces, first = self.tokenizer.encode_words(list(words))
+            row = self.wrap(pieces)
+            kept = [p + 1 for p in first if p + 1 < len(row) - 1]  # +1: after [CLS]
+            cut += len(first) - len(kept)
+            ids.append(row)
+            starts.append(kept)
+        return ids, starts, cut
+
+    def targets(self, split: str, indices: Sequence[int]) -> torch.Tensor:
+        width = max(len(self.ids[split][i]) for i in indices)
+        out = torch.full((len(indices), width), IGNORE_INDEX, dtype=torch.long)
+        for row, i in enumerate(indices):
+            tags = self.sentences[split][i].tags
+            for position, tag in zip(self.starts[split][i], tags, strict=False):
+                out[row, position] = self.label_ids.get(tag, IGNORE_INDEX)
+        return out
+
+    def unscored(self, split: str) -> int:
+        return self.unscorable[split]
+
+    def split_size(self, split: str) -> int:
+        return sum(len(s.words) for s in self.sentences[split])
+
+    @torch.no_grad()
+    def tag(self, model: torch.nn.Module, texts: Sequence[str], device: torch.device) -> list[list[tuple[str, str]]]:
+        """(word, tag) pairs for each text, words split off as in UD English."""
+        sentences = [WORD.findall(t) for t in texts]
+        ids, starts, _ = self.encode_sentences(sentences)
+        logits = model(self.pad(ids).to(device)).float().cpu()
+        out = []
+        for row, (words, first) in enumerate(zip(sentences, starts, strict=True)):
+            predicted = [self.labels[int(logits[row, p].argmax())] for p in first]
+            out.append(list(zip(words, predicted + ["?"] * (len(words) - len(predicted)), strict=True)))
+        return out
