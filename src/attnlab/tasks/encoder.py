@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.config import build, read_toml
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.data.parallel import EpochBatches, pad_rows, token_batches
 from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
@@ -138,8 +139,10 @@ class EncoderTask:
         self.data_config = data
         self.run_dir = run_dir
         tokenizer_path = run_dir / "tokenizer.json"
-        self.pretrained = load_pretrained(data.init_from) if data.init_from else None
-        if resume or train_texts is None:
+        new_run = not resume and train_texts is not None
+        # Only a new run reads the pre-trained folder; afterwards the run has all it needs of it.
+        self.pretrained = load_pretrained(data.init_from) if data.init_from and new_run else None
+        if not new_run:
             tokenizer = load_tokenizer(tokenizer_path)
             self.labels = read_labels(run_dir)
         else:
@@ -161,6 +164,8 @@ class EncoderTask:
         )
         if self.pretrained is not None:
             wanted = fine_tune_config(self.pretrained.config, wanted)
+        elif data.init_from and (run_dir / "config.toml").exists():
+            wanted = fine_tune_config(_saved_model_config(run_dir), wanted)
         self.model_config = wanted
         self.max_len = min(data.max_len, wanted.max_len) if isinstance(wanted, BertConfig) else data.max_len
 
@@ -254,6 +259,12 @@ class EncoderTask:
         return len(self.ids[split])
 
 
+def _saved_model_config(run_dir: Path) -> BertConfig:
+    """The encoder shape a fine-tuning run took from its pre-trained model, as its config.toml says."""
+    doc = read_toml(run_dir / "config.toml")
+    return build(BertConfig, doc.get("model", {}), "model")
+
+
 def _tokenizer_file(path: str) -> Path:
     """`data.tokenizer` may name a tokenizer.json or a folder holding one (a run folder)."""
     p = Path(path).expanduser()
@@ -275,6 +286,11 @@ def embed_texts(model: Bert, tokenizer: WordPieceTokenizer, texts: Sequence[str]
     limit = model.config.max_len - 2
     rows = [[tokenizer.cls_id, *ids[:limit], tokenizer.sep_id] for ids in tokenizer.encode_batch(list(texts))]
     ids = pad_rows(rows, tokenizer.pad_id)
+    for text, row in zip(texts, rows, strict=True):
+        if len(row) == 2:  # the normaliser can erase a whole text (e.g. zero-width spaces)
+            raise UserError(
+                f"{text!r} is empty once normalised (no tokens left); give every sentence at least one word"
+            )
     hidden = model.encode(ids.to(device)).float().cpu()  # (N, T, C)
     inner = (ids != tokenizer.pad_id) & (ids != tokenizer.cls_id) & (ids != tokenizer.sep_id)
     weights = inner.float().unsqueeze(-1)

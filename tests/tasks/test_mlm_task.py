@@ -1,0 +1,134 @@
+"""Masked-LM pre-training on the WikiText fixture: real WordPiece, real blocks, the real trainer."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import load
+from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.tasks import MaskedLM
+from attnlab.train import resolve
+from helpers import WIKITEXT, cli, encoder_doc, shared
+
+
+@pytest.fixture(scope="module")
+def mlm_run(tmp_path_factory) -> Path:
+    return shared(tmp_path_factory, "mlm")
+
+
+def reopen(run_dir: Path, splits=("train", "val")) -> MaskedLM:
+    """The task of a trained run, as `attnlab eval` builds it (the run's own vocabulary)."""
+    run = load(run_dir)
+    return MaskedLM(run.config.data, run.config.model, run_dir, resume=True, batch_size=16, splits=splits)
+
+
+def test_training_lowers_the_validation_loss_and_logs_accuracy_and_perplexity(mlm_run):
+    with open(mlm_run / "metrics.csv", newline="") as f:
+        evals = [r for r in csv.DictReader(f) if r["kind"] == "eval"]
+    assert [int(r["step"]) for r in evals] == [0, 20, 40]
+    first, last = evals[0], evals[-1]
+    assert float(last["val_loss"]) < float(first["val_loss"]) - 0.3, evals
+    for row in evals:
+        assert 0.0 <= float(row["val_accuracy"]) <= 1.0
+        assert float(row["val_ppl"]) == pytest.approx(math.exp(float(row["val_loss"])), rel=1e-4)
+    assert float(last["val_accuracy"]) > float(first["val_accuracy"])
+    assert json.loads((mlm_run / "best.json").read_text())["val_loss"] == pytest.approx(
+        min(float(r["val_loss"]) for r in evals), rel=1e-5
+    )
+
+
+def test_evaluation_masks_the_same_way_every_time(mlm_run):
+    run = load(mlm_run)
+    task, other = reopen(mlm_run, ("val",)), reopen(mlm_run, ("val",))
+    torch.manual_seed(0)
+    a = task.evaluate(run.model, torch.device("cpu"), split="val")
+    torch.manual_seed(1)  # the global generator must not matter
+    b = task.evaluate(run.model, torch.device("cpu"), split="val")
+    c = other.evaluate(run.model, torch.device("cpu"), split="val")
+    assert a == b == c
+    assert a["masked_tokens"] > 0
+    during = [task.evaluate_during_training(run.model, torch.device("cpu"), eval_iters=1) for _ in range(2)]
+    assert during[0] == during[1]
+
+
+def test_train_batch_depends_only_on_the_generator_seed_and_the_index(mlm_run):
+    task, other = reopen(mlm_run), reopen(mlm_run)
+    a = task.train_batch(3, torch.Generator().manual_seed(7))
+    b = other.train_batch(3, torch.Generator().manual_seed(7))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    c = task.train_batch(4, torch.Generator().manual_seed(7))
+    d = task.train_batch(3, torch.Generator().manual_seed(8))
+    assert not torch.equal(a[1], c[1]) and not torch.equal(a[1], d[1])
+
+
+def test_labels_hold_the_original_token_at_chosen_positions_only(mlm_run):
+    task = reopen(mlm_run)
+    tok = task.tokenizer
+    blocks = {tuple(row) for row in task.blocks["train"].tolist()}
+    inputs, labels = task.train_batch(0, torch.Generator().manual_seed(11))
+    assert inputs.shape == labels.shape == (16, task.model_config.max_len)
+    chosen = labels != IGNORE_INDEX
+    # Put the labels back where they were chosen: every row must be a block of the corpus, so the
+    # labels are the original tokens there, and the unchosen positions were left alone.
+    restored = torch.where(chosen, labels, inputs)
+    assert all(tuple(row) in blocks for row in restored.tolist())
+    assert not chosen[:, 0].any() and not chosen[:, -1].any()  # [CLS] and [SEP] are never predicted
+    share = chosen.float().mean().item()
+    assert 0.08 < share < 0.22, share
+    masked = (inputs[chosen] == tok.mask_id).float().mean().item()
+    assert 0.6 < masked < 0.95, masked
+    assert (inputs[~chosen] != tok.mask_id).all()
+
+
+def test_blocks_are_cls_body_sep_without_padding(mlm_run):
+    task = reopen(mlm_run)
+    tok = task.tokenizer
+    for split, blocks in task.blocks.items():
+        assert blocks.size(1) == task.model_config.max_len, split
+        assert (blocks[:, 0] == tok.cls_id).all() and (blocks[:, -1] == tok.sep_id).all()
+        body = blocks[:, 1:-1]
+        for special in (tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id):
+            assert not (body == special).any(), (split, special)
+    # The body is the text's token stream in order: the first block starts with the first line's tokens.
+    first_line = next(
+        line for line in (WIKITEXT / "train.txt").read_text(encoding="utf-8").splitlines() if line.strip()
+    )
+    start = tok.encode(first_line.replace("<unk>", "[UNK]"))[:10]
+    assert task.blocks["train"][0, 1 : 1 + len(start)].tolist() == start
+
+
+@pytest.mark.parametrize("marker", ["<unk>", ""])
+def test_wikitext_unk_is_read_as_the_single_unk_token(tmp_path, marker):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    line = "the old <unk> sat on the mat .\n"
+    for name in ("train.txt", "valid.txt"):
+        (corpus / name).write_text(" = Heading = \n" + line * 40, encoding="utf-8")
+    config = resolve(encoder_doc("mlm", corpus, data={"vocab_size": 100, "unknown_word": marker}))
+    task = MaskedLM(config.data, config.model, tmp_path, batch_size=4)
+    tok = task.tokenizer
+    stream = task.blocks["train"][:, 1:-1].flatten().tolist()
+    pattern = tok.encode("the old") + [tok.unk_id] + tok.encode("sat on the mat .")
+    assert len(pattern) == 8
+    text = "".join(tok.decode([i]) + " " for i in stream)
+    if marker:
+        assert stream.count(tok.unk_id) >= 30 and "<" not in text
+        n = len(pattern)
+        at = stream.index(tok.unk_id) - 2  # the first full sentence
+        assert stream[at : at + n] == pattern
+    else:  # the marker left as text: WordPiece splits it into pieces, none of them [UNK]
+        assert tok.unk_id not in stream and "<" in text
+
+
+def test_eval_cli_on_the_test_split(mlm_run, capsys):
+    code, out, err = cli(capsys, "eval", mlm_run, "--split", "test", "--json")
+    assert code == 0, err
+    metrics = json.loads(out)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert metrics["test_ppl"] == pytest.approx(math.exp(metrics["test_loss"]), rel=1e-6)
+    assert metrics["masked_tokens"] > 0 and metrics["split"] == "test"
+    assert json.loads(cli(capsys, "eval", mlm_run, "--split", "test", "--json")[1]) == metrics

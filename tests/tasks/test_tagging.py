@@ -1,0 +1,184 @@
+"""UD part-of-speech tagging end to end on the fixture: first-subword targets, per-word accuracy,
+BERT and the BiLSTM through the same task code, `attnlab tag` and `attnlab eval`."""
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab import load
+from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.tasks import Tagging
+from attnlab.train import resolve
+from helpers import UD, assert_user_error, cli, conllu_words, encoder_doc, shared
+
+TINY = [
+    "--set=model.d_model=32",
+    "--set=model.n_heads=2",
+    "--set=model.n_layers=1",
+    "--set=model.d_ff=64",
+    "--set=model.max_len=64",
+    "--set=data.vocab_size=300",
+    "--set=train.max_iters=2",
+    "--set=train.eval_interval=2",
+    "--set=train.device=cpu",
+]
+
+
+@pytest.fixture(scope="module")
+def ud() -> Path:
+    return UD
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory) -> Path:
+    return shared(tmp_path_factory, "pos-bert")
+
+
+@pytest.fixture(scope="module")
+def bilstm_run(tmp_path_factory) -> Path:
+    return shared(tmp_path_factory, "pos-bilstm")
+
+
+def new_task(ud: Path, run_dir: Path, **data) -> Tagging:
+    config = resolve(encoder_doc("tagging", ud, data=data))
+    return Tagging(config.data, config.model, run_dir, splits=("train", "val", "test"))
+
+
+class Constant(nn.Module):
+    """A 'tagger' that gives one tag at every position: `(B, T)` -> `(B, T, L)`."""
+
+    def __init__(self, label: int, n_labels: int) -> None:
+        super().__init__()
+        self.label, self.n_labels = label, n_labels
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*ids.shape, self.n_labels)
+        out[..., self.label] = 1.0
+        return out
+
+
+def word_pieces(tokenizer, word: str) -> int:
+    return max(len(tokenizer.encode(word)), 1)
+
+
+def test_targets_put_each_tag_at_the_words_first_subword_only(ud, tmp_path):
+    task = new_task(ud, tmp_path)
+    tok = task.tokenizer
+    sentences = conllu_words(ud / "en_ewt-ud-train.conllu")
+    index = next(i for i, s in enumerate(sentences) if any(word_pieces(tok, w[1]) >= 3 for w in s))
+    words = sentences[index]
+    targets = task.targets("train", [index])[0]
+    ids = task.ids["train"][index]
+    starts, position = [], 1  # after [CLS]
+    for w in words:
+        starts.append(position)
+        position += word_pieces(tok, w[1])
+    assert len(ids) == position + 1 and ids[0] == tok.cls_id and ids[-1] == tok.sep_id
+    assert (targets != IGNORE_INDEX).nonzero().flatten().tolist() == starts
+    assert [task.labels[int(targets[p])] for p in starts] == [w[3] for w in words]
+
+
+@pytest.mark.parametrize("max_len", [64, 8])
+def test_accuracy_counts_each_word_once_and_cut_words_as_errors(ud, tmp_path, max_len):
+    task = new_task(ud, tmp_path, max_len=max_len)
+    sentences = conllu_words(ud / "en_ewt-ud-test.conllu")
+    total = sum(len(s) for s in sentences)
+    kept_nouns = 0
+    for s in sentences:
+        position = 0
+        for w in s:
+            if position < max_len - 2 and w[3] == "NOUN":
+                kept_nouns += 1
+            position += word_pieces(task.tokenizer, w[1])
+    model = Constant(task.label_ids["NOUN"], len(task.labels))
+    metrics = task.evaluate(model, torch.device("cpu"), split="test")
+    assert metrics["examples"] == total
+    assert metrics["accuracy"] == pytest.approx(kept_nouns / total)
+
+
+@pytest.mark.parametrize("run", ["bert_run", "bilstm_run"])
+def test_each_model_kind_beats_the_majority_tag(run, request, ud, capsys):
+    run_dir = request.getfixturevalue(run)
+    assert type(load(run_dir).model).__name__ == {"bert_run": "Bert", "bilstm_run": "BiLSTM"}[run]
+    tags = [w[3] for s in conllu_words(ud / "en_ewt-ud-train.conllu") for w in s]
+    majority = max(Counter(tags).values()) / len(tags)
+    code, out, err = cli(capsys, "eval", run_dir, "--split", "train", "--checkpoint", "last", "--json")
+    assert code == 0, err
+    metrics = json.loads(out)
+    assert metrics["examples"] == len(tags)
+    assert metrics["accuracy"] > majority + 0.25, (metrics, majority)
+
+
+def test_eval_on_the_test_split(bert_run, ud, capsys):
+    code, out, err = cli(capsys, "eval", bert_run, "--split", "test", "--json")
+    assert code == 0, err
+    metrics = json.loads(out)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert metrics["examples"] == sum(len(s) for s in conllu_words(ud / "en_ewt-ud-test.conllu"))
+
+
+def test_tag_prints_word_tag_pairs_one_line_per_input(bert_run, capsys):
+    labels = set(json.loads((bert_run / "labels.json").read_text())["labels"])
+    code, out, err = cli(capsys, "tag", bert_run, "The dog runs .", "", "Two cats sleep, and I wait.")
+    assert code == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == "", out
+    pairs = [[item.rsplit("/", 1) for item in line.split(" ")] for line in (lines[0], lines[2])]
+    assert [w for w, _ in pairs[0]] == ["The", "dog", "runs", "."]
+    assert [w for w, _ in pairs[1]] == ["Two", "cats", "sleep", ",", "and", "I", "wait", "."]
+    assert all(t in labels for p in pairs for _, t in p)
+    code, out, _ = cli(capsys, "tag", bert_run, "The dog runs .", "", "Two cats sleep, and I wait.", "--json")
+    assert json.loads(out)["sentences"] == [pairs[0], [], pairs[1]]
+
+
+def test_tag_splits_words_as_ud_english_does(bert_run, capsys):
+    # UD English EWT, the training data, writes "don't" as "do" "n't" and "it's" as "it" "'s".
+    code, out, err = cli(capsys, "tag", bert_run, "I don't know if it's late.", "--json")
+    assert code == 0, err
+    words = [w for w, _ in json.loads(out)["sentences"][0]]
+    assert words == ["I", "do", "n't", "know", "if", "it", "'s", "late", "."]
+
+
+def test_classification_run_is_not_a_tagging_model(capsys, tmp_path_factory):
+    classifier = shared(tmp_path_factory, "sst2-bert")
+    capsys.readouterr()  # the training log, when this test trained the classifier
+    assert_user_error(cli(capsys, "tag", classifier, "The dog runs ."), "not a tagging model")
+
+
+def test_malformed_conllu_is_a_file_line_error(ud, capsys, tmp_path):
+    data = tmp_path / "ud"
+    shutil.copytree(ud, data)
+    path = data / "en_ewt-ud-train.conllu"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert lines[9][0].isdigit()
+    lines[9] = lines[9].replace("\t", " ")  # line 10: fields separated by spaces
+    path.write_text("".join(lines), encoding="utf-8")
+    result = cli(capsys, "train", "ud-pos", "--data-dir", data, "--out", tmp_path / "run", "--quiet", *TINY)
+    assert_user_error(result, "en_ewt-ud-train.conllu:10", "tab-separated")
+
+
+def test_a_tag_outside_upos_is_an_error_naming_the_file(capsys, tmp_path):
+    data = tmp_path / "ud"
+    shutil.copytree(UD, data)
+    path = data / "en_ewt-ud-dev.conllu"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    n = next(i for i, line in enumerate(lines) if line.split("\t")[0] == "3")
+    fields = lines[n].split("\t")
+    lines[n] = "\t".join([*fields[:3], "NOUNS", *fields[4:]])
+    path.write_text("".join(lines), encoding="utf-8")
+    result = cli(capsys, "train", "ud-pos", "--data-dir", data, "--out", tmp_path / "run", "--quiet", *TINY)
+    assert_user_error(result, "en_ewt-ud-dev.conllu", "'NOUNS'")
+
+
+def test_missing_data(capsys, tmp_path):
+    assert_user_error(cli(capsys, "train", "ud-pos", "--out", tmp_path / "r", *TINY), "--data-dir")
+    result = cli(capsys, "train", "ud-pos", "--data-dir", tmp_path / "none", "--out", tmp_path / "r", *TINY)
+    assert_user_error(result, "does not exist")
+    (tmp_path / "empty").mkdir()
+    result = cli(capsys, "train", "ud-pos", "--data-dir", tmp_path / "empty", "--out", tmp_path / "r", *TINY)
+    assert_user_error(result, "-ud-train.conllu")
