@@ -1,5 +1,5 @@
 """Tokenizers, corpora and batching."""
 
-from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
+from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordPieceTokenizer, load_tokenizer
 
-__all__ = ["BPETokenizer", "CharTokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = ["BPETokenizer", "CharTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer"]

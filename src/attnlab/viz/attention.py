@@ -22,10 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.errors import UserError
-from attnlab.fileio import atomic_write
+from attnlab.viz.figure import check_png_path, new_figure, save_png
 
-DPI = 150
 CMAP = "viridis"  # perceptually uniform, and still ordered when printed in grey
 CELL_IN = 0.3  # inches per token in an alignment picture: room for a 9 pt label beside each cell
 FONT_PT = 9.0
@@ -61,7 +59,7 @@ def plot_alignment(
     are drawn on a fixed 0..1 scale, so two pictures' colours mean the same probability.
     Raises `ValueError` if the shape does not match the tokens, `UserError` for a bad path.
     """
-    path = _check_path(path)
+    path = check_png_path(path)
     w = _as_array(weights)
     expected = (len(target_tokens), len(source_tokens))
     if w.ndim != 2 or w.shape != expected:
@@ -74,7 +72,7 @@ def plot_alignment(
     left, top = _label_margins(source_tokens, target_tokens, FONT_PT)
     width = left + n_src * CELL_IN + 1.2  # + colourbar and its tick labels
     height = top + n_tgt * CELL_IN + (0.4 if title else 0.1)
-    fig = _new_figure(max(width, 2.5), max(height, 1.8))
+    fig = new_figure(max(width, 2.5), max(height, 1.8))
     ax = fig.add_subplot()
     image = _draw(ax, w, source_tokens, target_tokens, FONT_PT)
     ax.set_xlabel("source", fontsize=FONT_PT)
@@ -83,7 +81,7 @@ def plot_alignment(
     bar.ax.tick_params(labelsize=FONT_PT)
     if title:
         ax.set_title(title, fontsize=FONT_PT + 2)
-    _save(fig, path)
+    save_png(fig, path)
     return path
 
 
@@ -104,7 +102,7 @@ def plot_heads(
     `(B, H, Tq, Tk)` that `MultiHeadAttention` returns. Raises `ValueError` for a shape that does
     not match the tokens, `UserError` for a bad path.
     """
-    path = _check_path(path)
+    path = check_png_path(path)
     w = _as_array(weights)
     query_tokens = tokens if query_tokens is None else query_tokens
     if w.ndim != 3 or w.shape[1:] != (len(query_tokens), len(tokens)):
@@ -123,7 +121,7 @@ def plot_heads(
     left, top = _label_margins(tokens, query_tokens, font)
     width = n_cols * (left + n_key * cell + 0.2) + 1.0
     height = n_rows * (top + n_query * cell + 0.35) + (0.4 if title else 0.1)
-    fig = _new_figure(max(width, 2.5), max(height, 1.8))
+    fig = new_figure(max(width, 2.5), max(height, 1.8))
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
     for h, ax in enumerate(axes):
         if h >= n_head:
@@ -135,7 +133,7 @@ def plot_heads(
     bar.ax.tick_params(labelsize=FONT_PT)
     if title:
         fig.suptitle(title, fontsize=FONT_PT + 2)
-    _save(fig, path)
+    save_png(fig, path)
     return path
 
 
@@ -175,32 +173,6 @@ def _label_margins(col_tokens: Sequence[str], row_tokens: Sequence[str], font: f
     left = longest_row * char_in + 0.5
     top = longest_col * char_in * math.sin(math.radians(X_ROTATION)) + 0.5
     return left, top
-
-
-def _new_figure(width: float, height: float):
-    """A matplotlib `Figure` on the Agg canvas, or a `UserError` that says how to install it."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise UserError("drawing attention maps needs matplotlib: pip install 'attnlab[plot]'") from e
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path) -> None:
-    # The temporary file does not end in .png, so the format is named explicitly.
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.1))
-
-
-def _check_path(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise UserError(f"{path}: attention maps are saved as PNG; give a path ending in .png")
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent} is not an existing folder; create it first, or save elsewhere")
-    return path
 
 
 def _check_not_empty(shape: tuple[int, ...]) -> None:
