@@ -20,6 +20,7 @@ import torch
 
 from attnlab import load
 from attnlab.tasks import TASKS
+from attnlab.viz import plot_curves
 
 DATA = {"mlm": "wikitext-2", "classification": "sst2", "tagging": "ud-english-ewt"}
 REPORT_SPLIT = {"mlm": "val", "classification": "dev", "tagging": "test"}
@@ -60,8 +61,19 @@ def main() -> None:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--data-root", type=Path, required=True, help="folder holding sst2/, ud-english-ewt/, wikitext-2/")
     p.add_argument("--out", type=Path)
+    p.add_argument("--mlm-curve", type=Path, help="save the masked-LM runs' validation accuracy and perplexity here")
+    p.add_argument("--curves", type=Path, help="save each task's validation accuracy curves as STEM-TASK.png")
     args = p.parse_args()
     rows = [summarise(r, args.data_root) for r in args.runs]
+    mlm = [Path(r["run"]) for r in rows if r["task"] == "mlm"]
+    tuned = [r for r in rows if r["task"] != "mlm"]
+    if args.mlm_curve and mlm:
+        plot_curves(mlm, ["val_accuracy", "val_ppl"], args.mlm_curve, title="masked-LM pre-training, validation")
+    for task_name in sorted({r["task"] for r in tuned}) if args.curves else []:
+        group = [r for r in tuned if r["task"] == task_name]
+        path = args.curves.with_name(f"{args.curves.stem}-{task_name}.png")
+        labels = [f"{r['model']}, {r['init']} init" for r in group]
+        plot_curves([Path(r["run"]) for r in group], ["val_accuracy"], path, labels=labels, title=task_name)
     print("| task | model | init | params | steps | train min | best val acc | reported split | accuracy |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
