@@ -155,3 +155,26 @@ def test_from_vocab_txt_missing_special_token(tmp_path):
 def test_from_vocab_txt_missing_file(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         WordPieceTokenizer.from_vocab_txt(tmp_path / "vocab.txt")
+
+
+def test_bpe_in_the_bert_pipeline(tmp_path):
+    bpe = WordPieceTokenizer.train(CORPUS * 3, 150, algorithm="bpe")
+    assert [bpe.pad_id, bpe.unk_id, bpe.cls_id, bpe.sep_id, bpe.mask_id] == [0, 1, 2, 3, 4]
+    text = " ".join(CORPUS).lower()
+    ids = bpe.encode(text)
+    pieces = bpe.token_texts(ids)
+    # Subword units, continuation pieces marked the BERT way, and decoding joins them back to words.
+    assert any(p.startswith("##") for p in pieces) and len(ids) > len(text.split())
+    assert bpe.encode(bpe.decode(ids)) == ids  # decoding joins the pieces back into the same words
+    words = ["Unaffable", "horses", "!"]
+    ids, starts = bpe.encode_words(words)
+    assert len(starts) == 3 and starts[0] == 0 and starts == sorted(starts)
+    path = tmp_path / "tokenizer.json"
+    bpe.save(path)
+    loaded = load_tokenizer(path)
+    assert isinstance(loaded, WordPieceTokenizer) and loaded.encode(text) == bpe.encode(text)
+
+
+def test_unknown_algorithm():
+    with pytest.raises(ValueError, match="algorithm"):
+        WordPieceTokenizer.train(CORPUS, 100, algorithm="unigram")

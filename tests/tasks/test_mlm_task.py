@@ -132,3 +132,14 @@ def test_eval_cli_on_the_test_split(mlm_run, capsys):
     assert metrics["test_ppl"] == pytest.approx(math.exp(metrics["test_loss"]), rel=1e-6)
     assert metrics["masked_tokens"] > 0 and metrics["split"] == "test"
     assert json.loads(cli(capsys, "eval", mlm_run, "--split", "test", "--json")[1]) == metrics
+
+
+def test_bpe_vocabulary_option(tmp_path):
+    config = resolve(encoder_doc("mlm", WIKITEXT, data={"vocab_size": 300, "tokenizer": "bpe"}))
+    task = MaskedLM(config.data, config.model, tmp_path, batch_size=4)
+    saved = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    assert saved["model"]["type"] == "BPE" and task.tokenizer.mask_id == 4
+    assert any(p.startswith("##") for p in task.tokenizer.tokenizer.get_vocab())
+    assert task.blocks["train"].shape[1] == task.model_config.max_len
+    with pytest.raises(Exception, match="wordpiece"):
+        resolve(encoder_doc("mlm", WIKITEXT, data={"tokenizer": "sentencepiece"}))

@@ -206,15 +206,28 @@ class WordPieceTokenizer:
         return tok
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, *, lowercase: bool = True) -> "WordPieceTokenizer":
-        """A WordPiece vocabulary of at most `vocab_size` entries learnt from `texts`, with
-        [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. A small corpus may give fewer entries."""
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, *, lowercase: bool = True, algorithm: str = "wordpiece"
+    ) -> "WordPieceTokenizer":
+        """A vocabulary of at most `vocab_size` entries learnt from `texts`, with [PAD] 0, [UNK] 1,
+        [CLS] 2, [SEP] 3, [MASK] 4. A small corpus may give fewer entries.
+
+        algorithm: "wordpiece" (BERT's: pieces chosen by likelihood) or "bpe" (pieces by merge
+        frequency, Sennrich et al. 2016). Both run in the same BERT pipeline (normaliser,
+        pre-tokenizer, "##" continuation pieces, decoder), so everything downstream is the same."""
         from tokenizers import models, trainers
 
-        tok = cls._pipeline(models.WordPiece(unk_token="[UNK]"), lowercase=lowercase)
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL_TOKENS), show_progress=False
-        )
+        specials = list(WORDPIECE_SPECIAL_TOKENS)
+        if algorithm == "wordpiece":
+            tok = cls._pipeline(models.WordPiece(unk_token="[UNK]"), lowercase=lowercase)
+            trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+        elif algorithm == "bpe":
+            tok = cls._pipeline(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##"), lowercase=lowercase)
+            trainer = trainers.BpeTrainer(
+                vocab_size=vocab_size, special_tokens=specials, continuing_subword_prefix="##", show_progress=False
+            )
+        else:
+            raise ValueError(f"algorithm must be 'wordpiece' or 'bpe', got {algorithm!r}")
         tok.train_from_iterator(texts, trainer=trainer)
         # The trainer puts special tokens first, in order; BERT code relies on pad = 0.
         got = [tok.token_to_id(t) for t in WORDPIECE_SPECIAL_TOKENS]
@@ -337,8 +350,9 @@ class WordPieceTokenizer:
 
 
 def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPieceTokenizer:
-    """Read a `tokenizer.json` written by any of the tokenizers (a WordPiece one when the file's
-    model type is WordPiece, else byte-level BPE)."""
+    """Read a `tokenizer.json` written by any of the tokenizers: a `WordPieceTokenizer` when the
+    file's model is WordPiece or BPE with "##" continuation pieces (the BERT pipeline), else
+    byte-level BPE."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -369,4 +383,6 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPiece
     model = doc.get("model")
     if isinstance(model, dict) and model.get("type") == "WordPiece":
         return WordPieceTokenizer(tok, source=str(path))
+    if isinstance(model, dict) and model.get("continuing_subword_prefix") == "##":
+        return WordPieceTokenizer(tok, source=str(path))  # BPE trained in the BERT pipeline
     return BPETokenizer(tok)

@@ -35,8 +35,10 @@ class MLMDataConfig:
 
     data_dir: str = ""
     """Folder with train.txt and valid.txt (optionally test.txt), e.g. WikiText-2."""
+    tokenizer: str = "wordpiece"
+    """Subword algorithm of the vocabulary trained on train.txt: "wordpiece" (BERT's) or "bpe"."""
     vocab_size: int = 16000
-    """Size of the WordPiece vocabulary trained on train.txt."""
+    """Size of the vocabulary trained on train.txt."""
     lowercase: bool = True
     """Lowercase (and strip accents) before WordPiece, as BERT-base-uncased."""
     unknown_word: str = "<unk>"
@@ -45,6 +47,8 @@ class MLMDataConfig:
     """Share of tokens chosen for prediction; of those 80% become [MASK], 10% a random token, 10% stay."""
 
     def __post_init__(self) -> None:
+        if self.tokenizer not in ("wordpiece", "bpe"):
+            raise ValueError(f"tokenizer must be 'wordpiece' or 'bpe', got {self.tokenizer!r}")
         if self.vocab_size < 100:
             raise ValueError(f"vocab_size must be >= 100, got {self.vocab_size}")
         if not 0.0 < self.mask_prob < 1.0:
@@ -90,7 +94,9 @@ class MaskedLM:
             if not isinstance(tokenizer, WordPieceTokenizer):
                 raise UserError(f"{tokenizer_path} is not a WordPiece vocabulary with [MASK]")
         else:
-            tokenizer = WordPieceTokenizer.train(lines["train"], data.vocab_size, lowercase=data.lowercase)
+            tokenizer = WordPieceTokenizer.train(
+                lines["train"], data.vocab_size, lowercase=data.lowercase, algorithm=data.tokenizer
+            )
             tokenizer.save(tokenizer_path)
         self.tokenizer = tokenizer
         self.model_config = dataclasses.replace(
