@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlab.nn import ACTIVATIONS, TransformerBlock, padding_mask_from_ids
+from attnlab.nn import ACTIVATIONS, TransformerBlock, normal_init, padding_mask_from_ids
 
 HEADS = ("mlm", "sequence", "token", "none")
 
@@ -173,20 +173,7 @@ class Bert(nn.Module):
             self.head = ClassifierHead(config)
         else:
             self.head = None
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        # BERT's truncated normal with stddev 0.02 (initializer_range); a plain normal is close enough.
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        self.apply(normal_init)
 
     def _run(
         self, ids: torch.Tensor, segments: torch.Tensor | None, need_weights: bool

@@ -14,7 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import ACTIVATIONS, NORM_ORDERS, POSITIONS, KVCache, TransformerBlock, build_positions
+from attnlab.nn import (
+    ACTIVATIONS,
+    NORM_ORDERS,
+    POSITIONS,
+    KVCache,
+    TransformerBlock,
+    build_positions,
+    normal_init,
+)
 
 
 @dataclass(frozen=True)
@@ -109,20 +117,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.token_embedding.weight
-        self.apply(self._init_weights)
+        self.apply(normal_init)
         # GPT-2 §2.3: scale the residual projections by 1/√N, N = number of residual additions.
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_parameters(self, *, exclude_positions: bool = True) -> int:
         """Parameter count (shared weights once); by default without position embeddings, as GPT-2 counts."""

@@ -175,12 +175,8 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
             "attnlab's feed-forward width is ffn_mult * n_embd"
         )
     if dropout is None:
-        rates = {key: get(key, (int, float)) for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
-        if len(set(rates.values())) > 1:
-            raise CheckpointError(
-                f"{source}: the dropout rates differ ({rates}) and attnlab has one; pass dropout=... to choose it"
-            )
-        dropout = float(rates["resid_pdrop"])
+        keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
+        dropout = _one_dropout({key: get(key, (int, float)) for key in keys}, source)
     try:
         return GPTConfig(
             vocab_size=get("vocab_size", int),
@@ -413,12 +409,8 @@ def bert_config_from_hf(
             "attnlab masks padding by id, so the two must agree"
         )
     if dropout is None:
-        rates = {key: get(key, (int, float)) for key in ("hidden_dropout_prob", "attention_probs_dropout_prob")}
-        if len(set(rates.values())) > 1:
-            raise CheckpointError(
-                f"{source}: the dropout rates differ ({rates}) and attnlab has one; pass dropout=... to choose it"
-            )
-        dropout = float(rates["hidden_dropout_prob"])
+        keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+        dropout = _one_dropout({key: get(key, (int, float)) for key in keys}, source)
     try:
         return BertConfig(
             vocab_size=get("vocab_size", int),
@@ -625,6 +617,15 @@ def _checked(name: str, tensor: torch.Tensor, like: torch.Tensor, conv: bool, so
             "the weights and config.json come from different models"
         )
     return tensor.t() if conv else tensor
+
+
+def _one_dropout(rates: dict[str, float], source: str) -> float:
+    """The one dropout rate attnlab models have, from a checkpoint's several (which must agree)."""
+    if len(set(rates.values())) > 1:
+        raise CheckpointError(
+            f"{source}: the dropout rates differ ({rates}) and attnlab has one; pass dropout=... to choose it"
+        )
+    return float(next(iter(rates.values())))
 
 
 def _read_json(path: Path, *, what: str) -> Any:

@@ -3,6 +3,7 @@
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.feedforward import ACTIVATIONS, FeedForward
+from attnlab.nn.init import normal_init
 from attnlab.nn.masks import causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.positions import (
     POSITIONS,
@@ -29,6 +30,7 @@ __all__ = [
     "build_positions",
     "causal_mask",
     "embedding_scale",
+    "normal_init",
     "padding_mask",
     "padding_mask_from_ids",
     "scaled_dot_product_attention",
