@@ -160,3 +160,15 @@ def test_tagging_run_is_not_a_classification_model(capsys, tmp_path_factory):
     tagger = shared(tmp_path_factory, "pos-bert")
     capsys.readouterr()  # the training log, when this test trained the tagger
     assert_user_error(cli(capsys, "classify", tagger, "a great movie"), "not a classification model")
+
+
+def test_training_checks_the_dev_labels_before_it_starts(capsys, tmp_path):
+    data = tmp_path / "sst2"
+    shutil.copytree(SST2, data)
+    lines = (data / "dev.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[6] = lines[6].split("\t")[0] + "\tpositive\n"  # line 7 of the file
+    (data / "dev.tsv").write_text("".join(lines), encoding="utf-8")
+    args = ("--set", "train.max_iters=1", "--set", "data.val_size=50")
+    result = cli(capsys, "train", "sst2", "--data-dir", data, "--out", tmp_path / "run", *args)
+    assert_user_error(result, "dev.tsv:7", "unknown label 'positive'")
+    assert not (tmp_path / "run" / "model.safetensors").exists()
