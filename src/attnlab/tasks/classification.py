@@ -102,7 +102,7 @@ class Classification(EncoderTask):
         if "train" in files and not resume:
             # A new run reads dev.tsv too, only to check it: a label training never saw should stop
             # the run now, not the evaluation an hour later.
-            check_labels(self._read(data, "dev"), self.labels)
+            check_labels(files["dev"] if "dev" in files else self._read(data, "dev"), self.labels)
         self.ids = {
             s: [self.wrap(x) for x in self.tokenizer.encode_batch(list(texts))] for s, (texts, _) in self.data.items()
         }

@@ -49,8 +49,11 @@ class Pretrained:
 
     source: Path
     tokenizer: WordPieceTokenizer
-    config: BertConfig
-    state_dict: dict[str, torch.Tensor]
+    model: Bert
+
+    @property
+    def config(self) -> BertConfig:
+        return self.model.config
 
 
 def load_pretrained(folder: str | Path) -> Pretrained:
@@ -78,7 +81,7 @@ def load_pretrained(folder: str | Path) -> Pretrained:
         )
     if not isinstance(tokenizer, WordPieceTokenizer):
         raise UserError(f"--init-from {path}: its tokenizer is not a WordPiece vocabulary with [CLS]/[SEP]/[MASK]")
-    return Pretrained(path, tokenizer, model.config, model.state_dict())
+    return Pretrained(path, tokenizer, model)
 
 
 def fine_tune_config(pretrained: BertConfig, wanted: BertConfig | BiLSTMConfig) -> BertConfig:
@@ -86,6 +89,11 @@ def fine_tune_config(pretrained: BertConfig, wanted: BertConfig | BiLSTMConfig) 
     if not isinstance(wanted, BertConfig):
         raise ConfigError("--init-from starts from a pre-trained BERT encoder; it needs model.kind = 'bert'")
     return dataclasses.replace(pretrained, head=wanted.head, n_labels=wanted.n_labels, dropout=wanted.dropout)
+
+
+def wrap_ids(tokenizer: WordPieceTokenizer, ids: Sequence[int], max_len: int) -> list[int]:
+    """BERT's single-sentence input: [CLS] ids [SEP], the ids cut so the whole fits `max_len`."""
+    return [tokenizer.cls_id, *ids[: max_len - 2], tokenizer.sep_id]
 
 
 def save_labels(run_dir: Path, labels: Sequence[str]) -> None:
@@ -175,13 +183,12 @@ class EncoderTask:
     def initialize(self, model: nn.Module) -> None:
         """Copy the pre-trained encoder's weights into a new model (no-op without --init-from)."""
         if self.pretrained is not None:
-            model.load_encoder(self.pretrained.state_dict)
+            model.load_encoder(self.pretrained.model.state_dict())
 
     # -- ids and batches ---------------------------------------------------------------------
     def wrap(self, ids: Sequence[int]) -> list[int]:
         """[CLS] ids [SEP], cut so the whole fits max_len."""
-        t = self.tokenizer
-        return [t.cls_id, *ids[: self.max_len - 2], t.sep_id]
+        return wrap_ids(self.tokenizer, ids, self.max_len)
 
     def pad(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         return pad_rows(rows, self.tokenizer.pad_id)
@@ -275,16 +282,13 @@ def _tokenizer_file(path: str) -> Path:
 def load_encoder(folder: str | Path, device: torch.device) -> tuple[nn.Module, WordPieceTokenizer]:
     """A BERT encoder and its vocabulary from an attnlab run (any task) or a Hugging Face folder."""
     pretrained = load_pretrained(folder)
-    model = Bert(pretrained.config)
-    model.load_state_dict(pretrained.state_dict)
-    return model.to(device).eval(), pretrained.tokenizer
+    return pretrained.model.to(device).eval(), pretrained.tokenizer
 
 
 @torch.no_grad()
 def embed_texts(model: Bert, tokenizer: WordPieceTokenizer, texts: Sequence[str], device: torch.device) -> torch.Tensor:
     """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] left out) -> `(N, C)`."""
-    limit = model.config.max_len - 2
-    rows = [[tokenizer.cls_id, *ids[:limit], tokenizer.sep_id] for ids in tokenizer.encode_batch(list(texts))]
+    rows = [wrap_ids(tokenizer, ids, model.config.max_len) for ids in tokenizer.encode_batch(list(texts))]
     ids = pad_rows(rows, tokenizer.pad_id)
     for text, row in zip(texts, rows, strict=True):
         if len(row) == 2:  # the normaliser can erase a whole text (e.g. zero-width spaces)

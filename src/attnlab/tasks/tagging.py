@@ -116,14 +116,15 @@ class Tagging(EncoderTask):
             train_texts=(lambda: [" ".join(s.words) for s in train]) if train is not None else None,
             labels=(lambda: self._label_set(train)) if train is not None else None,
         )
-        if "dev" in self.sentences:
-            self.sentences["val"], self.paths["val"] = self.sentences["dev"], self.paths["dev"]
         self.ids: dict[str, list[list[int]]] = {}
         self.starts: dict[str, list[list[int]]] = {}
         self.unscorable: dict[str, int] = {}
         for s, sents in self.sentences.items():
             self.ids[s], self.starts[s], cut = self.encode_sentences([x.words for x in sents])
             self.unscorable[s] = cut + self._unknown_tags(s)
+        if "dev" in self.sentences:  # `val` is dev under the trainer's name: the same data, encoded once
+            for table in (self.sentences, self.paths, self.ids, self.starts, self.unscorable):
+                table["val"] = table["dev"]
 
     def _label_set(self, train: list[TaggedSentence]) -> list[str]:
         return list(UPOS) if self.data_config.column == "upos" else sorted({t for s in train for t in s.tags})
