@@ -3,6 +3,7 @@ user could call from Python too; heavy imports happen inside the subcommand."""
 
 import argparse
 import sys
+from pathlib import Path
 
 from attnlab import __version__
 from attnlab.errors import UserError
@@ -86,18 +87,19 @@ def add_text_arguments(p: argparse.ArgumentParser, task_name: str) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
 
 
-def read_text_arguments(texts: list[str], input_path: str | None) -> list[str]:
-    """Sentences from TEXT arguments or an --input file (`-` = stdin), one per line."""
+def read_text_arguments(texts: list[str], input_path: str | Path | None, verb: str) -> list[str]:
+    """Sentences from TEXT arguments or an --input file (`-` = stdin), one per line; `verb` says
+    what the command would do with them, for the error when there are none."""
     from attnlab.data.parallel import read_lines
     from attnlab.fileio import decode_utf8
 
     if input_path is not None and texts:
         raise UserError("give sentences as TEXT arguments or with --input, not both")
     if input_path is None and not texts:
-        raise UserError("no text given: pass TEXT arguments or --input FILE")
+        raise UserError(f"no text given: nothing to {verb}; pass TEXT arguments or --input FILE")
     if input_path is None:
         return list(texts)
-    if input_path == "-":
+    if str(input_path) == "-":
         return decode_utf8(sys.stdin.buffer.read(), "stdin").splitlines()
     return read_lines(input_path)
 

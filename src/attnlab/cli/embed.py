@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.tasks.encoder import embed_texts, load_encoder
 
-    texts = read_text_arguments(args.text, args.input)
+    texts = read_text_arguments(args.text, args.input, "embed")
     if any(not t.strip() for t in texts):
         raise UserError("an input sentence is empty; every sentence needs at least one word to embed")
     device = resolve_device(args.device)

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.cli import open_task_run, print_json, read_text_arguments
 
-    texts = read_text_arguments(args.text, args.input)
+    texts = read_text_arguments(args.text, args.input, "tag")
     run, task, device = open_task_run(args.run_dir, "tagging", args.device, args.checkpoint)
     present = [i for i, t in enumerate(texts) if t.strip()]
     tagged: list[list[tuple[str, str]]] = [[] for _ in texts]

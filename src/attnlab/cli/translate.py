@@ -25,34 +25,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _read_lines(path: Path) -> list[str]:
-    from attnlab.data.parallel import read_lines
-    from attnlab.fileio import decode_utf8
-
-    if str(path) == "-":
-        return decode_utf8(sys.stdin.buffer.read(), "stdin").splitlines()
-    return read_lines(path)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import load
+    from attnlab.cli import read_text_arguments
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.tasks import Translation
 
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
-    if args.input is not None and args.text:
-        raise UserError("give sentences as TEXT arguments or with --input, not both")
-    if args.input is None and not args.text:
-        raise UserError("nothing to translate: give TEXT or --input FILE")
+    lines = read_text_arguments(args.text, args.input, "translate")
     device = resolve_device(args.device)
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
     if run.config.task != "translation":
         raise UserError(f"{args.run_dir} is a {run.config.task!r} run, not a translation model; use `attnlab sample`")
-    lines = _read_lines(args.input) if args.input is not None else list(args.text)
     task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
     sources, cut = task.encode_sources(lines)
     if cut:
