@@ -206,15 +206,9 @@ def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout
     Parameters are cast to `dtype`. Raises `CheckpointError` naming the file and key on any mismatch.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(
-            f"GPT-2 checkpoint folder {folder} does not exist; pass a local folder holding "
-            f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
-        )
-    config_path = folder / CONFIG_FILE
-    hf_config = _read_json(config_path, what="a GPT-2 config (written by save_pretrained)")
-    if not isinstance(hf_config, dict):
-        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(hf_config).__name__}")
+    config_path, hf_config = _read_hf_config(
+        folder, "GPT-2", f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
+    )
     config = gpt2_config_from_hf(hf_config, dropout=dropout, source=str(config_path))
     weights_path, tensors = _read_weights(folder)
 
@@ -446,15 +440,9 @@ def load_bert(
     if head not in BERT_HEADS:
         raise ValueError(f"head must be one of {list(BERT_HEADS)}, got {head!r}")
     folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(
-            f"BERT checkpoint folder {folder} does not exist; pass a local folder holding {CONFIG_FILE}, "
-            f"model.safetensors and {VOCAB_FILE} or {TOKENIZER_FILE} (download it first)"
-        )
-    config_path = folder / CONFIG_FILE
-    hf_config = _read_json(config_path, what="a BERT config (written by save_pretrained)")
-    if not isinstance(hf_config, dict):
-        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(hf_config).__name__}")
+    config_path, hf_config = _read_hf_config(
+        folder, "BERT", f"{CONFIG_FILE}, model.safetensors and {VOCAB_FILE} or {TOKENIZER_FILE} (download it first)"
+    )
     weights_path, tensors = _read_weights(folder)
     tokenizer = _read_bert_tokenizer(folder)
     hf_state = _bert_state(tensors, weights_path)
@@ -617,6 +605,20 @@ def _checked(name: str, tensor: torch.Tensor, like: torch.Tensor, conv: bool, so
             "the weights and config.json come from different models"
         )
     return tensor.t() if conv else tensor
+
+
+def _read_hf_config(folder: Path, family: str, holding: str) -> tuple[Path, dict[str, Any]]:
+    """The path and contents of a checkpoint folder's config.json, or a `CheckpointError` that
+    says what the folder should hold."""
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"{family} checkpoint folder {folder} does not exist; pass a local folder holding {holding}"
+        )
+    config_path = folder / CONFIG_FILE
+    hf_config = _read_json(config_path, what=f"a {family} config (written by save_pretrained)")
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(hf_config).__name__}")
+    return config_path, hf_config
 
 
 def _one_dropout(rates: dict[str, float], source: str) -> float:
