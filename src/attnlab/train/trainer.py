@@ -75,7 +75,10 @@ def _differences(saved: Any, wanted: Any) -> list[str]:
     ]
 
 
-def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> None:
+def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig | None:
+    """Check that `run_dir` can take this run (new, or resumable with the same data) and create
+    it; returns the saved config of a run being resumed."""
+    saved = None
     if resume:
         if not (run_dir / CONFIG).exists():
             raise CheckpointError(
@@ -88,6 +91,7 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> None:
     elif (run_dir / CONFIG).exists():
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
     run_dir.mkdir(parents=True, exist_ok=True)
+    return saved
 
 
 def _check_same(run_dir: Path, section: str, saved: Any, wanted: Any) -> None:
@@ -131,14 +135,14 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     """Train the model `config` describes into `run_dir` (created), or continue it with `resume`."""
     run_dir = Path(run_dir)
     tc = config.train
-    _prepare_run_dir(config, run_dir, resume)
+    saved = _prepare_run_dir(config, run_dir, resume)
     device = resolve_device(tc.device)
     torch.manual_seed(tc.seed)
     task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
-    if resume:
+    if saved is not None:
         # The task completes the model config (vocabulary size, label count, a pre-trained
         # encoder's shape), so the comparison is with what it made of the asked-for config.
-        _check_same(run_dir, "model", read_config(run_dir).model, task.model_config)
+        _check_same(run_dir, "model", saved.model, task.model_config)
     config = RunConfig(config.task, task.model_config, config.data, tc)
     write_config(run_dir, config)
 
