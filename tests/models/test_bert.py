@@ -2,6 +2,7 @@
 validation, loading a pre-trained encoder under a new head."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -126,6 +127,56 @@ def test_initialisation():
     assert torch.all(model.head.decoder.bias == 0)
 
 
+def test_pre_norm_closes_the_stack_with_a_layer_norm():
+    post, pre = tiny_bert(head="none"), tiny_bert(head="none", norm="pre")
+    assert post.final_norm is None and all(not b.pre_norm for b in post.blocks)
+    assert all(b.pre_norm for b in pre.blocks)
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        hidden = pre.encode(ids)
+        x = pre.embeddings(ids)
+        for block in pre.blocks:
+            x = block(x)[0]  # no padding in ids: no mask needed
+        # Written out: LayerNorm with weight 1 and bias 0 over the channels.
+        expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-12)
+    torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_pre_norm_stays_bidirectional_and_padding_invariant():
+    model = tiny_bert(head="none", norm="pre")
+    ids = random_ids(1, 8)
+    changed = ids.clone()
+    changed[0, 6] = ids[0, 6] % (V - 1) + 1
+    padded = torch.cat([ids, torch.full((1, 5), PAD)], dim=1)
+    with torch.no_grad():
+        a, b, c = model.encode(ids), model.encode(changed), model.encode(padded)
+    assert not torch.allclose(a[:, :6], b[:, :6], atol=1e-4)
+    torch.testing.assert_close(c[:, :8], a, atol=1e-5, rtol=1e-4)
+
+
+def test_sinusoidal_position_init_is_the_table_at_the_bert_spread():
+    model = tiny_bert(position_init="sinusoidal")
+    weight = model.embeddings.position.weight
+    assert weight.requires_grad  # a starting point: the positions are still learned
+    t, d = weight.shape
+    # §3.5 written out: PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same angle).
+    table = torch.tensor(
+        [
+            [(math.sin if c % 2 == 0 else math.cos)(pos / 10000 ** ((c - c % 2) / d)) for c in range(d)]
+            for pos in range(t)
+        ]
+    )
+    scale = 0.02 / table.std()
+    torch.testing.assert_close(weight.detach(), table * scale, atol=1e-6, rtol=1e-5)
+    # The point of it: how alike two positions start depends on their offset only.
+    gram = weight.detach() @ weight.detach().T
+    torch.testing.assert_close(
+        torch.diagonal(gram, offset=3)[:-1], torch.diagonal(gram, offset=3)[1:].clone(), atol=1e-6, rtol=1e-3
+    )
+    # The default stays BERT's random start.
+    assert not torch.allclose(tiny_bert().embeddings.position.weight, weight)
+
+
 def test_longer_than_max_len():
     with pytest.raises(ValueError, match="max_len"):
         tiny_bert()(random_ids(1, 25))
@@ -147,6 +198,8 @@ def test_longer_than_max_len():
         ({"head": "token", "n_labels": 0}, "n_labels"),
         ({"head": "mlm", "n_labels": 2}, "n_labels"),
         ({"head": "none", "n_labels": 2}, "n_labels"),
+        ({"norm": "sandwich"}, "norm"),
+        ({"position_init": "zeros"}, "position_init"),
     ],
 )
 def test_config_validation(overrides, field):

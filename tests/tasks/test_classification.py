@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlab import load
-from attnlab.errors import UserError
+from attnlab.errors import ConfigError, UserError
 from attnlab.tasks import Classification
 from attnlab.train import resolve
 from helpers import SST2, assert_user_error, cli, encoder_doc, shared
@@ -172,3 +172,9 @@ def test_training_checks_the_dev_labels_before_it_starts(capsys, tmp_path):
     result = cli(capsys, "train", "sst2", "--data-dir", data, "--out", tmp_path / "run", *args)
     assert_user_error(result, "dev.tsv:7", "unknown label 'positive'")
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("value", [1.0, -0.5])
+def test_token_dropout_must_be_a_share(value):
+    with pytest.raises(ConfigError, match="token_dropout"):
+        resolve(encoder_doc("classification", SST2, data={"token_dropout": value}))

@@ -12,6 +12,7 @@ from torch import nn
 
 from attnlab import load
 from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.errors import ConfigError
 from attnlab.tasks import Tagging
 from attnlab.train import resolve
 from helpers import UD, assert_user_error, cli, conllu_words, encoder_doc, shared
@@ -81,6 +82,49 @@ def test_targets_put_each_tag_at_the_words_first_subword_only(ud, tmp_path):
     assert len(ids) == position + 1 and ids[0] == tok.cls_id and ids[-1] == tok.sep_id
     assert (targets != IGNORE_INDEX).nonzero().flatten().tolist() == starts
     assert [task.labels[int(targets[p])] for p in starts] == [w[3] for w in words]
+
+
+def test_token_dropout_masks_ordinary_subwords_only_and_the_same_way_on_resume(ud, tmp_path):
+    (tmp_path / "plain").mkdir(), (tmp_path / "noisy").mkdir()
+    plain = new_task(ud, tmp_path / "plain")
+    # One vocabulary for both, so that the two batches differ only by the noise.
+    noisy = new_task(ud, tmp_path / "noisy", token_dropout=0.3, tokenizer=str(tmp_path / "plain"))
+    tok = noisy.tokenizer
+    generator = torch.Generator().manual_seed(7)
+    dropped = ordinary = 0
+    for index in range(6):
+        (ids, targets), (clean, clean_targets) = (
+            noisy.train_batch(index, generator),
+            plain.train_batch(index, generator),
+        )
+        assert torch.equal(targets, clean_targets)  # the tags stay: the model must still tag the word
+        changed = ids != clean
+        assert torch.all(ids[changed] == tok.mask_id)
+        special = (clean == tok.pad_id) | (clean == tok.cls_id) | (clean == tok.sep_id)
+        assert not changed[special].any()
+        dropped += int(changed.sum())
+        ordinary += int((~special).sum())
+        assert torch.equal(noisy.train_batch(index, generator)[0], ids)  # a resumed run draws the same
+    assert dropped / ordinary == pytest.approx(0.3, abs=0.03)
+    assert not torch.equal(
+        noisy.train_batch(0, generator)[0], noisy.train_batch(0, torch.Generator().manual_seed(8))[0]
+    )
+    # Evaluation never sees the noise.
+    assert noisy.collate("val", [0])[0].tolist() == plain.collate("val", [0])[0].tolist()
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1])
+def test_token_dropout_must_be_a_share(ud, value):
+    with pytest.raises(ConfigError, match="token_dropout"):
+        resolve(encoder_doc("tagging", ud, data={"token_dropout": value}))
+
+
+def test_a_cased_vocabulary_keeps_capitals(ud, tmp_path):
+    (tmp_path / "cased").mkdir(), (tmp_path / "uncased").mkdir()
+    cased = new_task(ud, tmp_path / "cased", lowercase=False).tokenizer
+    uncased = new_task(ud, tmp_path / "uncased").tokenizer
+    assert cased.encode("The") != cased.encode("the")
+    assert uncased.encode("The") == uncased.encode("the")
 
 
 @pytest.mark.parametrize("max_len", [64, 8])

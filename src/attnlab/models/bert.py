@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlab.nn import ACTIVATIONS, TransformerBlock, normal_init, padding_mask_from_ids
+from attnlab.nn import ACTIVATIONS, TransformerBlock, normal_init, padding_mask_from_ids, sinusoidal_positions
 
 HEADS = ("mlm", "sequence", "token", "none")
 
@@ -62,6 +62,14 @@ class BertConfig:
     output), "token" (one label per position) or "none" (the hidden states)."""
     n_labels: int = 0
     """Number of classes of a "sequence" or "token" head; 0 for "mlm" and "none"."""
+    position_init: str = "normal"
+    """How the learned position embeddings start: "normal" (BERT's N(0, 0.02²)) or "sinusoidal"
+    (the §3.5 table of Vaswani et al., scaled to the same spread; still trained). Random vectors
+    carry no notion of "next to", which MLM must learn before it can use neighbouring words; the
+    sinusoids start with it (a row's dot product with another depends on their offset)."""
+    norm: str = "post"
+    """"post" (BERT's order, LayerNorm after each residual sum) or "pre" (LayerNorm before each
+    sublayer and once after the last block, as GPT-2; it trains more stably at high learning rates)."""
 
     def __post_init__(self) -> None:
         if self.kind != "bert":
@@ -79,6 +87,10 @@ class BertConfig:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+        if self.position_init not in ("normal", "sinusoidal"):
+            raise ValueError(f"position_init must be 'normal' or 'sinusoidal', got {self.position_init!r}")
+        if self.norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
         if self.head not in HEADS:
             raise ValueError(f"head must be one of {list(HEADS)}, got {self.head!r}")
         if self.head in ("sequence", "token") and self.n_labels < 1:
@@ -160,11 +172,13 @@ class Bert(nn.Module):
                 config.d_ff,
                 dropout=config.dropout,
                 activation=config.activation,
-                norm="post",  # BERT keeps the original Transformer's order (§3)
+                norm=config.norm,  # BERT keeps the original Transformer's order, "post" (§3)
                 eps=config.layer_norm_eps,
             )
             for _ in range(config.n_layers)
         )
+        # Pre-norm leaves the residual stream unnormalised; one LayerNorm closes the stack.
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None
         self.pooler = nn.Linear(config.d_model, config.d_model)
         self.head: nn.Module | None
         if config.head == "mlm":
@@ -174,6 +188,10 @@ class Bert(nn.Module):
         else:
             self.head = None
         self.apply(normal_init)
+        if config.position_init == "sinusoidal":
+            table = sinusoidal_positions(config.max_len, config.d_model)
+            with torch.no_grad():
+                self.embeddings.position.weight.copy_(table * (0.02 / table.std()))
 
     def _run(
         self, ids: torch.Tensor, segments: torch.Tensor | None, need_weights: bool
@@ -186,6 +204,8 @@ class Bert(nn.Module):
             x, w = block(x, mask=mask, need_weights=need_weights)
             if w is not None:
                 weights.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         return x, weights
 
     def encode(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:

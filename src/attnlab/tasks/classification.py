@@ -34,6 +34,9 @@ class ClassificationDataConfig:
     """Training sentences held out (a seeded random choice) to pick the best checkpoint."""
     vocab_size: int = 8000
     """WordPiece vocabulary trained on the training sentences (unless init_from or tokenizer is set)."""
+    lowercase: bool = True
+    """Lowercase (and strip accents) before WordPiece when training the vocabulary; False keeps case
+    (capitals tell proper nouns apart)."""
     tokenizer: str = ""
     """Use this tokenizer.json (or a run folder's) instead of training one."""
     init_from: str = ""
@@ -42,10 +45,15 @@ class ClassificationDataConfig:
     """Longest input in tokens, [CLS] and [SEP] included; longer sentences are cut."""
     max_tokens: int = 4096
     """Tokens per batch (batch size × longest sentence in it)."""
+    token_dropout: float = 0.0
+    """Share of training input subwords replaced by [MASK] (a fresh draw per batch): the model must
+    also read a word from its context, as it must for words it has never seen."""
     seed: int = 0
     """Seed of the held-out choice."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.token_dropout < 1.0:
+            raise ValueError(f"token_dropout must be in [0, 1), got {self.token_dropout}")
         for name in ("vocab_size", "max_len", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

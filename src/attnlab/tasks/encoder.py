@@ -159,7 +159,7 @@ class EncoderTask:
             elif data.tokenizer:
                 tokenizer = load_tokenizer(_tokenizer_file(data.tokenizer))
             else:
-                tokenizer = WordPieceTokenizer.train(train_texts(), data.vocab_size)
+                tokenizer = WordPieceTokenizer.train(train_texts(), data.vocab_size, lowercase=data.lowercase)
             self.labels = list(labels()) if labels is not None else []
             tokenizer.save(tokenizer_path)
             save_labels(run_dir, self.labels)
@@ -211,8 +211,18 @@ class EncoderTask:
         return self._stream.per_epoch
 
     def train_batch(self, index: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch `index` of the training stream (see `EpochBatches`)."""
-        return self.collate("train", self._stream(index, generator.initial_seed()))
+        """Batch `index` of the training stream (see `EpochBatches`), with `data.token_dropout`
+        of its ordinary subwords replaced by [MASK]."""
+        ids, targets = self.collate("train", self._stream(index, generator.initial_seed()))
+        p = self.data_config.token_dropout
+        if p > 0:
+            # Drawn from the seed and the batch index alone, so a resumed run sees the same noise.
+            noise = torch.Generator().manual_seed(generator.initial_seed() * 1_000_003 + index)
+            t = self.tokenizer
+            ordinary = ~torch.isin(ids, torch.tensor([t.pad_id, t.cls_id, t.sep_id]))
+            dropped = ordinary & (torch.rand(ids.shape, generator=noise) < p)
+            ids = ids.masked_fill(dropped, t.mask_id)
+        return ids, targets
 
     @staticmethod
     def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
