@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         **result.metrics,
         "elapsed_sec": round(result.elapsed_sec, 2),
         "tokens_per_sec": round(result.tokens_per_sec, 1),
+        "compiled": result.compiled,
     }
     if args.json:
         from attnlab.cli import print_json
@@ -72,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         print(
-            f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s): "
+            f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s"
+            + (", compiled" if result.compiled else "")
+            + "): "
             + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in result.metrics.items())
             + f". Run folder: {result.run_dir}"
         )

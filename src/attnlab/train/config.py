@@ -56,6 +56,9 @@ class TrainConfig:
     1/√step decay (Vaswani et al. Eq. 3), peaking at learning_rate."""
     label_smoothing: float = 0.0
     """Label smoothing ε of the training loss (Szegedy et al. 2016; the paper uses 0.1)."""
+    compile: bool = False
+    """Run the training forward pass through torch.compile. Where compilation is unavailable or
+    fails, training goes on without it and says so; the result reports which path ran."""
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "warmup_iters"):

@@ -57,6 +57,8 @@ class TrainResult:
     """Best value of the task's selection metric (val_loss for LM, val_bleu for translation)."""
     elapsed_sec: float
     tokens_per_sec: float
+    compiled: bool = False
+    """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
 
     @property
     def val_loss(self) -> float:
@@ -150,6 +152,11 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     if not resume and hasattr(task, "initialize"):
         task.initialize(model)  # e.g. a pre-trained encoder's weights for fine-tuning
     model = model.to(device)
+    if device.type == "cuda":
+        # TF32 tensor cores for the float32 matmuls that autocast leaves (and all of them in fp32 runs).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
     optimizer = adamw(
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )
@@ -203,6 +210,8 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
         log(f"step 0: {_describe(results)}")
 
+    if tc.compile:
+        log("torch.compile: " + ("on" if step_model is not model else "not available here; training without it"))
     model.train()
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
@@ -214,8 +223,23 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         for micro in range(tc.gradient_accumulation_steps):
             batch = task.train_batch(step * tc.gradient_accumulation_steps + micro, batches)
             window_tokens += task.batch_tokens(batch)
+            if device.type == "cuda":
+                batch = _pinned(batch)  # so the task's non_blocking copy overlaps the GPU's work
             with autocast(device, tc.dtype):
-                loss = task.loss(model, batch, device, tc.label_smoothing) / tc.gradient_accumulation_steps
+                try:
+                    loss = task.loss(step_model, batch, device, tc.label_smoothing)
+                except Exception as e:
+                    if step_model is model:
+                        raise
+                    # Compilation happens at the first call; whatever breaks it, eager still works
+                    # (and an error that is not the compiler's is raised again by the eager call).
+                    log(
+                        f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                        "training without it"
+                    )
+                    step_model = model
+                    loss = task.loss(model, batch, device, tc.label_smoothing)
+                loss = loss / tc.gradient_accumulation_steps
             loss.backward()
             loss_sum += loss.detach()
         if tc.grad_clip > 0:
@@ -249,7 +273,23 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
                 save_best(run_dir, manifest, {"step": step, selection[0]: best})
             window_start += time.perf_counter() - pause  # evaluation is not training time
     bar.close()
-    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec)
+    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec, compiled=step_model is not model)
+
+
+def _compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile(model), or the model itself where this Python/PyTorch cannot compile. The
+    original keeps the parameters: checkpoints and evaluation use it, never the wrapper."""
+    try:
+        return torch.compile(model)
+    except Exception:  # e.g. a Python version that TorchDynamo does not support yet
+        return model
+
+
+def _pinned(batch: Any) -> Any:
+    """A tuple or list of CPU tensors in page-locked memory (anything else as it is)."""
+    if isinstance(batch, tuple | list) and all(isinstance(t, torch.Tensor) for t in batch):
+        return type(batch)(t.pin_memory() if t.device.type == "cpu" else t for t in batch)
+    return batch
 
 
 def _learning_rate(tc: TrainConfig, step: int) -> float:
