@@ -157,6 +157,48 @@ def test_generate_tokens_yields_one_batch_of_ids_per_step(gpt):
     assert torch.equal(torch.stack(steps, dim=1), reference_greedy(gpt, idx, 7)[:, 4:])
 
 
+def test_compiled_decoding_gives_the_same_tokens(gpt):
+    # torch.compile of the one-token step: the same greedy tokens, batched and per row, past the
+    # point where the window slides (the compiled step only runs while the cache has room).
+    idx = random_prompt(3, 5)
+    expected = greedy(gpt, idx, 20)
+    compiled = greedy(gpt, idx, 20, compile=True)
+    assert torch.equal(compiled, expected)
+    assert torch.equal(greedy(gpt, idx[1:2], 20, compile=True), expected[1:2])
+
+
+class BrokenCompiled:
+    def __init__(self, model, **_):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("inductor: no working C++ compiler")
+
+
+def test_a_failing_compile_warns_and_decodes_eagerly(gpt, monkeypatch):
+    idx = random_prompt(2, 5)
+    expected = greedy(gpt, idx, 12)
+    monkeypatch.setattr(torch, "compile", BrokenCompiled)
+    with pytest.warns(UserWarning, match="compiled decoding failed .RuntimeError.; decoding eagerly"):
+        got = greedy(gpt, idx, 12, compile=True)
+    assert torch.equal(got, expected)
+
+
+def test_the_decoding_step_has_one_shape_whatever_the_position(gpt, monkeypatch):
+    # What makes the step compile once: every call after the prefill sees the same shapes.
+    shapes = set()
+    original = type(gpt).forward
+
+    def spy(self, idx, *args, cache=None, positions=None, **kwargs):
+        if idx.size(1) == 1:
+            shapes.add((tuple(idx.shape), tuple(positions.shape), tuple(cache[0].k.shape)))
+        return original(self, idx, *args, cache=cache, positions=positions, **kwargs)
+
+    monkeypatch.setattr(type(gpt), "forward", spy)
+    greedy(gpt, random_prompt(2, 3), 10)
+    assert shapes == {((2, 1), (1,), (2, 2, BLOCK, 16))}
+
+
 # ------------------------------------------------------------------ sampling
 
 

@@ -41,7 +41,7 @@ class ScriptedModel(nn.Module):
     def new_cache(self, batch_size: int, max_len: int | None = None) -> list[SimpleNamespace]:
         return [SimpleNamespace(length=0)]
 
-    def forward(self, idx: torch.Tensor, cache=None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache=None, positions=None, last_only: bool = False) -> torch.Tensor:
         logits = torch.zeros(idx.size(0), 1, self.vocab_size)
         logits[:, 0, self.script[min(self.calls, len(self.script) - 1)]] = 1.0
         self.calls += 1

@@ -390,3 +390,30 @@ def test_attention_function_dropout_zeroes_and_rescales():
     torch.testing.assert_close(out[~dropped], 2.0 * weights[~dropped])
     out_no_dropout, _ = scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out_no_dropout, weights)
+
+
+def test_static_cache_steps_equal_full_causal_attention():
+    # Prefill 5 positions, then 4 one-token steps written at explicit positions: every output
+    # equals causal attention over the whole sequence at once (the reference).
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        full, _ = mha(x, causal=True)
+        cache = KVCache(2, 4, 12, 4)
+        outs = [mha(x[:, :5], cache=cache, positions=torch.arange(5))[0]]
+        for t in range(5, 9):
+            outs.append(mha(x[:, t : t + 1], cache=cache, positions=torch.tensor([t]))[0])
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-5, rtol=1e-4)
+    # The slots past the last position were never written.
+    assert torch.all(cache.k[:, :, 9:] == 0) and cache.k.shape == (2, 4, 12, 4)
+
+
+def test_static_cache_write_casts_and_stays_in_place():
+    cache = KVCache(1, 2, 6, 3)
+    k_buffer = cache.k
+    k, v = torch.ones(1, 2, 2, 3, dtype=torch.bfloat16), torch.full((1, 2, 2, 3), 2.0)
+    all_k, all_v = cache.write(k, v, torch.tensor([3, 4]))
+    assert all_k is k_buffer and all_k.dtype == torch.float32
+    assert torch.all(all_k[:, :, 3:5] == 1) and torch.all(all_v[:, :, 3:5] == 2)
+    assert torch.all(all_k[:, :, :3] == 0) and torch.all(all_k[:, :, 5:] == 0)

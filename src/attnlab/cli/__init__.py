@@ -8,7 +8,7 @@ from pathlib import Path
 from attnlab import __version__
 from attnlab.errors import UserError
 
-SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo")
+SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo", "bench")
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,15 +1,18 @@
 """Decoding as pure functions outside the models: greedy, sampling, logit filters.
 
-Every strategy runs the same loop: one prefill of the prompt into a KV cache, then one-token
-steps that attend to the cache. When the sequence outgrows the model's block_size the window
-slides: the next token is predicted from the last block_size tokens, recomputed in full (with
-absolute positions, every cached key would sit at the wrong position after a shift).
+Every strategy runs the same loop: one prefill of the prompt into a preallocated KV cache, then
+one-token decoding steps that attend to the cache. A step has the same shapes every time (it
+attends to the whole cache, masked up to its position, see `KVCache.write`), so it can be compiled
+once (`compile=True`). When the sequence outgrows the model's block_size the window slides: the
+next token is predicted from the last block_size tokens, recomputed in full (with absolute
+positions, every cached key would sit at the wrong position after a shift).
 
-The model interface: `model(idx, cache=..., last_only=True) -> logits (B, 1, V)`,
+The model interface: `model(idx, cache=..., positions=..., last_only=True) -> logits (B, 1, V)`,
 `model.new_cache(batch_size, max_len)`, `model.config.block_size`.
 """
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -73,12 +76,33 @@ def sampling_picker(
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module):
     was_training = model.training
-    model.eval()
+    if was_training:  # model.eval() walks every submodule: not at every step when already eval
+        model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
+
+
+class _Step:
+    """The one-token decoding step, through torch.compile when asked for. Compilation happens at
+    the first call; if it fails there, a warning says so and the step runs eagerly."""
+
+    def __init__(self, model: nn.Module, compile: bool) -> None:
+        self.model = model
+        self.compiled = torch.compile(model, dynamic=False) if compile else None
+
+    def __call__(self, token: torch.Tensor, cache: list, position: int) -> torch.Tensor:
+        positions = torch.full((1,), position, dtype=torch.long, device=token.device)
+        if self.compiled is not None:
+            try:
+                return self.compiled(token, cache=cache, positions=positions, last_only=True)
+            except Exception as e:  # the compiler's failure; an eager error would repeat below
+                warnings.warn(f"compiled decoding failed ({type(e).__name__}); decoding eagerly", stacklevel=3)
+                self.compiled = None
+        return self.model(token, cache=cache, positions=positions, last_only=True)
 
 
 def generate_tokens(
@@ -89,11 +113,14 @@ def generate_tokens(
     *,
     eos_id: int | None = None,
     use_cache: bool = True,
+    compile: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(B,)` one step at a time, after the prompt idx `(B, T)` (long).
 
     With `eos_id`, a sequence that produced it keeps producing it (padding), and the iteration
-    ends when every sequence has. The model runs in eval mode without autograd.
+    ends when every sequence has. The model runs in eval mode without autograd. `use_cache=False`
+    recomputes the whole window at every step (the reference); `compile` runs the cached
+    decoding step through torch.compile (worth it for long generations; the first call compiles).
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -104,9 +131,17 @@ def generate_tokens(
     # caller's code runs between steps and must not inherit them (nor lose them when another
     # generator, suspended in between, exits its context out of order).
     seq = idx
+    step = _Step(model, compile and use_cache)
     with _eval_mode(model):
-        cache = model.new_cache(idx.size(0), block) if use_cache else None
-        logits = model(seq[:, -block:], cache=cache, last_only=True)
+        prompt = seq[:, -block:]
+        filled = prompt.size(1)  # cache slots written so far
+        if use_cache:
+            cache = model.new_cache(idx.size(0), block)
+            positions = torch.arange(filled, device=idx.device)
+            logits = model(prompt, cache=cache, positions=positions, last_only=True)  # the prefill
+        else:
+            cache = None
+            logits = model(prompt, last_only=True)
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
         token = pick(logits[:, -1, :])
@@ -118,8 +153,9 @@ def generate_tokens(
             return
         seq = torch.cat([seq, token[:, None]], dim=1)
         with _eval_mode(model):
-            if cache is not None and cache[0].length < block:
-                logits = model(token[:, None], cache=cache, last_only=True)
+            if cache is not None and filled < block:
+                logits = step(token[:, None], cache, filled)
+                filled += 1
             else:
                 cache = None  # the window slides from here on
                 logits = model(seq[:, -block:], last_only=True)
@@ -131,12 +167,19 @@ def _collect(idx: torch.Tensor, tokens: Iterator[torch.Tensor]) -> torch.Tensor:
 
 
 def greedy(
-    model: nn.Module, idx: torch.Tensor, max_new_tokens: int, *, eos_id: int | None = None, use_cache: bool = True
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+    compile: bool = False,
 ) -> torch.Tensor:
     """Extend idx `(B, T)` with the most likely token at each step -> `(B, T + N)`, N <= max_new_tokens."""
-    return _collect(
-        idx, generate_tokens(model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache)
+    tokens = generate_tokens(
+        model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache, compile=compile
     )
+    return _collect(idx, tokens)
 
 
 def sample(
@@ -150,7 +193,9 @@ def sample(
     *,
     eos_id: int | None = None,
     use_cache: bool = True,
+    compile: bool = False,
 ) -> torch.Tensor:
     """Extend idx `(B, T)` by sampling -> `(B, T + N)`, N <= max_new_tokens. temperature 0 is greedy."""
     pick = sampling_picker(temperature, top_k, top_p, generator)
-    return _collect(idx, generate_tokens(model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache))
+    tokens = generate_tokens(model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache, compile=compile)
+    return _collect(idx, tokens)

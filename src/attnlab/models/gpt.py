@@ -139,13 +139,16 @@ class GPT(nn.Module):
             KVCache(batch_size, c.n_head, max_len, c.head_dim, device=p.device, dtype=p.dtype) for _ in range(c.n_layer)
         ]
 
-    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
-        """Token plus position embeddings of idx `(B, T)`, whose first token sits at `start`."""
+    def _embed(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token plus position embeddings of idx `(B, T)`, whose first token sits at `start`, or
+        at `positions` `(T,)` when given (their range is the caller's to keep: checking it here
+        would wait on the device at every decoding step)."""
         t = idx.size(1)
-        if start + t > self.config.block_size:
-            raise ValueError(f"sequence of {start + t} tokens is longer than block_size {self.config.block_size}")
-        pos = torch.arange(start, start + t, device=idx.device)  # (T,)
-        return self.dropout(self.token_embedding(idx) + self.positions(pos))
+        if positions is None:
+            if start + t > self.config.block_size:
+                raise ValueError(f"sequence of {start + t} tokens is longer than block_size {self.config.block_size}")
+            positions = torch.arange(start, start + t, device=idx.device)  # (T,)
+        return self.dropout(self.token_embedding(idx) + self.positions(positions))
 
     def forward(
         self,
@@ -153,20 +156,25 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         cache: list[KVCache] | None = None,
+        positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits for every position of idx `(B, T)` (long).
 
         Returns logits `(B, T, V)`; with `targets` `(B, T)` (long, -1 = ignore) it returns
         `(logits, loss)`, the mean cross-entropy. With `cache`, idx holds only the new tokens and
-        positions continue after those cached. `last_only` computes logits for the last position
+        positions continue after those cached; with `cache` and `positions` `(T,)` long, the new
+        tokens sit at those positions and attend to the whole preallocated cache (the static-shape
+        decoding step, see `KVCache.write`). `last_only` computes logits for the last position
         alone, `(B, 1, V)`, which is all a decoding step needs.
         """
         if last_only and targets is not None:
             raise ValueError("last_only computes one position's logits; the loss needs all of them")
-        x = self._embed(idx, start=cache[0].length if cache is not None else 0)  # (B, T, C)
+        if positions is not None and cache is None:
+            raise ValueError("positions place new tokens in a KV cache; pass cache too")
+        x = self._embed(idx, start=cache[0].length if cache is not None else 0, positions=positions)  # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x, _ = block(x, causal=True, cache=None if cache is None else cache[i])
+            x, _ = block(x, causal=True, cache=None if cache is None else cache[i], positions=positions)
         x = self.final_norm(x)
         if last_only:
             x = x[:, -1:, :]

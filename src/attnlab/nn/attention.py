@@ -79,6 +79,18 @@ class KVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v `(B, H, T, D)` at `positions` `(T,)` long, in place; return the whole buffers
+        `(B, H, max_len, D)`. Slots never written hold zeros: the caller masks them out.
+
+        The static-shape path: every decoding step sees the same shapes, and the position is a
+        tensor rather than a Python int, so a compiled step is compiled once and the loop never
+        waits on the device. `length` is not tracked here; the caller knows the positions.
+        """
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
+        return self.k, self.v
+
     def reset(self) -> None:
         self.length = 0
 
@@ -131,6 +143,7 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention).
@@ -141,6 +154,9 @@ class MultiHeadAttention(nn.Module):
         causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
             positions of the cached sequence.
         cache: keys and values of earlier positions; the new ones are appended to it.
+        positions: with `cache`, the positions `(Tq,)` long of the queries in the cached sequence:
+            keys and values are written there (`KVCache.write`) and each query attends to the whole
+            preallocated cache up to its own position (static shapes; `causal` is then implied).
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
         b, t_q, c = x.shape
@@ -152,7 +168,13 @@ class MultiHeadAttention(nn.Module):
             q = F.linear(x, self.in_proj.weight[:c], bias)
             k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         q = self._split_heads(q)  # (B, H, Tq, D)
-        if cache is not None:
+        if cache is not None and positions is not None:
+            k, v = cache.write(k, v, positions)
+            slots = torch.arange(cache.max_len, device=x.device)
+            visible = slots[None, :] <= positions[:, None]  # (Tq, max_len): the past and itself
+            mask = visible if mask is None else mask & visible
+            causal = False  # the visibility mask already is the look-ahead rule
+        elif cache is not None:
             k, v = cache.append(k, v)
         t_k = k.size(2)
 

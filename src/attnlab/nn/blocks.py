@@ -53,15 +53,18 @@ class TransformerBlock(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x `(B, T, C)` -> `(B, T, C)`, and the attention weights `(B, H, T, Tk)` when asked for."""
+        """x `(B, T, C)` -> `(B, T, C)`, and the attention weights `(B, H, T, Tk)` when asked for.
+        `cache` and `positions` as in `MultiHeadAttention.forward`."""
+        kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         if self.pre_norm:
-            a, weights = self.attn(self.norm1(x), mask=mask, causal=causal, cache=cache, need_weights=need_weights)
+            a, weights = self.attn(self.norm1(x), **kw)
             x = x + self.dropout(a)
             x = x + self.ffn(self.norm2(x))
         else:
-            a, weights = self.attn(x, mask=mask, causal=causal, cache=cache, need_weights=need_weights)
+            a, weights = self.attn(x, **kw)
             x = self.norm1(x + self.dropout(a))
             x = self.norm2(x + self.ffn(x))
         return x, weights

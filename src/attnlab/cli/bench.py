@@ -1,0 +1,62 @@
+"""attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile] [--repeats N] [--out FILE.json]"""
+
+import argparse
+import sys
+
+from attnlab.cli import positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure speed and attention memory on this machine, beside transformers",
+        description="Measure, on this machine and in one run, the matmul peak, training tokens/s and MFU, "
+        "greedy generation tokens/s (attnlab GPT beside transformers GPT-2 of the same shape, alternating "
+        "within every repeat; medians) and the peak memory of explicit versus fused attention.",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="repeats per case; the median is reported (default 5, 1 with --quick)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny steps and sizes: checks that it runs in seconds, measures nothing"
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="run attnlab's training forward and decoding step through torch.compile"
+    )
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
+    p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from attnlab.bench import format_table, run_benchmarks
+    from attnlab.device import resolve_device
+    from attnlab.errors import UserError
+    from attnlab.fileio import atomic_write_text
+
+    device = resolve_device(args.device)
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"attnlab bench runs on cpu or cuda, not {args.device!r}; use --device cpu or cuda")
+    out = Path(args.out) if args.out else None
+    # Checked before measuring, not after minutes of it.
+    if out is not None and not out.parent.is_dir():
+        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
+
+    def progress(line: str) -> None:
+        sys.stderr.write(f"bench: {line}\n")
+        sys.stderr.flush()
+
+    result = run_benchmarks(device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile)
+    if out is not None:
+        atomic_write_text(out, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(result.to_json())
+    else:
+        print(format_table(result))
+    return 0

@@ -1,0 +1,158 @@
+"""`attnlab bench`: the structure of its results in --quick mode on CPU, numbers recomputed from
+their definitions (no timing assertions: this machine's speed is not under test)."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from attnlab.bench import attention_memory_case, cpu_attention_memory
+from attnlab.models import GPT, GPTConfig
+from helpers import assert_user_error, cli
+
+QUICK_LENGTHS = [64, 128, 256]
+TOP_KEYS = {
+    "date",
+    "device",
+    "machine",
+    "torch",
+    "matmul_peak_flops",
+    "quick",
+    "compiled",
+    "repeats",
+    "train",
+    "generate",
+    "attention_memory",
+}
+TRAIN_KEYS = {
+    "case",
+    "shape",
+    "block",
+    "batch",
+    "attnlab_tokens_per_sec",
+    "transformers_tokens_per_sec",
+    "ratio",
+    "attnlab_mfu",
+    "transformers_mfu",
+}
+GENERATE_KEYS = {"shape", "batch", "new_tokens", "attnlab_tokens_per_sec", "transformers_tokens_per_sec", "ratio"}
+MEMORY_KEYS = {"path", "seq_len", "peak_mib", "growth_per_doubling"}
+
+
+def model_flops_per_token(shape: str, block: int) -> float:
+    """6N + 12·L·T·C, N the parameters of an attnlab GPT of that shape without position embeddings."""
+    n_layer, n_head, n_embd = (int(x) for x in shape.split("x"))
+    config = GPTConfig(
+        vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd, activation="gelu_tanh"
+    )
+    n = GPT(config).num_parameters()
+    return 6 * n + 12 * n_layer * block * n_embd
+
+
+def bench_json(capsys, *extra: str) -> dict:
+    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    out_file = tmp_path / "bench.json"
+    result = bench_json(capsys, "--out", out_file)
+    assert TOP_KEYS <= result.keys()
+    assert result["device"] == "cpu" and result["quick"] is True and result["repeats"] >= 1
+    assert result["compiled"] is False
+    assert result["torch"] == torch.__version__
+    peak = result["matmul_peak_flops"]
+    assert peak > 0
+    assert json.loads(out_file.read_text(encoding="utf-8")) == result  # --out writes the same object
+
+    assert [r["shape"] for r in result["train"]] == ["4x4x128", "6x6x384"]
+    for row in result["train"]:
+        assert TRAIN_KEYS <= row.keys()
+        ours, theirs = row["attnlab_tokens_per_sec"], row["transformers_tokens_per_sec"]
+        assert ours > 0 and theirs > 0
+        assert row["ratio"] == pytest.approx(ours / theirs, rel=1e-9)
+        fpt = model_flops_per_token(row["shape"], row["block"])
+        assert row["attnlab_mfu"] == pytest.approx(ours * fpt / peak, rel=1e-9)
+        assert row["transformers_mfu"] == pytest.approx(theirs * fpt / peak, rel=1e-9)
+
+    assert [(r["shape"], r["batch"]) for r in result["generate"]] == [("6x6x384", 1), ("6x6x384", 8), ("4x4x128", 1)]
+    for row in result["generate"]:
+        assert GENERATE_KEYS <= row.keys()
+        assert row["new_tokens"] > 0
+        ours, theirs = row["attnlab_tokens_per_sec"], row["transformers_tokens_per_sec"]
+        assert ours > 0 and theirs > 0
+        assert row["ratio"] == pytest.approx(ours / theirs, rel=1e-9)
+
+    memory = result["attention_memory"]
+    assert all(MEMORY_KEYS <= row.keys() for row in memory)
+    for path in ("explicit", "fused"):
+        rows = [r for r in memory if r["path"] == path]
+        assert [r["seq_len"] for r in rows] == QUICK_LENGTHS
+        assert all(r["peak_mib"] >= 0 for r in rows)
+        assert rows[0]["growth_per_doubling"] is None
+        for previous, row in zip(rows, rows[1:], strict=False):
+            if previous["peak_mib"] > 0:
+                assert row["growth_per_doubling"] == pytest.approx(row["peak_mib"] / previous["peak_mib"])
+    explicit_longest = next(r for r in memory if r["path"] == "explicit" and r["seq_len"] == QUICK_LENGTHS[-1])
+    weights_mib = 1 * 4 * QUICK_LENGTHS[-1] ** 2 * 4 / 2**20  # one (B, H, T, T) fp32 weights matrix
+    assert explicit_longest["peak_mib"] > weights_mib
+
+
+def test_quick_table_prints_the_header_and_one_line_per_case(capsys):
+    pytest.importorskip("transformers")
+    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("attnlab bench on cpu") and "torch" in lines[0] and "matmul peak" in lines[0]
+    assert "GFLOP/s" in lines[0]
+    cases = ["train 4x4x128", "train 6x6x384", "generate 6x6x384 batch 1,", "generate 6x6x384 batch 8,"]
+    cases += ["generate 4x4x128 batch 1,"] + [f"T={t}" for t in QUICK_LENGTHS]
+    for case in cases:
+        assert sum(line.startswith(case) or f" {case}" in line for line in lines) == 1, (case, out)
+    assert "transformers not installed" not in out
+    assert "bench: train 4x4x128" in err  # progress on stderr, one line per case
+
+
+def test_without_transformers_the_attnlab_columns_still_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    out_file = tmp_path / "bench.json"
+    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file)
+    assert code == 0, err
+    assert out.count("transformers not installed") == 1
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    for row in result["train"]:
+        assert row["attnlab_tokens_per_sec"] > 0 and row["attnlab_mfu"] > 0
+        assert row["transformers_tokens_per_sec"] is None and row["ratio"] is None
+        assert row["transformers_mfu"] is None
+    for row in result["generate"]:
+        assert row["attnlab_tokens_per_sec"] > 0
+        assert row["transformers_tokens_per_sec"] is None and row["ratio"] is None
+    assert {r["path"] for r in result["attention_memory"]} == {"explicit", "fused"}
+
+
+def test_repeats_must_be_at_least_one(capsys):
+    assert_user_error(cli(capsys, "bench", "--quick", "--device", "cpu", "--repeats", "0"), "--repeats", ">= 1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu_is_a_user_error(capsys):
+    assert_user_error(cli(capsys, "bench", "--quick", "--device", "cuda"), "--device cpu")
+
+
+def test_out_into_a_missing_folder_fails_before_measuring(capsys, tmp_path):
+    result = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", tmp_path / "missing" / "bench.json")
+    assert_user_error(result, "does not exist")
+
+
+def test_explicit_attention_holds_at_least_one_weights_matrix_at_2048():
+    # One fresh process (the peak is per process): (1, 4, 2048, 2048) fp32 is 64 MiB, and the
+    # explicit path keeps the softmax weights for backward, besides scores and their gradients.
+    assert cpu_attention_memory("explicit", 2048) >= 64
+
+
+def test_an_unknown_attention_path_is_refused():
+    with pytest.raises(ValueError, match="explicit"):
+        attention_memory_case("flash", 8)
