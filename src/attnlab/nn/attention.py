@@ -168,6 +168,9 @@ class MultiHeadAttention(nn.Module):
             q = F.linear(x, self.in_proj.weight[:c], bias)
             k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         q = self._split_heads(q)  # (B, H, Tq, D)
+        # Only the caller's mask can leave a query with no key: the visibility and look-ahead
+        # masks added below always keep each query's own position.
+        may_empty_rows = mask is not None
         if cache is not None and positions is not None:
             k, v = cache.write(k, v, positions)
             slots = torch.arange(cache.max_len, device=x.device)
@@ -190,7 +193,7 @@ class MultiHeadAttention(nn.Module):
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
-            if mask is not None:
+            if may_empty_rows:
                 # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
                 y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
