@@ -184,6 +184,18 @@ def test_a_failing_compile_warns_and_decodes_eagerly(gpt, monkeypatch):
     assert torch.equal(got, expected)
 
 
+def test_no_torch_compile_at_all_warns_and_decodes_eagerly(gpt, monkeypatch):
+    def unavailable(model, **_):
+        raise RuntimeError("Python 3.14+ is not supported by torch.compile")
+
+    idx = random_prompt(2, 5)
+    expected = greedy(gpt, idx, 12)
+    monkeypatch.setattr(torch, "compile", unavailable)
+    with pytest.warns(UserWarning, match="compiled decoding failed .RuntimeError.; decoding eagerly"):
+        got = greedy(gpt, idx, 12, compile=True)
+    assert torch.equal(got, expected)
+
+
 def test_the_decoding_step_has_one_shape_whatever_the_position(gpt, monkeypatch):
     # What makes the step compile once: every call after the prefill sees the same shapes.
     shapes = set()

@@ -88,20 +88,24 @@ def _eval_mode(model: nn.Module):
 
 class _Step:
     """The one-token decoding step, through torch.compile when asked for. Compilation happens at
-    the first call; if it fails there, a warning says so and the step runs eagerly."""
+    the first call; if it fails there (or torch.compile is unavailable), a warning says so and the
+    step runs eagerly."""
 
     def __init__(self, model: nn.Module, compile: bool) -> None:
         self.model = model
-        self.compiled = torch.compile(model, dynamic=False) if compile else None
+        self.compile = compile
+        self.compiled: nn.Module | None = None
 
     def __call__(self, token: torch.Tensor, cache: list, position: int) -> torch.Tensor:
         positions = torch.full((1,), position, dtype=torch.long, device=token.device)
-        if self.compiled is not None:
+        if self.compile:
             try:
+                if self.compiled is None:
+                    self.compiled = torch.compile(self.model, dynamic=False)
                 return self.compiled(token, cache=cache, positions=positions, last_only=True)
             except Exception as e:  # the compiler's failure; an eager error would repeat below
                 warnings.warn(f"compiled decoding failed ({type(e).__name__}); decoding eagerly", stacklevel=3)
-                self.compiled = None
+                self.compile = False
         return self.model(token, cache=cache, positions=positions, last_only=True)
 
 
