@@ -21,6 +21,7 @@ Legend: B batch, T time (block), H heads, D head dim, C model width, L layers, N
 
 import contextlib
 import dataclasses
+import functools
 import os
 import platform
 import resource
@@ -282,12 +283,20 @@ def _transformers_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: i
 
 
 def compare(
-    fns: dict[str, Callable[[], object]], units_per_call: float, calls: int, repeats: int, device: torch.device
+    fns: dict[str, Callable[[], object]],
+    units_per_call: float,
+    calls: int,
+    repeats: int,
+    device: torch.device,
+    check: Callable[[str, object], None] | None = None,
 ) -> dict[str, float]:
-    """Median units/s of each peer over `repeats`, after one warm-up call each. Peers alternate
-    within every repeat, so a slow spell of the machine hits both, not one."""
-    for fn in fns.values():
-        fn()  # lazy initialisation, allocator growth, kernel selection
+    """Median units/s of each peer over `repeats`, after one warm-up call each, whose result
+    `check(name, result)` inspects when given. Peers alternate within every repeat, so a slow
+    spell of the machine hits both, not one."""
+    for name, fn in fns.items():
+        result = fn()  # lazy initialisation, allocator growth, kernel selection
+        if check is not None:
+            check(name, result)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -479,8 +488,8 @@ def run_benchmarks(
         prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=device)
         fns = _generate_fns(models, prompt, case.new_tokens, compile)
         with _quiet(hf):
-            _check_lengths(fns, PROMPT_LEN + case.new_tokens)
-            speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device)
+            check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
+            speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device, check)
         theirs = speed.get(PEER)
         generate.append(
             GenerateRow(
@@ -530,12 +539,11 @@ def _generate_fns(
     return fns
 
 
-def _check_lengths(fns: dict[str, Callable[[], torch.Tensor]], length: int) -> None:
+def _check_length(name: str, generated: torch.Tensor, *, length: int) -> None:
     # Both peers must do the same work: a peer that stopped early would look fast.
-    for name, fn in fns.items():
-        got = fn().size(1)
-        if got != length:
-            raise RuntimeError(f"{name} generated a sequence of {got} tokens, expected {length}")
+    got = generated.size(1)
+    if got != length:
+        raise RuntimeError(f"{name} generated a sequence of {got} tokens, expected {length}")
 
 
 @contextlib.contextmanager
