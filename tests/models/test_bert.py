@@ -74,6 +74,28 @@ def test_padding_leaves_pooled_and_sequence_logits_unchanged():
         torch.testing.assert_close(model(padded), model(ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_pooler_reads_first_position_or_mean_of_real_positions(pooling):
+    model = tiny_bert(head="none", pooling=pooling)
+    ids = torch.cat([random_ids(2, 6), torch.full((2, 3), PAD)], dim=1)
+    ids[1, 4:6] = PAD  # the second row has 4 real tokens
+    with torch.no_grad():
+        hidden = model.encode(ids)
+        if pooling == "cls":
+            h = hidden[:, 0]
+        else:  # the average written out, row by row, over the positions that are not padding
+            h = torch.stack([hidden[0, :6].mean(0), hidden[1, :4].mean(0)])
+        expected = torch.tanh(h @ model.pooler.weight.T + model.pooler.bias)
+        torch.testing.assert_close(model.pooled(ids), expected, atol=1e-6, rtol=0)
+        # padding never changes the pooled state
+        torch.testing.assert_close(model.pooled(ids[1:, :4]), expected[1:], atol=1e-5, rtol=0)
+
+
+def test_unknown_pooling_is_rejected():
+    with pytest.raises(ValueError, match="pooling must be"):
+        BertConfig(pooling="max")
+
+
 def test_padding_is_never_attended_to():
     model = tiny_bert(head="none")
     ids = torch.cat([random_ids(2, 5), torch.full((2, 3), PAD)], dim=1)

@@ -70,6 +70,10 @@ class BertConfig:
     norm: str = "post"
     """"post" (BERT's order, LayerNorm after each residual sum) or "pre" (LayerNorm before each
     sublayer and once after the last block, as GPT-2; it trains more stably at high learning rates)."""
+    pooling: str = "cls"
+    """What the pooler reads: "cls" (BERT's first-position state) or "mean" (the average of the
+    non-padding positions). BERT's [CLS] state is trained by next-sentence prediction, which
+    masked-LM pre-training alone does not do; the mean of the token states carries what MLM did learn."""
 
     def __post_init__(self) -> None:
         if self.kind != "bert":
@@ -91,6 +95,8 @@ class BertConfig:
             raise ValueError(f"position_init must be 'normal' or 'sinusoidal', got {self.position_init!r}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        if self.pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if self.head not in HEADS:
             raise ValueError(f"head must be one of {list(HEADS)}, got {self.head!r}")
         if self.head in ("sequence", "token") and self.n_labels < 1:
@@ -213,13 +219,19 @@ class Bert(nn.Module):
         (default all 0). Positions where `ids == pad_id` are padding: no position attends to them."""
         return self._run(ids, segments, need_weights=False)[0]
 
-    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The pooler: tanh(W h + b) of the first position ([CLS]). hidden `(B, T, C)` -> `(B, C)`."""
-        return torch.tanh(self.pooler(hidden[:, 0]))
+    def pool(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The pooler: tanh(W h + b) of the first position ([CLS]), or of the mean over the positions
+        that are not padding (`config.pooling`). hidden `(B, T, C)`, ids `(B, T)` -> `(B, C)`."""
+        if self.config.pooling == "cls":
+            h = hidden[:, 0]
+        else:
+            real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            h = (hidden * real).sum(1) / real.sum(1).clamp(min=1)
+        return torch.tanh(self.pooler(h))
 
     def pooled(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         """The pooled representation `(B, C)` of ids `(B, T)`, the input of sentence-level classifiers."""
-        return self.pool(self.encode(ids, segments))
+        return self.pool(self.encode(ids, segments), ids)
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         """The head's output for ids `(B, T)` long (see the class docstring for the shapes)."""
@@ -227,7 +239,7 @@ class Bert(nn.Module):
         if self.head is None:
             return hidden
         if self.config.head == "sequence":
-            return self.head(self.pool(hidden))  # (B, L)
+            return self.head(self.pool(hidden, ids))  # (B, L)
         return self.head(hidden)  # (B, T, V) or (B, T, L)
 
     @torch.no_grad()

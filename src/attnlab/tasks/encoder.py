@@ -85,10 +85,12 @@ def load_pretrained(folder: str | Path) -> Pretrained:
 
 
 def fine_tune_config(pretrained: BertConfig, wanted: BertConfig | BiLSTMConfig) -> BertConfig:
-    """The architecture of the pre-trained encoder with this run's head and dropout."""
+    """The architecture of the pre-trained encoder with this run's head, dropout and pooling."""
     if not isinstance(wanted, BertConfig):
         raise ConfigError("--init-from starts from a pre-trained BERT encoder; it needs model.kind = 'bert'")
-    return dataclasses.replace(pretrained, head=wanted.head, n_labels=wanted.n_labels, dropout=wanted.dropout)
+    return dataclasses.replace(
+        pretrained, head=wanted.head, n_labels=wanted.n_labels, dropout=wanted.dropout, pooling=wanted.pooling
+    )
 
 
 def wrap_ids(tokenizer: WordPieceTokenizer, ids: Sequence[int], max_len: int) -> list[int]:
