@@ -43,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
     layer = maps.n_layers - 1 if args.layer is None else args.layer
     if path.suffix.lower() == ".png":
         from attnlab.viz.attention import plot_attention
+        from attnlab.viz.figure import png_size
 
         plot_attention(maps, path, layer=layer, head=args.head)
-        shown = f"layer {layer}, " + (f"head {args.head}" if args.head is not None else f"{maps.n_heads} heads")
+        width, height = png_size(path)
+        heads = f"head {args.head}" if args.head is not None else f"{maps.n_heads} heads"
+        shown = f"layer {layer}, {heads}; {width} x {height} px"
     else:
         from attnlab.viz.html import write_attention_html
 

@@ -19,10 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.viz.curves import plot_run
+    from attnlab.viz.figure import png_size
 
     if not Path(args.run_dir).is_dir():
         raise UserError(f"run folder {args.run_dir} does not exist; give a folder written by `attnlab train`")
     path = args.out if args.out is not None else Path(args.run_dir) / "curves.png"
     plot = plot_run(args.run_dir, path)
-    print(f"{', '.join(plot.panels)} saved to {path}")
+    width, height = png_size(path)
+    print(f"{', '.join(plot.panels)} saved to {path} ({width} x {height} px)")
     return 0
