@@ -101,7 +101,8 @@ def test_report_of_a_language_model(lm_run, capsys, tmp_path):
     assert text.count('src="data:image/png;base64,') == 1
     data = json.loads(page.json_scripts["attention-data"])
     assert data["causal"] and len(data["layers"]) == 2
-    assert "--max-new-tokens 300 --seed 1337" in text
+    sample = cli(capsys, "sample", lm_run, "--max-new-tokens", "300", "--seed", "1337")[1]
+    assert f"<pre>{html.escape(sample.removesuffix(chr(10)))}</pre>" in text  # the command the page names
 
 
 def test_report_of_a_translation_model(mt_run, capsys, tmp_path):

@@ -81,7 +81,7 @@ def draw_run(run_dir: str | Path) -> CurvesPlot:
             panels.append((title, lines))
     if not panels:
         raise UserError(f"{Path(run_dir) / 'metrics.csv'} has no logged values yet; train the run first")
-    n_cols = min(3, len(panels))
+    n_cols = 2 if len(panels) == 4 else min(3, len(panels))  # four panels: 2 x 2 rather than 3 + 1
     n_rows = math.ceil(len(panels) / n_cols)
     fig = new_figure(4.2 * n_cols, 3.2 * n_rows)
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()

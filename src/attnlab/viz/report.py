@@ -207,7 +207,7 @@ def _taggings(run, device: torch.device, n_examples: int, report: Report) -> str
         report.examples.append((text, output, reference))
         rows.append((reference, output))
     return (
-        "<p>Validation split (words per token):</p>"
+        "<p>Validation split, one tag per word:</p>"
         + _metrics_table(metrics, report)
         + _rows_table(("reference", "model"), rows)
     )
