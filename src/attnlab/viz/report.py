@@ -95,9 +95,8 @@ def write_report(
         section("Training curves", note(str(e)))
 
     title, make = EXAMPLES[run.config.task]
-    device = next(run.model.parameters()).device
     try:
-        body = make(run, device, n_examples, report)
+        body = make(run, next(run.model.parameters()).device, n_examples, report)
     except UserError as e:
         body = note(str(e))
     section(title, body)
