@@ -1,13 +1,12 @@
 """Shared fixtures: a small real corpus and a tiny run configuration that trains in about a second."""
 
-import gzip
 from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.data.text import bundled_shakespeare
-from helpers import FIXTURE, SPLITS
+from helpers import write_fifty_pairs
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -63,9 +62,4 @@ def tiny_toml(tmp_path: Path, corpus: Path) -> Path:
 @pytest.fixture(scope="session")
 def fifty_pairs(tmp_path_factory) -> Path:
     """A Multi30k-shaped folder whose every split is the same 50 real training pairs."""
-    folder = tmp_path_factory.mktemp("fifty")
-    for lang in ("de", "en"):
-        lines = gzip.decompress((FIXTURE / f"train.{lang}.gz").read_bytes()).decode("utf-8").splitlines()[:50]
-        for split in SPLITS:
-            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
-    return folder
+    return write_fifty_pairs(tmp_path_factory.mktemp("fifty"))

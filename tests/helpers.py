@@ -1,5 +1,7 @@
 """Helpers shared by test modules (importable because pyproject puts tests/ on pytest's pythonpath)."""
 
+import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 from attnlab.cli import main
@@ -117,7 +119,50 @@ def conllu_words(path: Path) -> list[list[list[str]]]:
 _SHARED: dict[str, Path] = {}
 
 
-def _tiny_doc(name: str) -> dict:
+def write_fifty_pairs(folder: Path) -> Path:
+    """A Multi30k-shaped `folder` whose every split is the same 50 real training pairs."""
+    import gzip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        lines = gzip.decompress((FIXTURE / f"train.{lang}.gz").read_bytes()).decode("utf-8").splitlines()[:50]
+        for split in SPLITS:
+            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
+    return folder
+
+
+# Translation runs that train in a few seconds: 4 steps, greedy validation decoding, small vocabulary.
+TINY_MT = {
+    "transformer": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 2},
+    "rnn-attention": {"emb_dim": 16, "hidden_size": 16},
+}
+
+
+def _tiny_doc(name: str, folder: Path) -> dict:
+    if name == "lm":  # the first 20,000 characters of Tiny Shakespeare
+        from attnlab.data.text import bundled_shakespeare
+
+        corpus = folder / "corpus.txt"
+        corpus.write_text(bundled_shakespeare()[:20_000], encoding="utf-8")
+        return {
+            "task": "lm",
+            "model": {"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32},
+            "data": {"path": str(corpus), "tokenizer": "char"},
+            "train": {
+                "max_iters": 8,
+                "batch_size": 4,
+                "warmup_iters": 2,
+                "eval_interval": 4,
+                "eval_iters": 2,
+                "log_interval": 2,
+            },
+        }
+    if name.startswith("mt-"):
+        kind = name.removeprefix("mt-")
+        doc = translation_doc(write_fifty_pairs(folder / "data"), kind, max_iters=4, eval_interval=4, warmup_iters=1)
+        doc["model"].update(TINY_MT[kind])
+        doc["data"].update(vocab_size=300, eval_beam=1)
+        return doc
     if name == "mlm":
         return encoder_doc("mlm", WIKITEXT)
     if name == "sst2-bert":
@@ -131,13 +176,15 @@ def _tiny_doc(name: str) -> dict:
 
 def shared(tmp_path_factory, name: str) -> Path:
     """A tiny run trained once per test session, whichever module asks first: "mlm" (WikiText
-    fixture), "sst2-bert", "sst2-bilstm" (SST-2 fixture), "pos-bert", "pos-bilstm" (UD fixture).
-    Tests must only read it."""
+    fixture), "sst2-bert", "sst2-bilstm" (SST-2 fixture), "pos-bert", "pos-bilstm" (UD fixture),
+    "lm" (a character GPT on Tiny Shakespeare), "mt-transformer", "mt-rnn-attention" (50 Multi30k
+    pairs). Tests must only read it."""
     if name not in _SHARED:
         from attnlab.train import resolve, train
 
-        run_dir = tmp_path_factory.mktemp(name) / "run"
-        train(resolve(_tiny_doc(name)), run_dir, progress=False)
+        folder = tmp_path_factory.mktemp(name)
+        run_dir = folder / "run"
+        train(resolve(_tiny_doc(name, folder)), run_dir, progress=False)
         _SHARED[name] = run_dir
     return _SHARED[name]
 
@@ -169,3 +216,71 @@ def hf_bert_folder(folder: Path, seed: int = 0) -> Path:
     transformers.BertForMaskedLM(config).save_pretrained(folder)
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     return folder
+
+
+# -- HTML pages (attention view, report) ------------------------------------------------------------
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+# Anything that could make a page load from elsewhere; `data:` URIs are inside the page.
+EXTERNAL = re.compile(r"https?:|//cdn|@import|url\(|\b(src|href)\s*=\s*(?![\"']?data:)", re.IGNORECASE)
+
+
+class Page(HTMLParser):
+    """A strict reading of a page: every element closed in order, the data scripts and the options
+    of each `<select>` collected."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.doctype = ""
+        self.json_scripts: dict[str, str] = {}
+        self.selects: dict[str, list[tuple[str, str, bool]]] = {}
+        self._script_id: str | None = None
+        self._select: str | None = None
+        self._option: tuple[str, bool] | None = None
+        self.feed(text)
+        self.close()
+        if self.stack:
+            self.errors.append(f"unclosed: {self.stack}")
+
+    def handle_decl(self, decl: str) -> None:
+        self.doctype = decl
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag not in VOID:
+            self.stack.append(tag)
+        if tag == "script" and a.get("type") == "application/json":
+            self._script_id = a["id"]
+        if tag == "select":
+            self._select = a["class"]
+            self.selects[self._select] = []
+        if tag == "option":
+            self._option = (a["value"], "selected" in a)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+        if tag == "script":
+            self._script_id = None
+        if tag == "select":
+            self._select = None
+
+    def handle_data(self, data: str) -> None:
+        if self._script_id is not None:
+            self.json_scripts[self._script_id] = self.json_scripts.get(self._script_id, "") + data
+        if self._option is not None and self._select is not None:
+            value, selected = self._option
+            self.selects[self._select].append((value, data, selected))
+            self._option = None
+
+
+def read_page(path) -> Page:
+    text = path.read_text(encoding="utf-8")
+    page = Page(text)
+    assert page.errors == []
+    assert page.doctype.lower() == "doctype html"
+    assert EXTERNAL.search(text) is None, EXTERNAL.search(text)
+    return page

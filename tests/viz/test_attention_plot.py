@@ -1,6 +1,5 @@
 """Attention pictures: real PNG files, sized to the tokens, validated inputs, atomic writes."""
 
-import struct
 import sys
 from importlib.util import find_spec
 
@@ -10,17 +9,9 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.viz import display_token, plot_alignment, plot_heads
+from attnlab.viz.figure import PNG_SIGNATURE, png_size
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="pip install 'attnlab[plot]'")
-
-
-def png_size(path) -> tuple[int, int]:
-    """(width, height) in pixels from the IHDR chunk, which the PNG spec puts first."""
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE
-    assert data[12:16] == b"IHDR"
-    return struct.unpack(">II", data[16:24])
 
 
 def random_weights(*shape: int, seed: int = 0) -> np.ndarray:

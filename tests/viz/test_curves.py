@@ -57,3 +57,43 @@ def test_plot_curves_writes_a_png_with_one_panel_per_metric(run, tmp_path):
 def test_plot_curves_refuses_a_non_png_path(run, tmp_path):
     with pytest.raises(UserError, match="PNG"):
         plot_curves([run], ["val_loss"], tmp_path / "curves.jpg")
+
+
+def csv_column(run_dir, column, kind=None):
+    """(step, value) pairs of a column, read with the csv module alone; the last row of a step wins."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r[column] and kind in (None, r["kind"])]
+    return dict((float(r["step"]), float(r[column])) for r in rows)
+
+
+def test_plot_run_draws_every_logged_curve_of_a_real_run(tmp_path_factory, tmp_path):
+    from attnlab.viz.curves import plot_run
+    from attnlab.viz.figure import png_size
+    from helpers import shared
+
+    run_dir = shared(tmp_path_factory, "lm")
+    plot = plot_run(run_dir, tmp_path / "curves.png")
+
+    assert list(plot.panels) == ["loss", "learning rate", "throughput (tokens / s)"]  # an LM logs no val_ppl
+    expected = {
+        "loss": {"train_loss": csv_column(run_dir, "train_loss", "train"), "val_loss": csv_column(run_dir, "val_loss")},
+        "learning rate": {"lr": csv_column(run_dir, "lr")},
+        "throughput (tokens / s)": {"tokens_per_sec": csv_column(run_dir, "tokens_per_sec", "train")},
+    }
+    for title, lines in expected.items():
+        assert set(plot.panels[title]) == set(lines), title
+        for column, points in lines.items():
+            steps, values = plot.panels[title][column]
+            assert len(points) >= 2 and dict(zip(steps, values, strict=True)) == pytest.approx(points), column
+    assert [line.get_label() for line in plot.figure.axes[0].get_lines()] == ["training loss", "validation loss"]
+    width, height = png_size(tmp_path / "curves.png")
+    assert width > 1000 and height > 300
+
+
+def test_plot_run_of_an_empty_log(tmp_path):
+    from attnlab.viz.curves import plot_run
+
+    with pytest.raises(UserError, match="no logged values"):
+        plot_run(write_metrics(tmp_path / "run", []), tmp_path / "c.png")
+    with pytest.raises(UserError, match="does not exist"):
+        plot_run(tmp_path / "nowhere", tmp_path / "c.png")

@@ -8,7 +8,21 @@ from pathlib import Path
 from attnlab import __version__
 from attnlab.errors import UserError
 
-SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo", "bench")
+SUBCOMMANDS = (
+    "train",
+    "sample",
+    "translate",
+    "classify",
+    "tag",
+    "embed",
+    "eval",
+    "demo",
+    "bench",
+    "attention",
+    "positions",
+    "plot",
+    "report",
+)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -210,6 +210,17 @@ class Seq2SeqTransformer(nn.Module):
         return self.output(h[:, -1])
 
     @torch.no_grad()
+    def encoder_attention(self, src: torch.Tensor) -> list[torch.Tensor]:
+        """The encoder's per-head self-attention of every layer for src `(B, S)`: a list of `(B, H, S, S)`."""
+        src_mask = padding_mask_from_ids(src, self.pad_id)
+        x = self._embed(src, self.src_embedding)
+        weights = []
+        for block in self.encoder:
+            x, w = block(x, mask=src_mask, need_weights=True)
+            weights.append(w)
+        return weights
+
+    @torch.no_grad()
     def cross_attention_layers(self, src: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
         """Encoder–decoder attention of every decoder layer: a list of `(B, H, T, S)`."""
         memory, src_mask = self.encode(src)

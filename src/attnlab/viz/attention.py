@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from attnlab.viz.figure import check_png_path, new_figure, save_png
+from attnlab.viz.maps import AttentionMaps
 
 CMAP = "viridis"  # perceptually uniform, and still ordered when printed in grey
 CELL_IN = 0.3  # inches per token in an alignment picture: room for a 9 pt label beside each cell
@@ -50,6 +51,7 @@ def plot_alignment(
     path: str | Path,
     *,
     title: str | None = None,
+    axis_labels: tuple[str, str] = ("source", "target"),
 ) -> Path:
     """Save the alignment heatmap of `weights (T, S)` as a PNG and return its path.
 
@@ -57,6 +59,7 @@ def plot_alignment(
     torch on any device). Source tokens run along the top, target tokens down the left; the
     picture grows with the number of tokens so each label has a cell's width. Weights in [0, 1]
     are drawn on a fixed 0..1 scale, so two pictures' colours mean the same probability.
+    `axis_labels` name the columns and the rows (self-attention: keys and queries).
     Raises `ValueError` if the shape does not match the tokens, `UserError` for a bad path.
     """
     path = check_png_path(path)
@@ -75,8 +78,8 @@ def plot_alignment(
     fig = new_figure(max(width, 2.5), max(height, 1.8))
     ax = fig.add_subplot()
     image = _draw(ax, w, source_tokens, target_tokens, FONT_PT)
-    ax.set_xlabel("source", fontsize=FONT_PT)
-    ax.set_ylabel("target", fontsize=FONT_PT)
+    ax.set_xlabel(axis_labels[0], fontsize=FONT_PT)
+    ax.set_ylabel(axis_labels[1], fontsize=FONT_PT)
     bar = fig.colorbar(image, ax=ax, shrink=min(1.0, max(0.4, n_tgt / 8)), aspect=max(5, min(20, 2.5 * n_tgt)))
     bar.ax.tick_params(labelsize=FONT_PT)
     if title:
@@ -135,6 +138,29 @@ def plot_heads(
         fig.suptitle(title, fontsize=FONT_PT + 2)
     save_png(fig, path)
     return path
+
+
+def plot_attention(maps: AttentionMaps, path: str | Path, *, layer: int | None = None, head: int | None = None) -> Path:
+    """Save one layer of `maps` as a PNG: every head in a grid, or the one `head` alone.
+
+    layer: default the last (the one nearest the output). Raises `UserError` naming the valid range
+    when `layer` or `head` does not exist, or for a bad path.
+    """
+    path = check_png_path(path)
+    maps.check(layer, head)
+    layer = maps.n_layers - 1 if layer is None else layer
+    weights = maps.weights[layer]  # (H, Tq, Tk)
+    title = f"{maps.kind}, layer {layer}"
+    if head is None:
+        return plot_heads(weights, maps.key_tokens, path, query_tokens=maps.query_tokens, title=title)
+    return plot_alignment(
+        weights[head],
+        maps.key_tokens,
+        maps.query_tokens,
+        path,
+        title=f"{title}, head {head}",
+        axis_labels=("source", "target") if maps.cross else ("key", "query"),
+    )
 
 
 def _draw(ax, w: np.ndarray, col_tokens: Sequence[str], row_tokens: Sequence[str], font: float):

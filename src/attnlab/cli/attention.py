@@ -1,0 +1,84 @@
+"""attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]"""
+
+import argparse
+from pathlib import Path
+
+from attnlab.cli import non_negative_int, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="draw a trained model's attention weights for a text",
+        description="Draw the attention weights of a trained run for --text: every head of one layer in a grid, "
+        "or one head (PNG), or all layers and heads with a layer/head picker and the exact weight under the "
+        "pointer (one self-contained HTML page). Language models show causal self-attention, BERT models "
+        "bidirectional self-attention, translation models the decoder's cross-attention from the translation "
+        "of --text to --text (--kind self: the encoder's self-attention).",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
+    p.add_argument("--text", required=True, help="the text to look at (translation: the source sentence)")
+    p.add_argument("--layer", type=non_negative_int, help="layer to draw, from 0 (default the last)")
+    p.add_argument("--head", type=non_negative_int, help="one head of the layer (default: all heads in a grid)")
+    p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
+    p.add_argument("--beam", type=positive_int, default=5, help="translation: beam size; 1 = greedy (default 5)")
+    p.add_argument(
+        "--out", type=Path, default=Path("attention.html"), help="FILE.png or FILE.html (default attention.html)"
+    )
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab import load
+    from attnlab.device import resolve_device
+    from attnlab.viz.maps import attention_maps
+
+    path = _check_out(args.out)
+    loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    maps = attention_maps(loaded, args.text, kind=args.kind, beam=args.beam)
+    maps.check(args.layer, args.head)
+    layer = maps.n_layers - 1 if args.layer is None else args.layer
+    if path.suffix.lower() == ".png":
+        from attnlab.viz.attention import plot_attention
+        from attnlab.viz.figure import png_size
+
+        plot_attention(maps, path, layer=layer, head=args.head)
+        width, height = png_size(path)
+        heads = f"head {args.head}" if args.head is not None else f"{maps.n_heads} heads"
+        shown = f"layer {layer}, {heads}; {width} x {height} px"
+    else:
+        from attnlab.viz.html import write_attention_html
+
+        write_attention_html(maps, path, layer=layer, head=args.head)
+        shown = f"{maps.n_layers} layers x {maps.n_heads} heads"
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(
+            {
+                "out": str(path),
+                "kind": maps.kind,
+                "layers": maps.n_layers,
+                "heads": maps.n_heads,
+                "layer": layer,
+                "head": args.head,
+                "query_tokens": maps.query_tokens,
+                "key_tokens": maps.key_tokens,
+                "output": maps.output,
+            }
+        )
+        return 0
+    if maps.output:
+        print(maps.output)
+    print(f"{maps.kind} ({shown}) saved to {path}")
+    return 0
+
+
+def _check_out(path: Path) -> Path:
+    """--out checked before the model is loaded: .png or .html, in an existing folder."""
+    from attnlab.viz.figure import check_output_path
+
+    return check_output_path(path, (".png", ".html"), "attention is drawn as a PNG picture or an HTML page")

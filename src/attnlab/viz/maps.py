@@ -1,0 +1,178 @@
+"""The attention weights of a trained run for one text, ready to draw: every layer, every head.
+
+Shape legend: L layers, H heads, Tq query tokens (rows), Tk key tokens (columns).
+
+What each family shows:
+- GPT (language models): causal self-attention of the text's tokens; the upper triangle is 0.
+- BERT (masked LM, classification, tagging): bidirectional self-attention of [CLS] text [SEP].
+- Transformer translation: by default the decoder's cross-attention from the translation of the
+  text (found by beam search) to the text; `kind="self"` gives the encoder's self-attention.
+- RNN with attention: its additive (Bahdanau) alignment, one "layer" of one "head".
+The weights are the models' own (`attention_weights`, `encoder_attention`, `cross_attention_layers`,
+`cross_attention`), computed in float32 and copied to numpy unchanged.
+
+References: Bahdanau et al. (2015), Figure 3; Vaswani et al. (2017), Figures 3-5; Vig, "A
+Multiscale Visualization of Attention in the Transformer Model" (2019), the layer/head view.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnlab.errors import UserError
+
+KINDS = ("self", "cross")
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """One example's attention weights, layer by layer.
+
+    weights: one float32 array `(H, Tq, Tk)` per layer; row q holds how much query token q attends
+        to each key token (each row sums to 1).
+    query_tokens, key_tokens: the labels of the rows (Tq) and the columns (Tk).
+    kind: what the weights are, for titles: "causal self-attention", "decoder cross-attention", ...
+    causal: True when a query may only attend to itself and earlier keys (GPT).
+    cross: True when the queries are target tokens and the keys source tokens (translation).
+    text: the text the weights were computed for; translation: the source sentence.
+    output: the model's translation of `text` (translation runs), else "".
+    """
+
+    weights: list[np.ndarray]
+    query_tokens: list[str]
+    key_tokens: list[str]
+    kind: str
+    causal: bool = False
+    cross: bool = False
+    text: str = ""
+    output: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.weights)
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights[0].shape[0]
+
+    def check(self, layer: int | None = None, head: int | None = None) -> None:
+        """A `UserError` naming the valid range when `layer` or `head` does not exist (None = any)."""
+        if layer is not None and not 0 <= layer < self.n_layers:
+            raise UserError(
+                f"--layer {layer} is out of range: this {self.kind} has {self.n_layers} layer(s), "
+                f"0 to {self.n_layers - 1}"
+            )
+        if head is not None and not 0 <= head < self.n_heads:
+            raise UserError(
+                f"--head {head} is out of range: this {self.kind} has {self.n_heads} head(s) per layer, "
+                f"0 to {self.n_heads - 1}"
+            )
+
+
+def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) -> AttentionMaps:
+    """The attention weights of `run` (what `attnlab.load` returns) for `text`.
+
+    kind: None for the family's natural picture (see the module docstring), "self" or "cross".
+    beam: beam size of the translation whose cross-attention is shown (translation runs; 1 = greedy).
+    Raises `UserError` for an empty text, a text longer than the model takes, a kind the model does
+    not have, or a model without attention (the BiLSTM, the RNN without attention).
+    """
+    from attnlab.models.bert import Bert
+    from attnlab.models.gpt import GPT
+    from attnlab.models.rnn import AttentionGRUSeq2Seq
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+
+    if kind is not None and kind not in KINDS:
+        raise UserError(f"unknown attention kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if not text.strip():
+        raise UserError("the text is empty: there is no attention to show; pass --text TEXT")
+    model = run.model
+    if isinstance(model, GPT | Bert):
+        if kind == "cross":
+            raise UserError(f"a {run.config.task!r} run has self-attention only; drop --kind cross")
+        return _gpt_maps(run, text) if isinstance(model, GPT) else _bert_maps(run, text)
+    if isinstance(model, Seq2SeqTransformer | AttentionGRUSeq2Seq):
+        if kind == "self" and not isinstance(model, Seq2SeqTransformer):
+            raise UserError("the RNN encoder-decoder has no self-attention; use --kind cross")
+        return _translation_maps(run, text, kind or "cross", beam)
+    raise UserError(
+        f"this run's model ({type(model).__name__}) has no attention to show; "
+        "train a transformer, bert, gpt or rnn-attention model"
+    )
+
+
+def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each id's text, for labels: the tokenizer's own `token_texts` where it has one (BPE,
+    WordPiece), else the decoded token (one character for the character tokenizer)."""
+    if hasattr(tokenizer, "token_texts"):
+        return tokenizer.token_texts(ids)
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _layers(weights: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Batch row 0 of each layer's `(1, H, Tq, Tk)` as float32 numpy `(H, Tq, Tk)`."""
+    return [w[0].detach().to("cpu", torch.float32).numpy() for w in weights]
+
+
+def _check_length(n: int, limit: int, what: str) -> None:
+    if n > limit:
+        raise UserError(f"the text has {n} tokens but this model takes at most {limit} ({what}); give a shorter text")
+
+
+def _gpt_maps(run, text: str) -> AttentionMaps:
+    ids = run.tokenizer.encode(text)
+    _check_length(len(ids), run.model.config.block_size, "model.block_size")
+    idx = torch.tensor([ids], dtype=torch.long, device=_device(run.model))
+    tokens = token_texts(run.tokenizer, ids)
+    weights = _layers(run.model.attention_weights(idx))
+    return AttentionMaps(weights, tokens, tokens, "causal self-attention", causal=True, text=text)
+
+
+def _bert_maps(run, text: str) -> AttentionMaps:
+    from attnlab.tasks.encoder import wrap_ids
+
+    tok = run.tokenizer
+    ids = tok.encode(text)
+    limit = run.model.config.max_len
+    _check_length(len(ids) + 2, limit, "model.max_len, with [CLS] and [SEP]")
+    ids = wrap_ids(tok, ids, limit)
+    tokens = token_texts(tok, ids)
+    weights = _layers(run.model.attention_weights(torch.tensor([ids], device=_device(run.model))))
+    return AttentionMaps(weights, tokens, tokens, "self-attention", text=text)
+
+
+def _translation_maps(run, text: str, kind: str, beam: int) -> AttentionMaps:
+    from attnlab.decode.seq2seq import beam_search
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+    from attnlab.tasks import Translation
+
+    if beam < 1:
+        raise UserError(f"--beam must be >= 1, got {beam}")
+    task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
+    source_ids = task.tokenizer.encode(text.strip())
+    _check_length(len(source_ids), task.data_config.max_len, "data.max_len")
+    src = torch.tensor([source_ids], device=_device(run.model))
+    source_tokens = task.tokenizer.token_texts(source_ids)
+    if kind == "self":
+        weights = _layers(run.model.encoder_attention(src))
+        return AttentionMaps(weights, source_tokens, source_tokens, "encoder self-attention", text=text)
+    (target_ids,) = beam_search(run.model, src, beam_size=beam, bos_id=task.bos_id, eos_id=task.eos_id)
+    tgt_in = torch.tensor([[task.bos_id, *target_ids]], device=src.device)
+    with torch.no_grad():
+        if isinstance(run.model, Seq2SeqTransformer):
+            weights = _layers(run.model.cross_attention_layers(src, tgt_in))
+        else:  # the RNN's alignment α (B, T, S): one layer of one head
+            weights = _layers([run.model.cross_attention(src, tgt_in)[:, None]])
+    # Row t is where the decoder looked while predicting the token after tgt_in[t]: label it with
+    # that token, as `attnlab translate --attention` does; the last row predicted </s>.
+    target_tokens = [*task.tokenizer.token_texts(target_ids), "</s>"]
+    output = task.tokenizer.decode(target_ids, skip_special=True).strip()
+    return AttentionMaps(
+        weights, target_tokens, source_tokens, "decoder cross-attention", cross=True, text=text, output=output
+    )
