@@ -95,9 +95,22 @@ class KVCache:
         self.length = 0
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep and reorder batch rows: index `(B',)` long (beam search follows its hypotheses)."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Keep and reorder batch rows: index `(B',)` long (beam search follows its hypotheses).
+
+        With `append` (which counts `length`) only the filled positions are moved: beam search
+        reorders at every step, and copying the whole preallocated buffer each time would make a
+        step cost O(max_len) instead of O(length). Without a count (the `write` path) the whole
+        buffers are moved."""
+        n = self.length or self.max_len
+        if index.numel() == self.k.size(0):  # same number of rows: reorder in place
+            self.k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
+            self.v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+            return
+        k = self.k.new_zeros((index.numel(), *self.k.shape[1:]))
+        v = self.v.new_zeros((index.numel(), *self.v.shape[1:]))
+        k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
+        v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+        self.k, self.v = k, v
 
 
 class MultiHeadAttention(nn.Module):
