@@ -129,6 +129,14 @@ class GenerateRow:
     attnlab_tokens_per_sec: float
     transformers_tokens_per_sec: float | None
     ratio: float | None
+    weight_bytes: int
+    """Bytes of weights one decoding step reads: every parameter once (shared ones once), whatever
+    the batch; position embeddings excluded (a step reads one row)."""
+    bound_tokens_per_sec: float
+    """batch × memory bandwidth / weight_bytes: the most new tokens/s a decoder can reach when its
+    weights stream from memory at every step, as they must once they outgrow the last-level cache."""
+    attnlab_of_bound: float
+    transformers_of_bound: float | None
 
 
 @dataclass
@@ -152,6 +160,8 @@ class BenchResult:
     torch: str
     matmul_peak_flops: float
     matmul_dtype: str
+    memory_bandwidth: float
+    """Bytes/s of a large tensor copy (read + write), best of the repeats: the decoding roofline."""
     quick: bool
     compiled: bool
     """Whether attnlab's training forward and decoding step ran through torch.compile."""
@@ -194,6 +204,22 @@ def matmul_peak_flops(device: torch.device, quick: bool = False, repeats: int = 
     a @ b  # warm-up: thread pool, kernel selection
     best = min(_seconds_per_call(lambda: a @ b, 1, device) for _ in range(2 if quick else repeats))
     return 2 * n**3 / best, str(dtype).removeprefix("torch.")
+
+
+def memory_bandwidth(device: torch.device, quick: bool = False, repeats: int = 5) -> float:
+    """Bytes/s of copying a buffer far larger than any cache (256 MiB on CPU, 1 GiB on GPU; 16 MiB
+    with `quick`), counting the read and the write. Best of `repeats`: a peak."""
+    n = (4 if quick else (256 if device.type == "cuda" else 64)) * 2**20  # float32 elements
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: pages touched, threads started
+    best = min(_seconds_per_call(lambda: dst.copy_(src), 1, device) for _ in range(2 if quick else repeats))
+    return 2 * n * src.element_size() / best
+
+
+def decode_weight_bytes(model: GPT) -> int:
+    """Bytes of weights one decoding step of `model` reads (see GenerateRow.weight_bytes)."""
+    return model.num_parameters() * model.lm_head.weight.element_size()
 
 
 def flops_per_token(model: GPT, block: int) -> float:
@@ -453,6 +479,8 @@ def run_benchmarks(
 
     peak, matmul_dtype = matmul_peak_flops(device, quick)
     say(f"matmul peak: {_flops_text(peak, device)} ({matmul_dtype})")
+    bandwidth = memory_bandwidth(device, quick)
+    say(f"memory bandwidth: {bandwidth / 1e9:,.1f} GB/s")
 
     train = []
     for case in train_cases(device, quick):
@@ -491,6 +519,8 @@ def run_benchmarks(
             check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
             speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device, check)
         theirs = speed.get(PEER)
+        weight_bytes = decode_weight_bytes(models["attnlab"])
+        bound = case.batch * bandwidth / weight_bytes
         generate.append(
             GenerateRow(
                 case=case.label,
@@ -500,6 +530,10 @@ def run_benchmarks(
                 attnlab_tokens_per_sec=speed["attnlab"],
                 transformers_tokens_per_sec=theirs,
                 ratio=_ratio(speed["attnlab"], theirs),
+                weight_bytes=weight_bytes,
+                bound_tokens_per_sec=bound,
+                attnlab_of_bound=speed["attnlab"] / bound,
+                transformers_of_bound=None if theirs is None else theirs / bound,
             )
         )
         say(_progress_line(f"{case.label}, {case.new_tokens} new", speed, "new tokens/s"))
@@ -519,6 +553,7 @@ def run_benchmarks(
         torch=torch.__version__,
         matmul_peak_flops=peak,
         matmul_dtype=matmul_dtype,
+        memory_bandwidth=bandwidth,
         quick=quick,
         compiled=compile,
         repeats=repeats,
@@ -583,7 +618,8 @@ def format_table(result: BenchResult) -> str:
     lines = [
         f"attnlab bench on {result.device} ({result.machine}), {result.threads} CPU thread"
         f"{'s' if result.threads != 1 else ''}, torch {result.torch}, "
-        f"{result.date}; {result.matmul_dtype} matmul peak {_flops_text(result.matmul_peak_flops, device)}",
+        f"{result.date}; {result.matmul_dtype} matmul peak {_flops_text(result.matmul_peak_flops, device)}, "
+        f"memory bandwidth {result.memory_bandwidth / 1e9:,.1f} GB/s",
         f"medians of {result.repeats} repeats, peers alternating"
         + ("; attnlab through torch.compile" if result.compiled else "")
         + ("; --quick: a check that everything runs, not a measurement" if result.quick else ""),
@@ -598,11 +634,16 @@ def format_table(result: BenchResult) -> str:
             f"{_num(r.transformers_tokens_per_sec, ',.0f'):>12} {_num(r.ratio, '.2f', 'x'):>7} "
             f"{r.attnlab_mfu:>12.2%} {_num(r.transformers_mfu, '.2%'):>12}"
         )
+    # Decoding reads every weight once per step: its roofline is memory bandwidth, not FLOPs.
+    header = f"{'generation (greedy)':<40} {'attnlab':>12} {'transformers':>12} {'ratio':>7}"
+    header += f" {'of bandwidth':>12} {'bound':>12}"
+    lines += ["", header, "-" * len(header)]
     for r in result.generate:
         label = f"{r.case}, {r.new_tokens} new (tok/s)"
         lines.append(
             f"{label:<40} {r.attnlab_tokens_per_sec:>12,.0f} "
-            f"{_num(r.transformers_tokens_per_sec, ',.0f'):>12} {_num(r.ratio, '.2f', 'x'):>7}"
+            f"{_num(r.transformers_tokens_per_sec, ',.0f'):>12} {_num(r.ratio, '.2f', 'x'):>7} "
+            f"{r.attnlab_of_bound:>12.1%} {r.bound_tokens_per_sec:>12,.0f}"
         )
     dtype = result.attention_memory[0].dtype if result.attention_memory else ""
     title = f"attention fwd+bwd peak, causal, {dtype}"

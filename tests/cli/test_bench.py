@@ -18,6 +18,7 @@ TOP_KEYS = {
     "machine",
     "torch",
     "matmul_peak_flops",
+    "memory_bandwidth",
     "quick",
     "compiled",
     "repeats",
@@ -36,7 +37,18 @@ TRAIN_KEYS = {
     "attnlab_mfu",
     "transformers_mfu",
 }
-GENERATE_KEYS = {"shape", "batch", "new_tokens", "attnlab_tokens_per_sec", "transformers_tokens_per_sec", "ratio"}
+GENERATE_KEYS = {
+    "shape",
+    "batch",
+    "new_tokens",
+    "attnlab_tokens_per_sec",
+    "transformers_tokens_per_sec",
+    "ratio",
+    "weight_bytes",
+    "bound_tokens_per_sec",
+    "attnlab_of_bound",
+    "transformers_of_bound",
+}
 MEMORY_KEYS = {"path", "seq_len", "peak_mib", "growth_per_doubling"}
 
 
@@ -85,6 +97,15 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
         ours, theirs = row["attnlab_tokens_per_sec"], row["transformers_tokens_per_sec"]
         assert ours > 0 and theirs > 0
         assert row["ratio"] == pytest.approx(ours / theirs, rel=1e-9)
+        # The roofline recomputed: fp32 weights without position embeddings, read once per step.
+        n_layer, _, n_embd = (int(x) for x in row["shape"].split("x"))
+        # token table (tied head), per block 12C² weights + 13C biases and LayerNorm, the final LayerNorm
+        weights = 65 * n_embd + n_layer * (12 * n_embd**2 + 13 * n_embd) + 2 * n_embd
+        assert row["weight_bytes"] == 4 * weights
+        bound = row["batch"] * result["memory_bandwidth"] / row["weight_bytes"]
+        assert row["bound_tokens_per_sec"] == pytest.approx(bound, rel=1e-9)
+        assert row["attnlab_of_bound"] == pytest.approx(ours / bound, rel=1e-9)
+        assert row["transformers_of_bound"] == pytest.approx(theirs / bound, rel=1e-9)
 
     memory = result["attention_memory"]
     assert all(MEMORY_KEYS <= row.keys() for row in memory)
@@ -107,7 +128,7 @@ def test_quick_table_prints_the_header_and_one_line_per_case(capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("attnlab bench on cpu") and "torch" in lines[0] and "matmul peak" in lines[0]
-    assert "GFLOP/s" in lines[0]
+    assert "GFLOP/s" in lines[0] and "GB/s" in lines[0]
     cases = ["train 4x4x128", "train 6x6x384", "generate 6x6x384 batch 1,", "generate 6x6x384 batch 8,"]
     cases += ["generate 4x4x128 batch 1,"] + [f"T={t}" for t in QUICK_LENGTHS]
     for case in cases:
