@@ -34,6 +34,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -291,7 +292,9 @@ def load_train_state(run_dir: Path) -> dict[str, Any]:
     path = latest.folder / TRAIN_STATE
     _verify(path, latest.manifest["train_state_sha256"])
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would only precede the refusal
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"unsupported GLOBAL (\S+)", str(e))
         raise CheckpointError(
