@@ -119,9 +119,9 @@ def verify(run_dir: Path) -> tuple[int, list[str]]:
     return len(steps), problems
 
 
-def mid_write(run_dir: Path) -> str | None:
-    """Which part of a checkpoint write the kill interrupted, if any."""
-    if any((run_dir / CHECKPOINTS).glob(".staging-*")):
+def mid_write(run_dir: Path, pid: int) -> str | None:
+    """Which part of a checkpoint write the kill of process `pid` interrupted, if any."""
+    if (run_dir / CHECKPOINTS / f".staging-{pid}").exists():  # (an older crash's stays until the next save)
         return "staging"
     steps = complete_steps(run_dir)
     if steps and (not (run_dir / MANIFEST).exists() or read_manifest(run_dir)["step"] < steps[-1]):
@@ -168,7 +168,7 @@ def soak(kills: int, hooked_every: int, seed: int, work: Path) -> dict:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         reached = logged_step(run_dir)
-        where = mid_write(run_dir)
+        where = mid_write(run_dir, proc.pid)
         checked, problems = verify(run_dir)
         resumes_from = latest_checkpoint(run_dir).step
         events.append(
