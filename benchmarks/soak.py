@@ -119,12 +119,14 @@ def verify(run_dir: Path) -> tuple[int, list[str]]:
     return len(steps), problems
 
 
-def mid_write(run_dir: Path, pid: int) -> str | None:
-    """Which part of a checkpoint write the kill of process `pid` interrupted, if any."""
+def mid_write(run_dir: Path, pid: int, newest_before: int) -> str | None:
+    """Which part of a checkpoint write the kill of process `pid` interrupted, if any
+    (`newest_before`: the newest complete step folder when it started)."""
     if (run_dir / CHECKPOINTS / f".staging-{pid}").exists():  # (an older crash's stays until the next save)
         return "staging"
     steps = complete_steps(run_dir)
-    if steps and (not (run_dir / MANIFEST).exists() or read_manifest(run_dir)["step"] < steps[-1]):
+    behind = steps and (not (run_dir / MANIFEST).exists() or read_manifest(run_dir)["step"] < steps[-1])
+    if behind and steps[-1] > newest_before:
         return "publish"
     return None
 
@@ -150,6 +152,7 @@ def soak(kills: int, hooked_every: int, seed: int, work: Path) -> dict:
     while len(events) < kills:
         resume = (run_dir / "config.toml").exists()
         resume_step = latest_checkpoint(run_dir).step if resume else 0
+        newest_before = max(complete_steps(run_dir), default=0)
         if resume:
             drop_rows_after(run_dir, resume_step)
         hook = None
@@ -168,7 +171,7 @@ def soak(kills: int, hooked_every: int, seed: int, work: Path) -> dict:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         reached = logged_step(run_dir)
-        where = mid_write(run_dir, proc.pid)
+        where = mid_write(run_dir, proc.pid, newest_before)
         checked, problems = verify(run_dir)
         resumes_from = latest_checkpoint(run_dir).step
         events.append(
