@@ -37,6 +37,7 @@ from attnlab.train.checkpoint import (
     WEIGHTS,
     complete_steps,
     file_sha256,
+    has_checkpoint,
     latest_checkpoint,
     read_manifest,
     step_dir,
@@ -110,6 +111,8 @@ def verify(run_dir: Path) -> tuple[int, list[str]]:
             torch.load(folder / TRAIN_STATE, weights_only=True)
         except Exception as e:  # any failure to read a complete checkpoint is a corrupt checkpoint
             problems.append(f"{folder}: {type(e).__name__}: {e}")
+    if not has_checkpoint(run_dir):
+        return 0, []  # killed before the first checkpoint: --resume starts over
     try:
         run = load(run_dir, checkpoint="last")
         if steps and run.step != steps[-1]:
@@ -151,7 +154,7 @@ def soak(kills: int, hooked_every: int, seed: int, work: Path) -> dict:
     started = time.perf_counter()
     while len(events) < kills:
         resume = (run_dir / "config.toml").exists()
-        resume_step = latest_checkpoint(run_dir).step if resume else 0
+        resume_step = latest_checkpoint(run_dir).step if has_checkpoint(run_dir) else 0
         newest_before = max(complete_steps(run_dir), default=0)
         if resume:
             drop_rows_after(run_dir, resume_step)
@@ -173,7 +176,7 @@ def soak(kills: int, hooked_every: int, seed: int, work: Path) -> dict:
         reached = logged_step(run_dir)
         where = mid_write(run_dir, proc.pid, newest_before)
         checked, problems = verify(run_dir)
-        resumes_from = latest_checkpoint(run_dir).step
+        resumes_from = latest_checkpoint(run_dir).step if has_checkpoint(run_dir) else 0
         events.append(
             {
                 "reached_step": reached,

@@ -144,3 +144,15 @@ def test_a_crafted_pickle_in_the_run_folder_is_refused_unrun(tiny_toml, tmp_path
     if container == "torch.save":
         assert "posix.system" in result[2]
     assert not marker.exists()
+
+
+def test_resume_before_the_first_checkpoint_starts_over(tiny_toml, tmp_path, capsys):
+    """Killed before its first checkpoint, a run has nothing to lose: --resume trains from step 0."""
+    run_dir = tmp_path / "run"
+    train(config(tiny_toml, "train.max_iters=0"), run_dir, progress=False)  # config.toml, no checkpoint
+    assert (run_dir / "config.toml").exists() and not complete_steps(run_dir)
+    train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
+    assert "no complete checkpoint yet" in capsys.readouterr().err
+    train(config(tiny_toml, "train.max_iters=4"), tmp_path / "straight", progress=False)
+    a, b = (torch.load(d / TRAIN_STATE, weights_only=True)["optimizer"] for d in (run_dir, tmp_path / "straight"))
+    assert all(torch.equal(a["state"][i]["exp_avg"], b["state"][i]["exp_avg"]) for i in a["state"])

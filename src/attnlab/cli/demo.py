@@ -28,11 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.config import load_preset_or_file
     from attnlab.decode import complete, sampling_picker
     from attnlab.train import resolve, train
-    from attnlab.train.checkpoint import CONFIG, MANIFEST
+    from attnlab.train.checkpoint import CONFIG, has_checkpoint
 
     _, doc = load_preset_or_file("demo")
     config = resolve(doc)
-    resume = (args.out / CONFIG).exists() and (args.out / MANIFEST).exists()
+    resume = (args.out / CONFIG).exists() and has_checkpoint(args.out)
     print(
         f"Training a {config.model.n_layer}-layer GPT on Tiny Shakespeare into {args.out} "
         f"({config.train.max_iters} steps{', resuming' if resume else ''}) ...",

@@ -195,6 +195,11 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     return Checkpoint(run_dir, top)
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a complete checkpoint to resume from."""
+    return (run_dir / MANIFEST).exists() or bool(complete_steps(run_dir))
+
+
 def read_manifest(folder: Path, name: str = MANIFEST) -> dict[str, Any]:
     path = folder / name
     if not path.exists():

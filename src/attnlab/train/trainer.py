@@ -24,6 +24,7 @@ from attnlab.errors import CheckpointError, UserError
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
+    has_checkpoint,
     load_train_state,
     load_weights,
     read_config,
@@ -154,6 +155,9 @@ def train(
     run_dir = Path(run_dir)
     tc = config.train
     saved = _prepare_run_dir(config, run_dir, resume)
+    if resume and not has_checkpoint(run_dir):
+        sys.stderr.write(f"{run_dir} has no complete checkpoint yet (stopped before its first): starting at step 0\n")
+        resume = False
     device = resolve_device(tc.device)
     torch.manual_seed(tc.seed)
     task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
