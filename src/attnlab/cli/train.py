@@ -11,7 +11,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train a model from a preset or a TOML config",
         description="Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
-        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv.",
+        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
+        "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its step, "
+        "saves a checkpoint and exits 0 with the command that continues it.",
     )
     p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
     p.add_argument(
