@@ -137,10 +137,15 @@ def test_step_guard_spike_threshold_against_a_hand_computed_average():
 def test_sigint_finishes_the_step_saves_and_resumes_bit_identically(faulty, tiny_toml, tmp_path):
     common = ("model.dropout=0.1", "train.max_iters=8")
     faulty({3: "sigint"})
-    with StopRequest() as stop:
-        result = train(config(tiny_toml, *common), tmp_path / "split", progress=False, stop=stop)
+    # Python's own handler, even where the suite runs with SIGINT ignored (nohup, a background job).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopRequest() as stop:
+            result = train(config(tiny_toml, *common), tmp_path / "split", progress=False, stop=stop)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert result.stopped_by == "SIGINT" and result.step == 3
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     assert complete_steps(tmp_path / "split") == [3]  # saved although 3 is no evaluation step
     faulty({})
     train(config(tiny_toml, *common), tmp_path / "split", resume=True, progress=False)
@@ -148,3 +153,14 @@ def test_sigint_finishes_the_step_saves_and_resumes_bit_identically(faulty, tiny
     a, b = load_file(tmp_path / "split" / WEIGHTS), load_file(tmp_path / "straight" / WEIGHTS)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_a_signal_ignored_at_start_stays_ignored():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with StopRequest() as stop:
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)
+        assert stop.signal_name is None
+    finally:
+        signal.signal(signal.SIGTERM, previous)

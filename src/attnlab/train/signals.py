@@ -13,7 +13,8 @@ class StopRequest:
     """A context manager that catches SIGINT and SIGTERM while training runs.
 
     `signal_name` is None until a signal arrives, then e.g. "SIGTERM". Signal handlers can only be
-    set from the main thread; elsewhere this catches nothing (and `signal_name` stays None).
+    set from the main thread; elsewhere this catches nothing (and `signal_name` stays None). A
+    signal the process was started ignoring (SIG_IGN) is left ignored.
 
     Example: `with StopRequest() as stop: result = train(config, "runs/x", stop=stop)`.
     """
@@ -26,7 +27,9 @@ class StopRequest:
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            # A signal ignored on purpose stays ignored (a shell's background job, nohup), as Python does.
+            caught = [s for s in self.SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._previous = {s: signal.signal(s, self._handle) for s in caught}
         return self
 
     def __exit__(self, *exc: object) -> None:
