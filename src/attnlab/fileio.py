@@ -5,6 +5,7 @@ process killed at any moment leaves either the old file or the new one, never ha
 """
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         if tmp.exists():
             tmp.unlink()
     fsync_dir(path.parent)
+
+
+def atomic_link(source: Path, path: Path) -> None:
+    """Make `path` the same file as `source` (a hard link: no copy; a copy where the file system
+    has no hard links), replacing whatever `path` was in one atomic rename."""
+
+    def link(tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)  # a stale temporary (same pid, earlier crash) may be another file's link
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+
+    atomic_write(path, link)
 
 
 def fsync_dir(folder: Path) -> None:

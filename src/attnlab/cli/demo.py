@@ -1,6 +1,8 @@
 """attnlab demo: the quick start — a small GPT trained on the bundled Tiny Shakespeare, then a sample."""
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 from attnlab.cli import non_negative_int
@@ -28,17 +30,25 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.config import load_preset_or_file
     from attnlab.decode import complete, sampling_picker
     from attnlab.train import resolve, train
-    from attnlab.train.checkpoint import CONFIG, MANIFEST
+    from attnlab.train.checkpoint import CONFIG, has_checkpoint
+    from attnlab.train.signals import StopRequest
 
     _, doc = load_preset_or_file("demo")
     config = resolve(doc)
-    resume = (args.out / CONFIG).exists() and (args.out / MANIFEST).exists()
+    resume = (args.out / CONFIG).exists() and has_checkpoint(args.out)
     print(
         f"Training a {config.model.n_layer}-layer GPT on Tiny Shakespeare into {args.out} "
         f"({config.train.max_iters} steps{', resuming' if resume else ''}) ...",
         flush=True,
     )
-    result = train(config, args.out, resume=resume, progress=not args.quiet)
+    with StopRequest() as stop:  # Ctrl-C: finish the step, save; running the demo again resumes
+        result = train(config, args.out, resume=resume, progress=not args.quiet, stop=stop)
+    if result.stopped_by is not None:
+        sys.stderr.write(
+            f"attnlab demo: stopped at step {result.step} ({result.stopped_by}); checkpoint saved, "
+            f"continue with: attnlab demo --out {shlex.quote(str(args.out))}\n"
+        )
+        return 0
     print(f"Done: step {result.step}, val loss {result.val_loss:.4f}, {result.elapsed_sec:.0f}s of training.\n")
     run = load(args.out)
     pick = sampling_picker(temperature=0.8, generator=torch.Generator().manual_seed(args.seed))

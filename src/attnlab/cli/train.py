@@ -1,6 +1,8 @@
 """attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume]"""
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 
@@ -9,7 +11,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train a model from a preset or a TOML config",
         description="Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
-        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv.",
+        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
+        "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its step, "
+        "saves a checkpoint and exits 0 with the command that continues it.",
     )
     p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
     p.add_argument(
@@ -40,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.train import resolve, train
     from attnlab.train.config import apply_overrides
+    from attnlab.train.signals import StopRequest
 
     name, doc = load_preset_or_file(args.config)
     overrides = parse_overrides(args.overrides)
@@ -58,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
     out = args.out if args.out is not None else Path("runs") / name
-    result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
+    # SIGINT/SIGTERM: finish the step, save, and say how to go on (a second signal stops at once).
+    with StopRequest() as stop:
+        result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json, stop=stop)
+    if result.stopped_by is not None:
+        sys.stderr.write(
+            f"attnlab train: stopped at step {result.step} ({result.stopped_by}); checkpoint saved, "
+            f"continue with: {resume_command(args, out)}\n"
+        )
     summary = {
         "run": str(result.run_dir),
         "step": result.step,
@@ -66,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_sec": round(result.elapsed_sec, 2),
         "tokens_per_sec": round(result.tokens_per_sec, 1),
         "compiled": result.compiled,
+        "stopped_by": result.stopped_by,
     }
     if args.json:
         from attnlab.cli import print_json
 
         print_json(summary)
-    else:
+    elif result.stopped_by is None:  # a stopped run's one line is the one above
         print(
             f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s"
             + (", compiled" if result.compiled else "")
@@ -80,3 +93,14 @@ def run(args: argparse.Namespace) -> int:
             + f". Run folder: {result.run_dir}"
         )
     return 0
+
+
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The `attnlab train` command line that continues this run (shell-quoted)."""
+    words = ["attnlab", "train", args.config]
+    for kv in args.overrides:
+        words += ["--set", kv]
+    for flag, value in (("--data-dir", args.data_dir), ("--init-from", args.init_from), ("--device", args.device)):
+        if value:
+            words += [flag, value]
+    return shlex.join([*words, "--out", str(out), "--resume"])

@@ -59,6 +59,13 @@ class TrainConfig:
     compile: bool = False
     """Run the training forward pass through torch.compile. Where compilation is unavailable or
     fails, training goes on without it and says so; the result reports which path ran."""
+    keep_last: int = 2
+    """Checkpoints kept in the run folder's checkpoints/ (the newest K; best.safetensors is kept apart)."""
+    max_bad_steps: int = 5
+    """A step whose loss or gradient norm is not finite is skipped; this many in a row stop the run
+    with an error, its last good checkpoint intact."""
+    spike_factor: float = 2.0
+    """Warn when a step's loss exceeds this multiple of its running average; 0 disables."""
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "warmup_iters"):
@@ -77,6 +84,11 @@ class TrainConfig:
             raise ValueError(f"schedule must be 'cosine' or 'inverse_sqrt', got {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("keep_last", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            raise ValueError(f"spike_factor must be > 1 (or 0 to disable), got {self.spike_factor}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
 

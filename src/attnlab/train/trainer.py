@@ -2,8 +2,10 @@
 
 The task supplies batches, the loss and the evaluation; the loop supplies AdamW, the warm-up +
 cosine schedule, gradient accumulation and clipping, periodic evaluation and checkpoints, a
-progress bar and metrics.csv. Seeded: the same config gives the same losses on CPU, and a run
-resumed from a checkpoint continues bit-for-bit as if it had never stopped.
+progress bar and metrics.csv; a step whose loss or gradient is not finite is skipped (guards.py),
+and a SIGINT/SIGTERM stops the run after a checkpoint (signals.py). Seeded: the same config gives
+the same losses on CPU, and a run resumed from a checkpoint continues bit-for-bit as if it had
+never stopped.
 """
 
 import csv
@@ -22,16 +24,18 @@ from attnlab.errors import CheckpointError, UserError
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
+    has_checkpoint,
     load_train_state,
     load_weights,
     read_config,
-    save_best,
     save_checkpoint,
     write_config,
 )
 from attnlab.train.config import RunConfig, TrainConfig
+from attnlab.train.guards import StepGuard, grad_norm
 from attnlab.train.optim import adamw
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
+from attnlab.train.signals import StopRequest
 
 METRICS_FIELDS = [
     "step",
@@ -44,6 +48,7 @@ METRICS_FIELDS = [
     "lr",
     "tokens_per_sec",
     "elapsed_sec",
+    "skipped_steps",
 ]
 
 
@@ -59,6 +64,8 @@ class TrainResult:
     tokens_per_sec: float
     compiled: bool = False
     """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
+    stopped_by: str | None = None
+    """The signal ("SIGINT", "SIGTERM") that stopped the run early, after saving; None if it finished."""
 
     @property
     def val_loss(self) -> float:
@@ -133,11 +140,24 @@ def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
-def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train the model `config` describes into `run_dir` (created), or continue it with `resume`."""
+def train(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop: StopRequest | None = None,
+) -> TrainResult:
+    """Train the model `config` describes into `run_dir` (created), or continue it with `resume`.
+
+    stop: once its signal has arrived, the loop saves a checkpoint after the current step and returns.
+    """
     run_dir = Path(run_dir)
     tc = config.train
     saved = _prepare_run_dir(config, run_dir, resume)
+    if resume and not has_checkpoint(run_dir):
+        sys.stderr.write(f"{run_dir} has no complete checkpoint yet (stopped before its first): starting at step 0\n")
+        resume = False
     device = resolve_device(tc.device)
     torch.manual_seed(tc.seed)
     task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
@@ -187,8 +207,9 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         value = results[selection[0]]
         return best is None or (value < best if selection[1] == "min" else value > best)
 
-    def checkpoint() -> dict[str, Any]:
+    def checkpoint(best_record: dict[str, Any] | None = None) -> None:
         state = {
+            **guard.state_dict(),
             "step": step,
             "elapsed_sec": elapsed,
             "best": best,
@@ -197,13 +218,16 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
         }
-        return save_checkpoint(run_dir, model, state)
+        save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
 
     write = sys.stderr.write
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
     show_bar = progress and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
+    guard = StepGuard(tc.max_bad_steps, tc.spike_factor, log)  # skips non-finite steps, warns of spikes
+    if resume:
+        guard.load_state_dict(state)
     results: dict[str, float] = {}
     if step == 0 and tc.max_iters > 0:
         results = evaluate(0)
@@ -242,20 +266,27 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
                 loss = loss / tc.gradient_accumulation_steps
             loss.backward()
             loss_sum += loss.detach()
-        if tc.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        optimizer.step()
+        # One host sync per step: a non-finite loss or gradient norm must skip the update.
+        step_loss, norm = torch.stack([loss_sum, grad_norm(model, tc.grad_clip)]).tolist()
+        if guard.admit(step + 1, step_loss, norm):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step % tc.log_interval == 0 or step == tc.max_iters:
-            last_loss = loss_sum.item()  # the one host sync per log interval
+            last_loss = step_loss
             now = time.perf_counter()
             elapsed += now - window_start
             tokens_per_sec = window_tokens / (now - window_start)
             window_start, window_tokens = now, 0
             metrics.write(
-                step=step, kind="train", train_loss=last_loss, lr=lr, tokens_per_sec=tokens_per_sec, elapsed_sec=elapsed
+                step=step,
+                kind="train",
+                train_loss=last_loss,
+                lr=lr,
+                tokens_per_sec=tokens_per_sec,
+                elapsed_sec=elapsed,
+                skipped_steps=guard.skipped,
             )
             bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
         bar.update(1)
@@ -268,12 +299,24 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             if improved:
                 best = results[selection[0]]
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
-            manifest = checkpoint()
-            if improved:
-                save_best(run_dir, manifest, {"step": step, selection[0]: best})
+            checkpoint({"step": step, selection[0]: best} if improved else None)
             window_start += time.perf_counter() - pause  # evaluation is not training time
+        if stop is not None and stop.signal_name is not None:
+            if step % tc.eval_interval != 0 and step != tc.max_iters:  # not saved just now
+                elapsed += time.perf_counter() - window_start
+                checkpoint()
+            break
     bar.close()
-    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec, compiled=step_model is not model)
+    return TrainResult(
+        run_dir,
+        step,
+        results,
+        best,
+        elapsed,
+        tokens_per_sec,
+        compiled=step_model is not model,
+        stopped_by=stop.signal_name if stop is not None and step < tc.max_iters else None,
+    )
 
 
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
