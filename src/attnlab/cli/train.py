@@ -1,7 +1,9 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume]"""
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N]"""
 
 import argparse
 from pathlib import Path
+
+from attnlab.cli import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(sets data.init_from; classification and tagging)",
     )
     p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
+    p.add_argument(
+        "--nproc",
+        type=positive_int,
+        metavar="N",
+        help="train in N processes on this machine (distributed data parallel: gloo on CPU, nccl with one "
+        "GPU per process): launches torchrun with the same arguments; train.batch_size is the global batch",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
@@ -37,9 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.config import load_preset_or_file, parse_overrides
+    from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.train import resolve, train
     from attnlab.train.config import apply_overrides
+    from attnlab.train.distributed import launch, preflight, ranks_from_environment
 
     name, doc = load_preset_or_file(args.config)
     overrides = parse_overrides(args.overrides)
@@ -58,7 +69,20 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
     out = args.out if args.out is not None else Path("runs") / name
-    result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
+    ranks = ranks_from_environment()
+    if args.nproc is not None and not ranks.launched:
+        preflight(config, args.nproc, resolve_device(config.train.device))
+        return launch(args.nproc, _without_nproc(args.argv))
+    if args.nproc is not None and args.nproc != ranks.world_size:
+        raise UserError(f"--nproc {args.nproc}, but torchrun started {ranks.world_size} processes; drop --nproc")
+    try:
+        result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json)
+    except UserError:
+        if ranks.is_main:
+            raise
+        return 2  # rank 0 reports the same error; one line for the job, not one per process
+    if not ranks.is_main:
+        return 0
     summary = {
         "run": str(result.run_dir),
         "step": result.step,
@@ -80,3 +104,21 @@ def run(args: argparse.Namespace) -> int:
             + f". Run folder: {result.run_dir}"
         )
     return 0
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    """The command line minus `--nproc N` (or `--nproc=N`, or an abbreviation argparse accepted):
+    the processes torchrun starts find their rank in the environment, and torchrun's own parser
+    would take `--nproc` for an ambiguous `--nproc-per-node`. Example:
+    ["train", "x.toml", "--nproc", "2", "--quiet"] -> ["train", "x.toml", "--quiet"]."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if len(name) > 3 and "--nproc".startswith(name):
+            skip = not eq
+            continue
+        out.append(arg)
+    return out

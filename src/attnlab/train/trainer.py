@@ -2,11 +2,13 @@
 
 The task supplies batches, the loss and the evaluation; the loop supplies AdamW, the warm-up +
 cosine schedule, gradient accumulation and clipping, periodic evaluation and checkpoints, a
-progress bar and metrics.csv. Seeded: the same config gives the same losses on CPU, and a run
-resumed from a checkpoint continues bit-for-bit as if it had never stopped.
+progress bar and metrics.csv (and TensorBoard events). Seeded: the same config gives the same
+losses on CPU, and a run resumed from a checkpoint continues bit-for-bit as if it had never stopped.
+Launched by torchrun, each process trains on its share of every batch (see `train.distributed`).
 """
 
 import csv
+import dataclasses
 import math
 import sys
 import time
@@ -30,8 +32,11 @@ from attnlab.train.checkpoint import (
     write_config,
 )
 from attnlab.train.config import RunConfig, TrainConfig
+from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.optim import adamw
+from attnlab.train.precision import Precision
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
+from attnlab.train.tensorboard import MetricsSinks, TensorBoardLog
 
 METRICS_FIELDS = [
     "step",
@@ -134,19 +139,34 @@ def _fmt(v: Any) -> Any:
 
 
 def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train the model `config` describes into `run_dir` (created), or continue it with `resume`."""
+    """Train the model `config` describes into `run_dir` (created), or continue it with `resume`.
+
+    Under torchrun (RANK, WORLD_SIZE in the environment) this is one rank of a data-parallel job:
+    every rank returns the same result; rank 0 alone writes the run folder."""
     run_dir = Path(run_dir)
     tc = config.train
-    saved = _prepare_run_dir(config, run_dir, resume)
-    device = resolve_device(tc.device)
-    torch.manual_seed(tc.seed)
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
-    if saved is not None:
-        # The task completes the model config (vocabulary size, label count, a pre-trained
-        # encoder's shape), so the comparison is with what it made of the asked-for config.
-        _check_same(run_dir, "model", saved.model, task.model_config)
-    config = RunConfig(config.task, task.model_config, config.data, tc)
-    write_config(run_dir, config)
+    ddp = Distributed(ranks_from_environment())
+    preflight(config, ddp.world_size, resolve_device(tc.device))
+    device = ddp.start(resolve_device(tc.device))
+    precision = Precision(device, tc.dtype)
+
+    def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
+        saved = _prepare_run_dir(config, run_dir, resume)
+        torch.manual_seed(tc.seed)
+        task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
+        if saved is not None:
+            # The task completes the model config (vocabulary size, label count, a pre-trained
+            # encoder's shape), so the comparison is with what it made of the asked-for config.
+            _check_same(run_dir, "model", saved.model, task.model_config)
+        write_config(run_dir, dataclasses.replace(config, model=task.model_config))
+        return task
+
+    def follow() -> Any:  # the other ranks: read what rank 0 wrote
+        torch.manual_seed(tc.seed)
+        return TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=tc.batch_size)
+
+    task = ddp.main_first(prepare, follow)
+    config = dataclasses.replace(config, model=task.model_config)
 
     model = task.build_model()
     if not resume and hasattr(task, "initialize"):
@@ -157,12 +177,14 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
+    step_loss = ddp.wrap(lambda m, batch: task.loss(m, batch, device, tc.label_smoothing), model, step_model)
     optimizer = adamw(
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )
     batches = torch.Generator().manual_seed(tc.seed)
     selection = task.selection  # (metric, "min" | "max") that picks the best checkpoint, or None
     step, elapsed, best = 0, 0.0, None
+    state: dict[str, Any] = {}
     if resume:
         load_weights(run_dir, model)
         state = load_train_state(run_dir)
@@ -171,15 +193,19 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and state.get("cuda_rng"):
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+        precision.load_state_dict(state.get("grad_scaler", {}))
         step, elapsed, best = state["step"], state["elapsed_sec"], state.get("best")
-    metrics = MetricsLog(run_dir / "metrics.csv", step if resume else None)
+    ddp.seed(tc.seed, state, device)
+    metrics = _metrics_sinks(config, run_dir, step if resume else None) if ddp.is_main else MetricsSinks()
 
     def evaluate(at_step: int) -> dict[str, float]:
-        model.eval()
-        with torch.no_grad(), autocast(device, tc.dtype):
-            out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
-        model.train()
-        return out
+        out = None
+        if ddp.is_main:  # the others wait for its results: N copies of the same estimate would share the CPU
+            model.eval()
+            with torch.no_grad(), autocast(device, tc.dtype):
+                out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
+            model.train()
+        return ddp.broadcast(out)
 
     def is_better(results: dict[str, float]) -> bool:
         if selection is None:
@@ -196,12 +222,14 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             "batch_rng": batches.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+            "grad_scaler": precision.state_dict(),
+            **ddp.rng_states(device),
         }
-        return save_checkpoint(run_dir, model, state)
+        return save_checkpoint(run_dir, model, state) if ddp.is_main else {}
 
-    write = sys.stderr.write
+    write = sys.stderr.write if ddp.is_main else _silent
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
-    show_bar = progress and sys.stderr.isatty()
+    show_bar = progress and ddp.is_main and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
     results: dict[str, float] = {}
@@ -221,35 +249,39 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
         for micro in range(tc.gradient_accumulation_steps):
+            # Every rank draws the same global batch (one seeded generator) and trains on its rows.
             batch = task.train_batch(step * tc.gradient_accumulation_steps + micro, batches)
             window_tokens += task.batch_tokens(batch)
+            batch = ddp.shard(batch)
             if device.type == "cuda":
                 batch = _pinned(batch)  # so the task's non_blocking copy overlaps the GPU's work
-            with autocast(device, tc.dtype):
-                try:
-                    loss = task.loss(step_model, batch, device, tc.label_smoothing)
-                except Exception as e:
-                    if step_model is model:
-                        raise
-                    # Compilation happens at the first call; whatever breaks it, eager still works
-                    # (and an error that is not the compiler's is raised again by the eager call).
-                    log(
-                        f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
-                        "training without it"
-                    )
-                    step_model = model
-                    loss = task.loss(model, batch, device, tc.label_smoothing)
-                loss = loss / tc.gradient_accumulation_steps
-            loss.backward()
+            with step_loss.accumulating(last=micro == tc.gradient_accumulation_steps - 1):
+                with precision.autocast():
+                    try:
+                        loss = step_loss(batch)
+                    except Exception as e:
+                        if not step_loss.compiled:
+                            raise
+                        # Compilation happens at the first call; whatever breaks it, eager still works
+                        # (and an error that is not the compiler's is raised again by the eager call).
+                        log(
+                            f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                            "training without it"
+                        )
+                        step_loss.use_eager()
+                        loss = step_loss(batch)
+                    loss = loss / tc.gradient_accumulation_steps
+                precision.backward(loss)
             loss_sum += loss.detach()
+        precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
         if tc.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        optimizer.step()
+        precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step % tc.log_interval == 0 or step == tc.max_iters:
-            last_loss = loss_sum.item()  # the one host sync per log interval
+            last_loss = ddp.mean(loss_sum).item()  # the one host sync per log interval
             now = time.perf_counter()
             elapsed += now - window_start
             tokens_per_sec = window_tokens / (now - window_start)
@@ -269,11 +301,25 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
                 best = results[selection[0]]
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
             manifest = checkpoint()
-            if improved:
+            if improved and ddp.is_main:
                 save_best(run_dir, manifest, {"step": step, selection[0]: best})
             window_start += time.perf_counter() - pause  # evaluation is not training time
     bar.close()
-    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec, compiled=step_model is not model)
+    metrics.close()
+    ddp.stop()
+    return TrainResult(run_dir, step, results, best, elapsed, tokens_per_sec, compiled=step_loss.compiled)
+
+
+def _metrics_sinks(config: RunConfig, run_dir: Path, resume_step: int | None) -> MetricsSinks:
+    """metrics.csv, and TensorBoard event files when the config asks for them."""
+    csv_log = MetricsLog(run_dir / "metrics.csv", resume_step)
+    if config.log.tensorboard:
+        return MetricsSinks(csv_log, TensorBoardLog(run_dir, resume_step))
+    return MetricsSinks(csv_log)
+
+
+def _silent(text: str) -> None:
+    """stderr of the ranks other than 0: rank 0 speaks for the job."""
 
 
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
