@@ -1,8 +1,9 @@
 """Where a run's metrics go: metrics.csv always, TensorBoard event files when `log.tensorboard`.
 
-TensorBoard tags group a metric by split: `train_loss` -> `train/loss`, `val_bleu` -> `val/bleu`;
-the learning rate and throughput are `lr` and `tokens_per_sec`. A resumed run purges the events
-after its checkpoint's step, as metrics.csv drops its rows, so the curves show each step once.
+A metrics.csv row of kind K ("train" each log interval, "eval" each evaluation) and column C is
+the TensorBoard scalar `K/C` at the row's step: `train/train_loss` is the loss of the steps,
+`eval/val_loss` the evaluation's estimate. A resumed run purges the events after its checkpoint's
+step, as metrics.csv drops its rows, so the curves show each step once.
 """
 
 from pathlib import Path
@@ -29,10 +30,9 @@ def require_tensorboard() -> None:
         ) from None
 
 
-def tensorboard_tag(key: str) -> str:
-    """A metrics.csv column as a TensorBoard tag: "val_loss" -> "val/loss", "lr" -> "lr"."""
-    split, sep, name = key.partition("_")
-    return f"{split}/{name}" if sep and split in ("train", "val", "test") else key
+def tensorboard_tag(kind: str, column: str) -> str:
+    """The TensorBoard tag of a metrics.csv value: ("eval", "val_loss") -> "eval/val_loss"."""
+    return f"{kind}/{column}"
 
 
 class TensorBoardLog:
@@ -47,10 +47,10 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=purge)
 
     def write(self, **row: Any) -> None:
-        step = row["step"]
+        step, kind = row["step"], row["kind"]
         for key, value in row.items():
             if key not in _NOT_PLOTTED and isinstance(value, int | float):
-                self.writer.add_scalar(tensorboard_tag(key), value, global_step=step)
+                self.writer.add_scalar(tensorboard_tag(kind, key), value, global_step=step)
         self.writer.flush()  # rows come once per log interval: a reader sees them at once
 
     def close(self) -> None:
