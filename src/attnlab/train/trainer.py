@@ -146,8 +146,9 @@ def train(config: RunConfig, run_dir: str | Path, *, resume: bool = False, progr
     run_dir = Path(run_dir)
     tc = config.train
     ddp = Distributed(ranks_from_environment())
-    preflight(config, ddp.world_size, resolve_device(tc.device))
-    device = ddp.start(resolve_device(tc.device))
+    device = resolve_device(tc.device)
+    preflight(config, ddp.world_size, device)
+    device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     precision = Precision(device, tc.dtype)
 
     def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
