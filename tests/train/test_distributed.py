@@ -93,10 +93,12 @@ def test_a_rank_trains_on_its_own_rows_and_refuses_an_empty_share():
         Distributed(Ranks(rank=3, world_size=4, local_rank=3, launched=True)).shard(y[:3])
 
 
-def test_nproc_with_a_batch_that_does_not_divide_is_one_line_before_launching(capsys, tiny_toml, tmp_path):
+def test_nproc_mistakes_are_one_line_before_launching(capsys, tiny_toml, tmp_path):
     result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "run", "--nproc", "3")
     assert_user_error(result, "train.batch_size = 4", "3 processes", "multiple of 3")
     assert not (tmp_path / "run").exists()  # nothing launched, nothing written
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "run", "--nproc", "2", "--resume")
+    assert_user_error(result, "cannot resume", "holds no run")
 
 
 def test_float16_on_cpu_is_a_config_error_naming_bfloat16(tiny_toml, tmp_path):

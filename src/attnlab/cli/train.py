@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.train import resolve, train
     from attnlab.train.config import apply_overrides
     from attnlab.train.distributed import launch, preflight, ranks_from_environment
+    from attnlab.train.trainer import check_run_dir
 
     name, doc = load_preset_or_file(args.config)
     overrides = parse_overrides(args.overrides)
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     ranks = ranks_from_environment()
     if args.nproc is not None and not ranks.launched:
         preflight(config, args.nproc, resolve_device(config.train.device))
+        check_run_dir(out, args.resume)
         return launch(args.nproc, _without_nproc(args.argv))
     if args.nproc is not None and args.nproc != ranks.world_size:
         raise UserError(f"--nproc {args.nproc}, but torchrun started {ranks.world_size} processes; drop --nproc")

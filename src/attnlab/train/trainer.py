@@ -85,20 +85,26 @@ def _differences(saved: Any, wanted: Any) -> list[str]:
 def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig | None:
     """Check that `run_dir` can take this run (new, or resumable with the same data) and create
     it; returns the saved config of a run being resumed."""
+    check_run_dir(run_dir, resume)
     saved = None
     if resume:
-        if not (run_dir / CONFIG).exists():
-            raise CheckpointError(
-                f"cannot resume: {run_dir} holds no run ({CONFIG} is missing); drop --resume to start one"
-            )
         saved = read_config(run_dir)
         if saved.task != config.task:
             raise CheckpointError(f"cannot resume: {run_dir} is a {saved.task!r} run, not {config.task!r}")
         _check_same(run_dir, "data", saved.data, config.data)
-    elif (run_dir / CONFIG).exists():
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     return saved
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run needs a folder without one; --resume needs one. (The `--nproc` launcher checks
+    this too, so that the mistake is one line rather than one per process through torchrun.)"""
+    if resume and not (run_dir / CONFIG).exists():
+        raise CheckpointError(
+            f"cannot resume: {run_dir} holds no run ({CONFIG} is missing); drop --resume to start one"
+        )
+    if not resume and (run_dir / CONFIG).exists():
+        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
 
 
 def _check_same(run_dir: Path, section: str, saved: Any, wanted: Any) -> None:
