@@ -13,10 +13,11 @@ from helpers import assert_user_error, cli
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 
-def scalars(run_dir) -> dict[str, dict[int, float]]:
+def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar event in the run's event files: tag -> [(step, value), ...] in file order."""
     acc = event_accumulator.EventAccumulator(str(run_dir / TENSORBOARD_DIR))
     acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def test_tensorboard_events_hold_the_metrics_csv_values_and_resume_appends(tiny_toml, tmp_path):
@@ -35,10 +36,10 @@ def test_tensorboard_events_hold_the_metrics_csv_values_and_resume_appends(tiny_
         for key in ("train_loss", "val_loss", "lr"):
             if row[key]:
                 tag = tensorboard_tag(row["kind"], key)
-                assert events[tag][int(row["step"])] == pytest.approx(float(row[key]), rel=1e-5), (tag, row)
-    # Both runs' steps, each once: 1..6 trained, evaluated at 0, 2, 4, 6.
-    assert sorted(events["train/train_loss"]) == [1, 2, 3, 4, 5, 6]
-    assert sorted(events["eval/val_loss"]) == [0, 2, 4, 6]
+                assert dict(events[tag])[int(row["step"])] == pytest.approx(float(row[key]), rel=1e-5), (tag, row)
+    # Both runs' steps, each once and in order: 1..6 trained, evaluated at 0, 2, 4, 6.
+    assert [step for step, _ in events["train/train_loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [step for step, _ in events["eval/val_loss"]] == [0, 2, 4, 6]
 
 
 def test_missing_tensorboard_is_one_line_naming_pip_install(capsys, tiny_toml, tmp_path, monkeypatch):
