@@ -155,7 +155,7 @@ def test_build_turns_value_error_into_config_error():
     assert e.value.__cause__ is None
     assert "[model]" in str(e.value) and "divisible" in str(e.value)
     with pytest.raises(ConfigError, match="dtype"):
-        build(TrainConfig, {"dtype": "float16"}, "train")
+        build(TrainConfig, {"dtype": "float8"}, "train")
 
 
 def test_build_rejects_a_non_table():

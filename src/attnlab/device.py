@@ -7,7 +7,7 @@ import torch
 
 from attnlab.errors import UserError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -24,7 +24,7 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """Mixed precision for the forward pass: bf16 autocast keeps fp32 master weights."""
+    """Mixed precision for the forward pass: bf16 or fp16 autocast keeps fp32 master weights."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if dtype == "float32":

@@ -47,6 +47,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for a command that relaunches itself (train --nproc)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -1,9 +1,11 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume]"""
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N]"""
 
 import argparse
 import shlex
 import sys
 from pathlib import Path
+
+from attnlab.cli import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(sets data.init_from; classification and tagging)",
     )
     p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
+    p.add_argument(
+        "--nproc",
+        type=positive_int,
+        metavar="N",
+        help="train in N processes on this machine (distributed data parallel: gloo on CPU, nccl with one "
+        "GPU per process): launches torchrun with the same arguments; train.batch_size is the global batch",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
@@ -41,10 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.config import load_preset_or_file, parse_overrides
+    from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.train import resolve, train
     from attnlab.train.config import apply_overrides
+    from attnlab.train.distributed import launch, preflight, ranks_from_environment
     from attnlab.train.signals import StopRequest
+    from attnlab.train.trainer import check_run_dir
 
     name, doc = load_preset_or_file(args.config)
     overrides = parse_overrides(args.overrides)
@@ -63,13 +75,27 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
     out = args.out if args.out is not None else Path("runs") / name
-    # SIGINT/SIGTERM: finish the step, save, and say how to go on (a second signal stops at once).
-    with StopRequest() as stop:
-        result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json, stop=stop)
+    ranks = ranks_from_environment()
+    if args.nproc is not None and not ranks.launched:
+        preflight(config, args.nproc, resolve_device(config.train.device))
+        check_run_dir(out, args.resume)
+        return launch(args.nproc, _without_nproc(args.argv))
+    if args.nproc is not None and args.nproc != ranks.world_size:
+        raise UserError(f"--nproc {args.nproc}, but torchrun started {ranks.world_size} processes; drop --nproc")
+    try:
+        # SIGINT/SIGTERM: finish the step, save, and say how to go on (a second signal stops at once).
+        with StopRequest() as stop:
+            result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json, stop=stop)
+    except UserError:
+        if ranks.is_main:
+            raise
+        return 2  # rank 0 reports the same error; one line for the job, not one per process
+    if not ranks.is_main:
+        return 0
     if result.stopped_by is not None:
         sys.stderr.write(
             f"attnlab train: stopped at step {result.step} ({result.stopped_by}); checkpoint saved, "
-            f"continue with: {resume_command(args, out)}\n"
+            f"continue with: {resume_command(args, out, ranks.world_size if ranks.launched else None)}\n"
         )
     summary = {
         "run": str(result.run_dir),
@@ -95,12 +121,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def resume_command(args: argparse.Namespace, out: Path) -> str:
-    """The `attnlab train` command line that continues this run (shell-quoted)."""
+def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None) -> str:
+    """The `attnlab train` command line that continues this run (shell-quoted), with `--nproc`
+    for a job of `nproc` processes."""
     words = ["attnlab", "train", args.config]
     for kv in args.overrides:
         words += ["--set", kv]
     for flag, value in (("--data-dir", args.data_dir), ("--init-from", args.init_from), ("--device", args.device)):
         if value:
             words += [flag, value]
+    if nproc is not None:
+        words += ["--nproc", str(nproc)]
     return shlex.join([*words, "--out", str(out), "--resume"])
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    """The command line minus `--nproc N` (or `--nproc=N`, or an abbreviation argparse accepted):
+    the processes torchrun starts find their rank in the environment, and torchrun's own parser
+    would take `--nproc` for an ambiguous `--nproc-per-node`. Example:
+    ["train", "x.toml", "--nproc", "2", "--quiet"] -> ["train", "x.toml", "--quiet"]."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if len(name) > 3 and "--nproc".startswith(name):
+            skip = not eq
+            continue
+        out.append(arg)
+    return out

@@ -4,7 +4,7 @@ A TOML document (a preset, a file, or a run folder's config.toml) plus `--set` o
 a `RunConfig`; the model and data sections are the task's own dataclasses.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnlab.config import as_dict, build, close_matches, dump_toml, merge
@@ -50,7 +50,8 @@ class TrainConfig:
     device: str = "auto"
     """"auto", "cpu" or "cuda"."""
     dtype: str = "float32"
-    """"float32", or "bfloat16" autocast with fp32 master weights."""
+    """"float32"; "bfloat16" autocast with fp32 master weights (GPU, and CPUs with bf16 support);
+    "float16" autocast with fp32 master weights and a gradient scaler (GPU only)."""
     schedule: str = "cosine"
     """"cosine": linear warm-up then cosine to min_lr; "inverse_sqrt": the paper's warm-up then
     1/√step decay (Vaswani et al. Eq. 3), peaking at learning_rate."""
@@ -89,12 +90,20 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.spike_factor != 0 and self.spike_factor <= 1:
             raise ValueError(f"spike_factor must be > 1 (or 0 to disable), got {self.spike_factor}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
 
     @property
     def decay_steps(self) -> int:
         return self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What a run records besides metrics.csv, which it always writes."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run folder (needs `pip install tensorboard`)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,7 @@ class RunConfig:
     model: Any
     data: Any
     train: TrainConfig
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -111,13 +121,14 @@ class RunConfig:
             "model": as_dict(self.model),
             "data": as_dict(self.data),
             "train": as_dict(self.train),
+            "log": as_dict(self.log),
         }
 
     def to_toml(self) -> str:
         return dump_toml(self.to_doc())
 
 
-SECTIONS = ("model", "data", "train")
+SECTIONS = ("model", "data", "train", "log")
 
 
 def resolve(doc: dict[str, Any]) -> RunConfig:
@@ -144,6 +155,7 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
         model=build(task.model_config_class(doc.get("model", {})), doc.get("model", {}), "model"),
         data=build(task.data_config_class, doc.get("data", {}), "data"),
         train=build(TrainConfig, doc.get("train", {}), "train"),
+        log=build(LogConfig, doc.get("log", {}), "log"),
     )
 
 

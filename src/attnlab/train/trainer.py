@@ -2,13 +2,15 @@
 
 The task supplies batches, the loss and the evaluation; the loop supplies AdamW, the warm-up +
 cosine schedule, gradient accumulation and clipping, periodic evaluation and checkpoints, a
-progress bar and metrics.csv; a step whose loss or gradient is not finite is skipped (guards.py),
-and a SIGINT/SIGTERM stops the run after a checkpoint (signals.py). Seeded: the same config gives
-the same losses on CPU, and a run resumed from a checkpoint continues bit-for-bit as if it had
-never stopped.
+progress bar and metrics.csv (and TensorBoard events); a step whose loss or gradient is not finite
+is skipped (guards.py), and a SIGINT/SIGTERM stops the run after a checkpoint (signals.py). Seeded:
+the same config gives the same losses on CPU, and a run resumed from a checkpoint continues
+bit-for-bit as if it had never stopped. Launched by torchrun, each process trains on its share of
+every batch (see `train.distributed`).
 """
 
 import csv
+import dataclasses
 import math
 import sys
 import time
@@ -32,10 +34,13 @@ from attnlab.train.checkpoint import (
     write_config,
 )
 from attnlab.train.config import RunConfig, TrainConfig
+from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.guards import StepGuard, grad_norm
 from attnlab.train.optim import adamw
+from attnlab.train.precision import Precision
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from attnlab.train.signals import StopRequest
+from attnlab.train.tensorboard import MetricsSinks, TensorBoardLog
 
 METRICS_FIELDS = [
     "step",
@@ -87,20 +92,26 @@ def _differences(saved: Any, wanted: Any) -> list[str]:
 def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfig | None:
     """Check that `run_dir` can take this run (new, or resumable with the same data) and create
     it; returns the saved config of a run being resumed."""
+    check_run_dir(run_dir, resume)
     saved = None
     if resume:
-        if not (run_dir / CONFIG).exists():
-            raise CheckpointError(
-                f"cannot resume: {run_dir} holds no run ({CONFIG} is missing); drop --resume to start one"
-            )
         saved = read_config(run_dir)
         if saved.task != config.task:
             raise CheckpointError(f"cannot resume: {run_dir} is a {saved.task!r} run, not {config.task!r}")
         _check_same(run_dir, "data", saved.data, config.data)
-    elif (run_dir / CONFIG).exists():
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     return saved
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run needs a folder without one; --resume needs one. (The `--nproc` launcher checks
+    this too, so that the mistake is one line rather than one per process through torchrun.)"""
+    if resume and not (run_dir / CONFIG).exists():
+        raise CheckpointError(
+            f"cannot resume: {run_dir} holds no run ({CONFIG} is missing); drop --resume to start one"
+        )
+    if not resume and (run_dir / CONFIG).exists():
+        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out folder")
 
 
 def _check_same(run_dir: Path, section: str, saved: Any, wanted: Any) -> None:
@@ -150,23 +161,44 @@ def train(
 ) -> TrainResult:
     """Train the model `config` describes into `run_dir` (created), or continue it with `resume`.
 
-    stop: once its signal has arrived, the loop saves a checkpoint after the current step and returns.
-    """
+    stop: once its signal has arrived (on any rank), the loop saves a checkpoint after the current
+    step and returns.
+    Under torchrun (RANK, WORLD_SIZE in the environment) this is one rank of a data-parallel job:
+    every rank returns the same result; rank 0 alone writes the run folder."""
     run_dir = Path(run_dir)
     tc = config.train
-    saved = _prepare_run_dir(config, run_dir, resume)
-    if resume and not has_checkpoint(run_dir):
-        sys.stderr.write(f"{run_dir} has no complete checkpoint yet (stopped before its first): starting at step 0\n")
-        resume = False
+    ddp = Distributed(ranks_from_environment())
+    # Killed before its first checkpoint: the folder has a config but nothing to resume from.
+    restart = resume and (run_dir / CONFIG).exists() and not has_checkpoint(run_dir)
     device = resolve_device(tc.device)
-    torch.manual_seed(tc.seed)
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=resume, batch_size=tc.batch_size)
-    if saved is not None:
-        # The task completes the model config (vocabulary size, label count, a pre-trained
-        # encoder's shape), so the comparison is with what it made of the asked-for config.
-        _check_same(run_dir, "model", saved.model, task.model_config)
-    config = RunConfig(config.task, task.model_config, config.data, tc)
-    write_config(run_dir, config)
+    preflight(config, ddp.world_size, device)
+    device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
+    precision = Precision(device, tc.dtype)
+
+    def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
+        saved = _prepare_run_dir(config, run_dir, resume)
+        if restart:
+            sys.stderr.write(
+                f"{run_dir} has no complete checkpoint yet (stopped before its first): starting at step 0\n"
+            )
+        torch.manual_seed(tc.seed)
+        task = TASKS[config.task](
+            config.data, config.model, run_dir, resume=resume and not restart, batch_size=tc.batch_size
+        )
+        if saved is not None:
+            # The task completes the model config (vocabulary size, label count, a pre-trained
+            # encoder's shape), so the comparison is with what it made of the asked-for config.
+            _check_same(run_dir, "model", saved.model, task.model_config)
+        write_config(run_dir, dataclasses.replace(config, model=task.model_config))
+        return task
+
+    def follow() -> Any:  # the other ranks: read what rank 0 wrote
+        torch.manual_seed(tc.seed)
+        return TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=tc.batch_size)
+
+    task = ddp.main_first(prepare, follow)
+    config = dataclasses.replace(config, model=task.model_config)
+    resume = resume and not restart
 
     model = task.build_model()
     if not resume and hasattr(task, "initialize"):
@@ -177,12 +209,14 @@ def train(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
+    step_loss = ddp.wrap(lambda m, batch: task.loss(m, batch, device, tc.label_smoothing), model, step_model)
     optimizer = adamw(
         model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
     )
     batches = torch.Generator().manual_seed(tc.seed)
     selection = task.selection  # (metric, "min" | "max") that picks the best checkpoint, or None
     step, elapsed, best = 0, 0.0, None
+    state: dict[str, Any] = {}
     if resume:
         load_weights(run_dir, model)
         state = load_train_state(run_dir)
@@ -191,15 +225,19 @@ def train(
         torch.set_rng_state(state["torch_rng"])
         if device.type == "cuda" and state.get("cuda_rng"):
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+        precision.load_state_dict(state.get("grad_scaler", {}))
         step, elapsed, best = state["step"], state["elapsed_sec"], state.get("best")
-    metrics = MetricsLog(run_dir / "metrics.csv", step if resume else None)
+    ddp.seed(tc.seed, state, device)
+    metrics = _metrics_sinks(config, run_dir, step if resume else None) if ddp.is_main else MetricsSinks()
 
     def evaluate(at_step: int) -> dict[str, float]:
-        model.eval()
-        with torch.no_grad(), autocast(device, tc.dtype):
-            out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
-        model.train()
-        return out
+        out = None
+        if ddp.is_main:  # the others wait for its results: N copies of the same estimate would share the CPU
+            model.eval()
+            with torch.no_grad(), autocast(device, tc.dtype):
+                out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
+            model.train()
+        return ddp.broadcast(out)
 
     def is_better(results: dict[str, float]) -> bool:
         if selection is None:
@@ -217,12 +255,15 @@ def train(
             "batch_rng": batches.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+            "grad_scaler": precision.state_dict(),
+            **ddp.rng_states(device),
         }
-        save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
+        if ddp.is_main:
+            save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
 
-    write = sys.stderr.write
+    write = sys.stderr.write if ddp.is_main else _silent
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
-    show_bar = progress and sys.stderr.isatty()
+    show_bar = progress and ddp.is_main and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
     guard = StepGuard(tc.max_bad_steps, tc.spike_factor, log)  # skips non-finite steps, warns of spikes
@@ -245,36 +286,46 @@ def train(
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
         for micro in range(tc.gradient_accumulation_steps):
+            # Every rank draws the same global batch (one seeded generator) and trains on its rows.
             batch = task.train_batch(step * tc.gradient_accumulation_steps + micro, batches)
             window_tokens += task.batch_tokens(batch)
+            batch = ddp.shard(batch)
             if device.type == "cuda":
                 batch = _pinned(batch)  # so the task's non_blocking copy overlaps the GPU's work
-            with autocast(device, tc.dtype):
-                try:
-                    loss = task.loss(step_model, batch, device, tc.label_smoothing)
-                except Exception as e:
-                    if step_model is model:
-                        raise
-                    # Compilation happens at the first call; whatever breaks it, eager still works
-                    # (and an error that is not the compiler's is raised again by the eager call).
-                    log(
-                        f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
-                        "training without it"
-                    )
-                    step_model = model
-                    loss = task.loss(model, batch, device, tc.label_smoothing)
-                loss = loss / tc.gradient_accumulation_steps
-            loss.backward()
+            with step_loss.accumulating(last=micro == tc.gradient_accumulation_steps - 1):
+                with precision.autocast():
+                    try:
+                        loss = step_loss(batch)
+                    except Exception as e:
+                        if not step_loss.compiled:
+                            raise
+                        # Compilation happens at the first call; whatever breaks it, eager still works
+                        # (and an error that is not the compiler's is raised again by the eager call).
+                        log(
+                            f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                            "training without it"
+                        )
+                        step_loss.use_eager()
+                        loss = step_loss(batch)
+                    loss = loss / tc.gradient_accumulation_steps
+                precision.backward(loss)
             loss_sum += loss.detach()
-        # One host sync per step: a non-finite loss or gradient norm must skip the update.
-        step_loss, norm = torch.stack([loss_sum, grad_norm(model, tc.grad_clip)]).tolist()
-        if guard.admit(step + 1, step_loss, norm):
-            optimizer.step()
+        precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
+        # One host sync per step: a non-finite loss or gradient norm must skip the update. The
+        # loss is averaged over ranks and the gradients are all-reduced already, so every rank
+        # takes the same decision.
+        loss_value, norm = torch.stack([ddp.mean(loss_sum), grad_norm(model, tc.grad_clip)]).tolist()
+        if precision.scaling and not math.isfinite(norm):
+            # fp16 overflow: the scaler skips this update and lowers its scale; that is how fp16
+            # training finds its scale, not a sign of divergence, so the guard does not count it.
+            precision.step(optimizer)
+        elif guard.admit(step + 1, loss_value, norm):
+            precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step % tc.log_interval == 0 or step == tc.max_iters:
-            last_loss = step_loss
+            last_loss = loss_value
             now = time.perf_counter()
             elapsed += now - window_start
             tokens_per_sec = window_tokens / (now - window_start)
@@ -301,12 +352,14 @@ def train(
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
             checkpoint({"step": step, selection[0]: best} if improved else None)
             window_start += time.perf_counter() - pause  # evaluation is not training time
-        if stop is not None and stop.signal_name is not None:
+        if ddp.any(stop is not None and stop.signal_name is not None):  # every rank stops at the same step
             if step % tc.eval_interval != 0 and step != tc.max_iters:  # not saved just now
                 elapsed += time.perf_counter() - window_start
                 checkpoint()
             break
     bar.close()
+    metrics.close()
+    ddp.stop()
     return TrainResult(
         run_dir,
         step,
@@ -314,9 +367,23 @@ def train(
         best,
         elapsed,
         tokens_per_sec,
-        compiled=step_model is not model,
-        stopped_by=stop.signal_name if stop is not None and step < tc.max_iters else None,
+        compiled=step_loss.compiled,
+        stopped_by=(stop.signal_name or "a signal to another rank")
+        if stop is not None and step < tc.max_iters
+        else None,
     )
+
+
+def _metrics_sinks(config: RunConfig, run_dir: Path, resume_step: int | None) -> MetricsSinks:
+    """metrics.csv, and TensorBoard event files when the config asks for them."""
+    csv_log = MetricsLog(run_dir / "metrics.csv", resume_step)
+    if config.log.tensorboard:
+        return MetricsSinks(csv_log, TensorBoardLog(run_dir, resume_step))
+    return MetricsSinks(csv_log)
+
+
+def _silent(text: str) -> None:
+    """stderr of the ranks other than 0: rank 0 speaks for the job."""
 
 
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
