@@ -8,7 +8,7 @@ from pathlib import Path
 from attnlab import __version__
 from attnlab.errors import UserError
 
-SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo", "bench")
+SUBCOMMANDS = ("train", "sample", "translate", "classify", "tag", "embed", "eval", "demo", "bench", "cost")
 
 
 class ArgumentParser(argparse.ArgumentParser):
