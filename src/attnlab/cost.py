@@ -22,8 +22,9 @@ each with a token embedding and a linear head over the same small vocabulary:
 
 For every length t it measures, each case in a fresh process (see `peak memory` below):
 - one training step on one sequence of t tokens: forward, cross-entropy, backward, AdamW;
-- generating t tokens greedily after a one-token prompt, through `attnlab.decode.greedy` for all
-  three (the Transformer with its KV cache, the RNNs carrying their state: the same loop);
+- generating t tokens greedily after a one-token prompt, through `attnlab.decode.generate_tokens`
+  for all three (the Transformer with its KV cache, the RNNs carrying their state: the same loop),
+  the tokens streamed out rather than collected;
 and it counts, from each architecture's dependency graph, the sequential steps of one forward and
 the maximum path length between two positions (`count_steps`). The exponent of t is fitted by
 least squares on the log–log points of the larger lengths (`fit_exponent`).
@@ -66,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.bench import _peak_rss_bytes, _reset_peak_rss, child_env
-from attnlab.decode import greedy
+from attnlab.decode import generate_tokens, greedy_picker
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.rnn import AdditiveAttention
 from attnlab.train.optim import adamw
@@ -466,12 +467,19 @@ def measure_case(model_name: str, kind: str, t: int, settings: CostSettings, thr
 
     else:
         prompt = torch.randint(0, VOCAB, (1, 1))
-        greedy(model, prompt, min(t, WARMUP_TOKENS))
+        pick = greedy_picker()
+
+        def generate(n: int) -> None:
+            # The tokens are streamed out, not collected: what is measured is the model's memory
+            # (the lectures' test memory), not a list of t outputs.
+            count = sum(1 for _ in generate_tokens(model, prompt, n, pick))
+            if count != n:  # a generation that stopped early would look cheap
+                raise RuntimeError(f"{model_name} generated {count} tokens, expected {n}")
+
+        generate(min(t, WARMUP_TOKENS))
 
         def call() -> None:
-            out = greedy(model, prompt, t)
-            if out.size(1) != t + 1:  # a generation that stopped early would look cheap
-                raise RuntimeError(f"{model_name} generated {out.size(1) - 1} tokens, expected {t}")
+            generate(t)
 
     gc.collect()
     _reset_peak_rss()
@@ -599,6 +607,9 @@ class TableRow:
     theory_exponent: int
     source: str
     fitted_exponent: float | None
+    """None when fewer than two of the fit lengths have a value (cases skipped for memory)."""
+    fit_lengths: list[int]
+    """The lengths this row's exponent was fitted on: those of `CostResult.fit_lengths` with a value."""
 
 
 @dataclass
@@ -711,15 +722,19 @@ def measure_cost(settings: CostSettings, *, threads: int | None = None, progress
 
 
 def fit_table(result: CostResult) -> list[TableRow]:
-    """One row per model and quantity: the theory beside the exponent fitted on `fit_lengths`."""
-    keep = [i for i, t in enumerate(result.lengths) if t in result.fit_lengths]
+    """One row per model and quantity: the theory beside the exponent fitted on those of
+    `fit_lengths` that have a value (a case skipped for memory leaves its length out)."""
     rows = []
     for quantity in QUANTITIES:
         for model in MODELS:
-            values = result.series(model, quantity)
+            points = [
+                (t, v) for t, v in zip(result.lengths, result.series(model, quantity), strict=True) if v is not None
+            ]
+            points = [(t, v) for t, v in points if t in result.fit_lengths]
+            lengths, values = [t for t, _ in points], [v for _, v in points]
+            fitted = fit_exponent(lengths, values) if len(points) >= 2 else None
             theory = THEORY[(model, quantity)]
-            fitted = fit_exponent(result.fit_lengths, [values[i] for i in keep])
-            rows.append(TableRow(model, quantity, theory.formula, theory.exponent, theory.source, fitted))
+            rows.append(TableRow(model, quantity, theory.formula, theory.exponent, theory.source, fitted, lengths))
     return rows
 
 
@@ -766,20 +781,28 @@ def format_table(result: CostResult) -> str:
             lines.append(f"{t:>6} " + " ".join(cells))
         lines.append("")
     fit = result.fit_lengths
-    lines.append(
-        f"the cost table: theory (lectures, or derived *) beside the exponent of t fitted on t = {fit[0]}..{fit[-1]}"
-    )
-    header = f"{'quantity':<22}" + "".join(f"{MODEL_LABELS[m]:>32}" for m in MODELS)
-    lines += [header, "-" * len(header)]
+    lines.append(f"the cost table: theory beside the exponent of t fitted on t = {fit[0]}..{fit[-1]}")
+    header = f"{'':<22}" + "".join(f"{MODEL_LABELS[m]:>32}" for m in MODELS)
+    lines += [header, f"{'quantity':<22}" + "".join(f"{'theory':>17} {'exp.':>4} {'fit':>9}" for _ in MODELS)]
+    lines.append("-" * len(header))
     by_key = {(r.model, r.quantity): r for r in result.table}
+    notes = []
     for quantity in QUANTITIES:
         cells = []
         for model in MODELS:
             r = by_key[(model, quantity)]
             star = "*" if r.source == "derived" else ""
-            cells.append(f"{r.theory + star:>17} {r.theory_exponent:>4} {_num(r.fitted_exponent, '.2f'):>9}")
+            fitted = _num(r.fitted_exponent, ".2f")
+            if r.fitted_exponent is not None and r.fit_lengths != fit:
+                fitted += "†"
+                notes.append(
+                    f"{MODEL_LABELS[model]} {QUANTITY_LABELS[quantity]} on t = {', '.join(map(str, r.fit_lengths))}"
+                )
+            cells.append(f"{r.theory + star:>17} {r.theory_exponent:>4} {fitted:>9}")
         lines.append(f"{QUANTITY_LABELS[quantity]:<22}" + "".join(f"{c:>32}" for c in cells))
-    lines.append(f"{'':<22}" + "".join(f"{'theory exp. fit':>32}" for _ in MODELS))
+    lines.append("* not in the lectures' table: derived for these models (see attnlab.cost.THEORY)")
+    if notes:
+        lines.append("† fitted on the lengths that ran: " + "; ".join(notes))
     last = result.lengths[-1]
     counted = {c.model: c for c in result.counts if c.length == last}
     lines.append("")

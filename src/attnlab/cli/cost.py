@@ -13,7 +13,7 @@ def lengths_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers such as 64,128,256, got {text!r}"
+            f"expected integers separated by commas, e.g. 64,128,256; got {text!r}"
         ) from None
 
 
