@@ -655,15 +655,17 @@ MEMORY_METHOD = (
 TIMING_METHOD = f"fastest of `repeats` calls after an untimed one (one call when a call takes over {CASE_BUDGET_S:g} s)"
 
 
-def measure_cost(settings: CostSettings, *, threads: int | None = None, progress: bool = False) -> CostResult:
+def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = False) -> CostResult:
     """Measure and count everything for `settings` on this CPU -> CostResult. Each case runs in a
-    fresh process, one at a time, with `threads` torch threads (default: this process's number).
+    fresh process, one at a time, with `threads` torch threads. One by default: the question is how
+    cost grows with t, not peak speed; batch-1 steps of width 64 gain little from a thread pool, and
+    a pool stalls at every barrier when another process holds a core (10× slower on a busy 2-core
+    machine), which would bend the slopes.
     A case that would exceed `settings.max_memory_mib` or that dies (out of memory) is recorded as
     None, and the longer lengths of that model and kind are skipped.
     `progress` shows a tqdm bar on a terminal, one line per case on stderr otherwise (a log file)."""
     from tqdm.auto import tqdm
 
-    threads = torch.get_num_threads() if threads is None else threads
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     cases = [(t, m, k) for t in settings.lengths for m in MODELS for k in KINDS]  # peers side by side

@@ -35,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
     p.add_argument("--repeats", type=positive_int, help="timed calls per case, median reported (default 3; 1 --quick)")
-    p.add_argument("--threads", type=positive_int, help="torch threads of every case (default: torch's default here)")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch threads of every case (default 1: the slopes, not peak speed; a busy machine stalls a pool)",
+    )
     p.add_argument(
         "--max-memory",
         type=positive_int,
