@@ -78,7 +78,7 @@ KINDS = ("train", "generate")
 VOCAB = 64
 PAGE = 4096  # bytes: the resolution of resident-set readings
 WARMUP_TOKENS = 8
-CASE_BUDGET_S = 30.0  # timed calls of one case stop at one beyond this
+CASE_BUDGET_S = 30.0  # a case whose `repeats` timed calls would take longer is timed once
 ATTENTION_CHUNK = 64  # query positions per AdditiveAttention call in a training forward
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
@@ -99,8 +99,8 @@ class CostSettings:
     heads: int = 4
     """Attention heads of the Transformer; must divide width."""
     repeats: int = 3
-    """Timed calls per case after the untimed memory call (one when a call takes over
-    `CASE_BUDGET_S` / repeats); the fastest is reported."""
+    """Timed calls per case after the untimed memory call (a single one when `repeats` calls would
+    take over `CASE_BUDGET_S`); the fastest is reported."""
     max_memory_mib: float = 4096.0
     """Skip a case whose peak, extrapolated quadratically from the model's previous length, would
     exceed this: the machine may be shared, and an out-of-memory kill can hit another process."""
@@ -652,7 +652,10 @@ MEMORY_METHOD = (
     "peak resident set (VmHWM) of a fresh forked process, reset after model, optimizer and warm-up, "
     "fixed mmap threshold 64 KiB; resolution one page (4 KiB)"
 )
-TIMING_METHOD = f"fastest of `repeats` calls after an untimed one (one call when a call takes over {CASE_BUDGET_S:g} s)"
+TIMING_METHOD = (
+    f"fastest of `repeats` calls after an untimed one (a single call when `repeats` calls would take "
+    f"over {CASE_BUDGET_S:g} s)"
+)
 
 
 def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = False) -> CostResult:
