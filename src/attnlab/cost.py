@@ -485,7 +485,7 @@ def measure_case(model_name: str, kind: str, t: int, settings: CostSettings, thr
     _reset_peak_rss()
     before = _peak_rss_bytes()
     start = time.perf_counter()
-    call()  # the memory call, untimed unless it is the only one
+    call()  # the memory call; not reported as a time (its first touches of fresh pages cost extra)
     first = time.perf_counter() - start
     peak = max(_peak_rss_bytes() - before, PAGE)
     times = []
@@ -506,10 +506,8 @@ def serve_cases() -> None:
 
     This process imports torch and attnlab and runs nothing, so every child starts with the same
     small heap and no thread pool, in milliseconds instead of the seconds an import takes."""
-    import json
     import os
     import signal
-    import sys
     import traceback
 
     import torch._dynamo  # noqa: F401  (the optimizer step imports it lazily: once here, not in every child)
