@@ -188,12 +188,18 @@ def test_a_failing_case_raises_with_the_childs_traceback(server):
     assert server.measure("rnn", "generate", 8, settings, threads=1)["seconds"] > 0
 
 
-def test_cases_over_the_memory_limit_are_skipped_not_run():
+def test_cases_over_the_memory_limit_are_skipped_not_run(capsys):
     # Every reading is at least one page, which quadrupled is far above 1e-6 MiB: only the first
-    # length runs, and the fits that need two lengths are missing, not made up.
-    settings = CostSettings(lengths=(8, 16, 32), width=8, layers=1, heads=1, repeats=1, max_memory_mib=1e-6)
-    result = measure_cost(settings, threads=1)
+    # length runs, and the fits that need two lengths are missing, not made up. The second pass
+    # repeats only what the first could run.
+    settings = CostSettings(lengths=(8, 16, 32), width=8, layers=1, heads=1, repeats=1, passes=2, max_memory_mib=1e-6)
+    result = measure_cost(settings, threads=1, progress=True)
     assert {(m.length, m.seconds is None) for m in result.measurements} == {(8, False), (16, True), (32, True)}
+    lines = capsys.readouterr().err.splitlines()
+    assert sum(line.startswith("cost: pass 1/2, ") for line in lines) == 18
+    assert sum(line.startswith("cost: pass 1/2, ") and "skipped: about" in line for line in lines) == 6
+    assert sum(line.startswith("cost: pass 2/2, ") and " t=8:" in line for line in lines) == 6
+    assert sum(line.startswith("cost: pass 2/2, ") for line in lines) == 6
     measured = [row for row in result.table if row.quantity not in ("sequential_steps", "max_path_length")]
     assert all(row.fitted_exponent is None for row in measured)
     counted = [row for row in result.table if row.quantity in ("sequential_steps", "max_path_length")]
@@ -212,7 +218,7 @@ def test_a_skipped_length_is_left_out_of_the_fit_and_said_so():
     ]
     result = CostResult(
         date="2026-11-22", device="cpu", machine="x", threads=1, torch="2", lengths=lengths, fit_lengths=[16, 32, 64],
-        width=8, layers=1, heads=1, vocab=64, batch=1, repeats=1, max_memory_mib=1.0, timing_method="t",
+        width=8, layers=1, heads=1, vocab=64, batch=1, repeats=1, passes=1, max_memory_mib=1.0, timing_method="t",
         memory_method="m", measurements=measurements, counts=[], table=[],
     )  # fmt: skip
     result.counts = [Count(m, t, *count_steps(m, t, 1)) for m in MODELS for t in lengths]

@@ -101,6 +101,9 @@ class CostSettings:
     repeats: int = 3
     """Timed calls per case after the untimed memory call (a single one when `repeats` calls would
     take over `CASE_BUDGET_S`); the fastest is reported."""
+    passes: int = 1
+    """Sweeps over all cases; each case keeps its smallest reading. Passes spread a case's samples
+    over the run, so a spell of load from other processes hits one of them, not all."""
     max_memory_mib: float = 4096.0
     """Skip a case whose peak, extrapolated quadratically from the model's previous length, would
     exceed this: the machine may be shared, and an out-of-memory kill can hit another process."""
@@ -116,7 +119,7 @@ class CostSettings:
             raise ValueError(f"lengths must be strictly increasing, got {list(self.lengths)}")
         if not self.max_memory_mib > 0:
             raise ValueError(f"max_memory_mib must be > 0, got {self.max_memory_mib}")
-        for name in ("width", "layers", "heads", "repeats"):
+        for name in ("width", "layers", "heads", "repeats", "passes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.width % self.heads != 0:
@@ -625,6 +628,7 @@ class CostResult:
     vocab: int
     batch: int
     repeats: int
+    passes: int
     max_memory_mib: float
     timing_method: str
     memory_method: str
@@ -652,8 +656,36 @@ MEMORY_METHOD = (
 )
 TIMING_METHOD = (
     f"fastest of `repeats` calls after an untimed one (a single call when `repeats` calls would take "
-    f"over {CASE_BUDGET_S:g} s)"
+    f"over {CASE_BUDGET_S:g} s), the fastest of `passes` sweeps"
 )
+
+
+def _measure_or_skip(
+    server: _Server,
+    model: str,
+    kind: str,
+    t: int,
+    settings: CostSettings,
+    threads: int,
+    failed: set[tuple[str, str]],
+    last: dict[tuple[str, str], tuple[int, float]],
+) -> dict:
+    """The server's reply for one case, or {"died": why} without running it when a shorter length
+    of the same model and kind did not fit, or when its peak, extrapolated quadratically from the
+    last length measured, would exceed `settings.max_memory_mib`. Updates `failed` and `last`."""
+    if (model, kind) in failed:
+        return {"died": "a shorter length did not fit"}
+    previous = last.get((model, kind))
+    expected = previous[1] * (t / previous[0]) ** 2 if previous else 0.0
+    if expected > settings.max_memory_mib:
+        reply = {"died": f"skipped: about {expected:,.0f} MiB expected > max {settings.max_memory_mib:,.0f}"}
+    else:
+        reply = server.measure(model, kind, t, settings, threads)
+    if "died" in reply:
+        failed.add((model, kind))
+    else:
+        last[(model, kind)] = (t, reply["peak_mib"])
+    return reply
 
 
 def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = False) -> CostResult:
@@ -671,33 +703,39 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
         raise ValueError(f"threads must be >= 1, got {threads}")
     cases = [(t, m, k) for t in settings.lengths for m in MODELS for k in KINDS]  # peers side by side
     show_bar = progress and sys.stderr.isatty()
-    bar = tqdm(total=len(cases), disable=not show_bar, unit="case", dynamic_ncols=True, file=sys.stderr)
+    total = settings.passes * len(cases)
+    bar = tqdm(total=total, disable=not show_bar, unit="case", dynamic_ncols=True, file=sys.stderr)
     failed: set[tuple[str, str]] = set()
     last: dict[tuple[str, str], tuple[int, float]] = {}  # (length, peak MiB) of the last measured case
-    measurements = []
+    best: dict[tuple[str, str, int], Measurement] = {}
     server = _Server()
     try:
-        for t, model, kind in cases:
-            reply = {"died": "a shorter length did not fit"} if (model, kind) in failed else {}
-            previous = last.get((model, kind))
-            if not reply and previous and previous[1] * (t / previous[0]) ** 2 > settings.max_memory_mib:
-                expected = previous[1] * (t / previous[0]) ** 2
-                reply = {"died": f"skipped: about {expected:,.0f} MiB expected > max {settings.max_memory_mib:,.0f}"}
-            if not reply:
-                reply = server.measure(model, kind, t, settings, threads)
-            if "died" in reply:
-                failed.add((model, kind))
-            else:
-                last[(model, kind)] = (t, reply["peak_mib"])
-            m = Measurement(model, kind, t, reply.get("seconds"), reply.get("peak_mib"))
-            measurements.append(m)
-            bar.update()
-            if progress and not show_bar:
-                sys.stderr.write(f"cost: {_case_line(m, reply.get('died'))}\n")
-                sys.stderr.flush()
+        for sweep in range(settings.passes):
+            for t, model, kind in cases:
+                bar.update()
+                key = (model, kind, t)
+                if sweep == 0:
+                    reply = _measure_or_skip(server, model, kind, t, settings, threads, failed, last)
+                elif best[key].seconds is None:
+                    continue  # later passes repeat what the first could run
+                else:
+                    reply = server.measure(model, kind, t, settings, threads)
+                m = Measurement(model, kind, t, reply.get("seconds"), reply.get("peak_mib"))
+                if key in best and m.seconds is not None:
+                    m = Measurement(
+                        model, kind, t, min(best[key].seconds, m.seconds), min(best[key].peak_mib, m.peak_mib)
+                    )
+                best.setdefault(key, m)
+                if m.seconds is not None:
+                    best[key] = m
+                if progress and not show_bar:
+                    where = f"pass {sweep + 1}/{settings.passes}, " if settings.passes > 1 else ""
+                    sys.stderr.write(f"cost: {where}{_case_line(m, reply.get('died'))}\n")
+                    sys.stderr.flush()
     finally:
         bar.close()
         server.close()
+    measurements = [best[(m, k, t)] for t, m, k in cases]
     counts = [Count(m, t, *count_steps(m, t, settings.layers)) for m in MODELS for t in settings.lengths]
     result = CostResult(
         date=date.today().isoformat(),
@@ -713,6 +751,7 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
         vocab=VOCAB,
         batch=1,
         repeats=settings.repeats,
+        passes=settings.passes,
         max_memory_mib=settings.max_memory_mib,
         timing_method=TIMING_METHOD,
         memory_method=MEMORY_METHOD,

@@ -1,4 +1,4 @@
-"""attnlab cost [--lengths 64,128,...] [--width K] [--layers D] [--heads H] [--repeats N] [--threads N]
+"""attnlab cost [--lengths 64,128,...] [--width K] [--layers D] [--heads H] [--repeats N] [--passes N] [--threads N]
 [--max-memory MIB] [--fit-from T] [--quick] [--out DIR] [--json]"""
 
 import argparse
@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
     p.add_argument("--repeats", type=positive_int, help="timed calls per case, median reported (default 3; 1 --quick)")
+    p.add_argument("--passes", type=positive_int, help="sweeps over all cases, the smallest reading kept (default 1)")
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         layers=args.layers,
         heads=args.heads,
         repeats=args.repeats,
+        passes=args.passes,
         fit_from=args.fit_from,
         max_memory_mib=args.max_memory,
     )
