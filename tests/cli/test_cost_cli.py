@@ -106,3 +106,15 @@ def test_out_that_is_a_file_fails_before_measuring(capsys, tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("x", encoding="utf-8")
     assert_user_error(cli(capsys, "cost", "--quick", "--out", taken), "is a file")
+
+
+def test_json_prints_the_same_object_it_writes(capsys, tmp_path):
+    code, out, err = cli(
+        capsys, "cost", "--lengths", "8,16", "--width", "8", "--layers", "1", "--heads", "2", "--repeats", "1",
+        "--json", "--out", tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    printed = json.loads(out)
+    assert printed == json.loads((tmp_path / "cost.json").read_text(encoding="utf-8"))
+    assert printed["lengths"] == [8, 16] and printed["heads"] == 2 and printed["passes"] == 1
+    assert len(printed["measurements"]) == 12 and len(printed["table"]) == 18
