@@ -399,16 +399,19 @@ _MEMORY_CHILD = (
 )
 
 
+def child_env() -> dict[str, str]:
+    """The environment for a child Python process that imports this very attnlab, installed or not."""
+    here = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+
+
 def cpu_attention_memory(path: str, seq_len: int) -> float:
     """`attention_memory_case` in a fresh Python process -> MiB."""
-    # The child imports this very attnlab, installed or not.
-    here = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
         [sys.executable, "-c", _MEMORY_CHILD, path, str(seq_len), str(torch.get_num_threads())],
         capture_output=True,
         text=True,
-        env=env,
+        env=child_env(),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"attention memory case {path} T={seq_len} failed:\n{proc.stderr}")

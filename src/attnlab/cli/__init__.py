@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     "positions",
     "plot",
     "report",
+    "cost",
 )
 
 

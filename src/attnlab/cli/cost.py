@@ -1,0 +1,108 @@
+"""attnlab cost [--lengths 64,128,...] [--width K] [--layers D] [--heads H] [--repeats N] [--passes N] [--threads N]
+[--max-memory MIB] [--fit-from T] [--quick] [--out DIR] [--json]"""
+
+import argparse
+import sys
+
+from attnlab.cli import positive_int
+
+
+def lengths_list(text: str) -> tuple[int, ...]:
+    """ "64,128,256" -> (64, 128, 256); anything else is an argparse error (one line, exit 2)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, e.g. 64,128,256; got {text!r}"
+        ) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cost",
+        help="measure the lectures' cost table (RNN, RNN+attention, Transformer) on this machine",
+        description="For an RNN, an RNN with attention and a Transformer of the same width and depth, measure "
+        "the time and peak memory of one training step and of generating t tokens as t grows (each case in a "
+        "fresh process), count sequential steps and maximum path length, and fit the exponent of t on log-log "
+        "axes beside the lectures' theory. Writes cost.json and log-log plots to --out.",
+    )
+    p.add_argument(
+        "--lengths",
+        type=lengths_list,
+        help="sequence lengths t, strictly increasing (default 64,128,256,512,1024; 8,16,32 with --quick)",
+    )
+    p.add_argument("--width", type=positive_int, help="model width k of every model (default 64; 16 with --quick)")
+    p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
+    p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
+    p.add_argument("--repeats", type=positive_int, help="timed calls per case, median reported (default 3; 1 --quick)")
+    p.add_argument("--passes", type=positive_int, help="sweeps over all cases, the smallest reading kept (default 1)")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch threads of every case (default 1: the slopes, not peak speed; a busy machine stalls a pool)",
+    )
+    p.add_argument(
+        "--max-memory",
+        type=positive_int,
+        metavar="MIB",
+        help="skip a case whose peak, extrapolated from the previous length, would exceed this (default 4096)",
+    )
+    p.add_argument(
+        "--fit-from", type=positive_int, metavar="T", help="fit exponents on lengths >= T (default: the larger half)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny lengths and model: checks that it runs in seconds, measures little"
+    )
+    p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from attnlab.cost import QUICK_LENGTHS, CostSettings, format_table, measure_cost
+    from attnlab.errors import UserError
+    from attnlab.fileio import atomic_write_text
+
+    quick = dict(lengths=QUICK_LENGTHS, width=16, layers=1, heads=2, repeats=1) if args.quick else {}
+    given = dict(
+        lengths=args.lengths,
+        width=args.width,
+        layers=args.layers,
+        heads=args.heads,
+        repeats=args.repeats,
+        passes=args.passes,
+        fit_from=args.fit_from,
+        max_memory_mib=args.max_memory,
+    )
+    try:
+        settings = CostSettings(**{**quick, **{k: v for k, v in given.items() if v is not None}})
+    except ValueError as e:
+        raise UserError(f"{e}; see attnlab cost --help") from None
+    out = Path(args.out) if args.out else None
+    # Checked before minutes of measuring, not after.
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {out} is a file; give a folder")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot create the folder ({e.strerror}); choose another") from None
+
+    result = measure_cost(settings, threads=args.threads, progress=True)
+    if out is not None:
+        from attnlab.viz.cost import plot_cost
+
+        atomic_write_text(out / "cost.json", json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+        for path in plot_cost(result, out):
+            sys.stderr.write(f"cost: wrote {path}\n")
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(result.to_json())
+    else:
+        print(format_table(result))
+    return 0
