@@ -164,3 +164,38 @@ def test_a_signal_ignored_at_start_stays_ignored():
         assert stop.signal_name is None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# -- fp16 with a gradient scaler (the GPU recipe), through the same trainer code on the CPU ---------
+# `train.dtype = "float16"` is refused on CPU for users (slow kernels there); these tests lift that
+# check, and everything else is what a GPU run executes: autocast to float16, the loss scaled before
+# backward, gradients unscaled before clipping, an overflowing step skipped by the scaler (and not
+# counted as a bad step by the guard), the scaler's state saved and restored on resume.
+INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's default
+
+
+@pytest.fixture
+def fp16_on_cpu(monkeypatch):
+    from attnlab.train import distributed, precision
+
+    monkeypatch.setattr(precision, "check_dtype", lambda device, dtype: None)
+    monkeypatch.setattr(distributed, "check_dtype", lambda device, dtype: None)
+
+
+def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(faulty, fp16_on_cpu, tiny_toml, tmp_path):
+    from attnlab.train.checkpoint import load_train_state
+
+    faulty({3: "inf_grad"})
+    fp16 = ("train.dtype=float16", "train.device=cpu", "train.max_bad_steps=1", "train.eval_interval=6")
+    run = tmp_path / "run"
+    result = train(config(tiny_toml, *fp16, "train.max_iters=6"), run, progress=False)
+    # max_bad_steps = 1: had the guard counted the overflow, the run would have stopped at step 3.
+    assert result.step == 6 and all(r["skipped_steps"] == "0" for r in train_rows(run))
+    scale = load_train_state(run)["grad_scaler"]["scale"]
+    assert scale == INITIAL_SCALE / 2  # the injected overflow, skipped by the scaler, halved it
+    faulty({})
+    resumed = train(config(tiny_toml, *fp16, "train.max_iters=8"), run, resume=True, progress=False)
+    assert resumed.step == 8
+    # The resumed run carried on from the saved scale (a fresh scaler would be back at 2^16).
+    assert load_train_state(run)["grad_scaler"]["scale"] == scale
+    assert float(train_rows(run)[-1]["train_loss"]) < float(train_rows(run)[0]["train_loss"])
