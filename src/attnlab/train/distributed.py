@@ -164,7 +164,6 @@ class Distributed:
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
         self._owns_group = False
-        self.device = torch.device("cpu")  # where collectives' tensors live (nccl needs the GPU)
 
     @property
     def is_main(self) -> bool:
@@ -185,7 +184,6 @@ class Distributed:
         if not dist.is_initialized():  # a caller may have joined a group already; then it owns it
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self._owns_group = True
-        self.device = device
         return device
 
     def stop(self) -> None:
@@ -243,14 +241,6 @@ class Distributed:
         value = value.clone()
         dist.all_reduce(value)
         return value / self.world_size
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on any (a stop request that reached one process)."""
-        if not self.ranks.launched:
-            return flag
-        value = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank (e.g. the evaluation results only rank 0 computed)."""

@@ -280,6 +280,7 @@ def train(
     model.train()
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
+    stopped_by = None
     while step < tc.max_iters:
         lr = _learning_rate(tc, step)
         for group in optimizer.param_groups:
@@ -311,15 +312,16 @@ def train(
                 precision.backward(loss)
             loss_sum += loss.detach()
         precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
-        # One host sync per step: a non-finite loss or gradient norm must skip the update. The
-        # loss is averaged over ranks and the gradients are all-reduced already, so every rank
-        # takes the same decision.
-        loss_value, norm = torch.stack([ddp.mean(loss_sum), grad_norm(model, tc.grad_clip)]).tolist()
-        if precision.scaling and not math.isfinite(norm):
-            # fp16 overflow: the scaler skips this update and lowers its scale; that is how fp16
-            # training finds its scale, not a sign of divergence, so the guard does not count it.
-            precision.step(optimizer)
-        elif guard.admit(step + 1, loss_value, norm):
+        # One collective and one host sync per step: a non-finite loss or gradient norm must skip
+        # the update, and a stop request that reached any rank stops them all at this step. Loss
+        # and stop flag are averaged over ranks (the flag's mean is above 0 when any rank was
+        # asked); the gradients are all-reduced already. So every rank takes the same decisions.
+        asked = float(stop is not None and stop.signal_name is not None)
+        shared = ddp.mean(torch.stack([loss_sum, loss_sum.new_tensor(asked)]))
+        loss_value, stop_votes, norm = torch.cat([shared, grad_norm(model, tc.grad_clip)[None]]).tolist()
+        # fp16 overflow: the scaler skips that update and lowers its scale; that is how fp16 training
+        # finds its scale, not a sign of divergence, so the guard neither sees nor counts it.
+        if (precision.scaling and not math.isfinite(norm)) or guard.admit(step + 1, loss_value, norm):
             precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -352,10 +354,11 @@ def train(
             log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
             checkpoint({"step": step, selection[0]: best} if improved else None)
             window_start += time.perf_counter() - pause  # evaluation is not training time
-        if ddp.any(stop is not None and stop.signal_name is not None):  # every rank stops at the same step
-            if step % tc.eval_interval != 0 and step != tc.max_iters:  # not saved just now
+        if stop_votes > 0 and step < tc.max_iters:  # (at max_iters the run has finished anyway)
+            if step % tc.eval_interval != 0:  # not saved just now
                 elapsed += time.perf_counter() - window_start
                 checkpoint()
+            stopped_by = (stop.signal_name if stop is not None else None) or "a signal to another rank"
             break
     bar.close()
     metrics.close()
@@ -368,9 +371,7 @@ def train(
         elapsed,
         tokens_per_sec,
         compiled=step_loss.compiled,
-        stopped_by=(stop.signal_name or "a signal to another rank")
-        if stop is not None and step < tc.max_iters
-        else None,
+        stopped_by=stopped_by,
     )
 
 
