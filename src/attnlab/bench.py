@@ -352,7 +352,7 @@ def _attention_forward_backward(path: str, q: torch.Tensor, k: torch.Tensor, v: 
     out.sum().backward()
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """This process's peak resident memory. On Linux that is VmHWM, not ru_maxrss: a child's
     ru_maxrss starts at its parent's peak (the kernel carries it over at fork and exec), so a child of
     a process that holds models would report nothing below that."""
@@ -365,7 +365,7 @@ def _peak_rss_bytes() -> int:
         return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB elsewhere
 
 
-def _reset_peak_rss() -> None:
+def reset_peak_rss() -> None:
     """Lower the peak to the current resident memory (Linux >= 4.0), so that transient memory of
     the imports does not hide a smaller case. Elsewhere the peak stays as it is."""
     try:
@@ -387,10 +387,10 @@ def attention_memory_case(path: str, seq_len: int, *, threads: int | None = None
     # A tiny warm-up first, so kernel code and thread pools are paged in before the baseline.
     _attention_forward_backward(path, *_attention_inputs(8, torch.device("cpu"), torch.float32))
     q, k, v = _attention_inputs(seq_len, torch.device("cpu"), torch.float32)
-    _reset_peak_rss()
-    before = _peak_rss_bytes()
+    reset_peak_rss()
+    before = peak_rss_bytes()
     _attention_forward_backward(path, q, k, v)
-    return (_peak_rss_bytes() - before) / 2**20
+    return (peak_rss_bytes() - before) / 2**20
 
 
 _MEMORY_CHILD = (
@@ -611,7 +611,8 @@ def _progress_line(label: str, speed: dict[str, float], unit: str) -> str:
     return line
 
 
-def _num(value: float | None, spec: str, suffix: str = "") -> str:
+def optional_number(value: float | None, spec: str, suffix: str = "") -> str:
+    """`value` formatted with `spec` (and `suffix`), or "-" for a missing value."""
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
@@ -634,8 +635,8 @@ def format_table(result: BenchResult) -> str:
     for r in result.train:
         lines.append(
             f"{r.case + ' (tokens/s)':<40} {r.attnlab_tokens_per_sec:>12,.0f} "
-            f"{_num(r.transformers_tokens_per_sec, ',.0f'):>12} {_num(r.ratio, '.2f', 'x'):>7} "
-            f"{r.attnlab_mfu:>12.2%} {_num(r.transformers_mfu, '.2%'):>12}"
+            f"{optional_number(r.transformers_tokens_per_sec, ',.0f'):>12} {optional_number(r.ratio, '.2f', 'x'):>7} "
+            f"{r.attnlab_mfu:>12.2%} {optional_number(r.transformers_mfu, '.2%'):>12}"
         )
     # Decoding reads every weight once per step: its roofline is memory bandwidth, not FLOPs.
     header = f"{'generation (greedy)':<40} {'attnlab':>12} {'transformers':>12} {'ratio':>7}"
@@ -645,7 +646,7 @@ def format_table(result: BenchResult) -> str:
         label = f"{r.case}, {r.new_tokens} new (tok/s)"
         lines.append(
             f"{label:<40} {r.attnlab_tokens_per_sec:>12,.0f} "
-            f"{_num(r.transformers_tokens_per_sec, ',.0f'):>12} {_num(r.ratio, '.2f', 'x'):>7} "
+            f"{optional_number(r.transformers_tokens_per_sec, ',.0f'):>12} {optional_number(r.ratio, '.2f', 'x'):>7} "
             f"{r.attnlab_of_bound:>12.1%} {r.bound_tokens_per_sec:>12,.0f}"
         )
     dtype = result.attention_memory[0].dtype if result.attention_memory else ""
@@ -657,8 +658,9 @@ def format_table(result: BenchResult) -> str:
         explicit, fused = by_case.get(("explicit", seq_len)), by_case.get(("fused", seq_len))
         label = f"B=1 H={ATTENTION_HEADS} D={ATTENTION_HEAD_DIM} T={seq_len}"
         lines.append(
-            f"{label:<40} {_num(explicit and explicit.peak_mib, ',.1f'):>12} "
-            f"{_num(explicit and explicit.growth_per_doubling, '.1f', 'x'):>7} "
-            f"{_num(fused and fused.peak_mib, ',.1f'):>12} {_num(fused and fused.growth_per_doubling, '.1f', 'x'):>7}"
+            f"{label:<40} {optional_number(explicit and explicit.peak_mib, ',.1f'):>12} "
+            f"{optional_number(explicit and explicit.growth_per_doubling, '.1f', 'x'):>7} "
+            f"{optional_number(fused and fused.peak_mib, ',.1f'):>12} "
+            f"{optional_number(fused and fused.growth_per_doubling, '.1f', 'x'):>7}"
         )
     return "\n".join(lines)

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.bench import _peak_rss_bytes, _reset_peak_rss, child_env
+from attnlab.bench import child_env, optional_number, peak_rss_bytes, reset_peak_rss
 from attnlab.decode import generate_tokens, greedy_picker
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.rnn import AdditiveAttention
@@ -485,12 +485,12 @@ def measure_case(model_name: str, kind: str, t: int, settings: CostSettings, thr
             generate(t)
 
     gc.collect()
-    _reset_peak_rss()
-    before = _peak_rss_bytes()
+    reset_peak_rss()
+    before = peak_rss_bytes()
     start = time.perf_counter()
     call()  # the memory call; not reported as a time (its first touches of fresh pages cost extra)
     first = time.perf_counter() - start
-    peak = max(_peak_rss_bytes() - before, PAGE)
+    peak = max(peak_rss_bytes() - before, PAGE)
     times = []
     for _ in range(settings.repeats if first * settings.repeats <= CASE_BUDGET_S else 1):
         start = time.perf_counter()
@@ -788,10 +788,6 @@ def _case_line(m: Measurement, died: str | None) -> str:
     return f"{what}: {m.seconds:.4f} s, {m.peak_mib:,.2f} MiB"
 
 
-def _num(value: float | None, spec: str) -> str:
-    return "-" if value is None else f"{value:{spec}}"
-
-
 def format_table(result: CostResult) -> str:
     """The measurements per length, then the cost table: theory beside the fitted exponents."""
     lines = [
@@ -819,7 +815,7 @@ def format_table(result: CostResult) -> str:
             cells = []
             for model, quantity in cols:
                 spec = ".4f" if quantity.endswith("time") else ",.2f"
-                cells.append(f"{_num(series[(model, quantity)][i], spec):>18}")
+                cells.append(f"{optional_number(series[(model, quantity)][i], spec):>18}")
             lines.append(f"{t:>6} " + " ".join(cells))
         lines.append("")
     fit = result.fit_lengths
@@ -834,7 +830,7 @@ def format_table(result: CostResult) -> str:
         for model in MODELS:
             r = by_key[(model, quantity)]
             star = "*" if r.source == "derived" else ""
-            fitted = _num(r.fitted_exponent, ".2f")
+            fitted = optional_number(r.fitted_exponent, ".2f")
             if r.fitted_exponent is not None and r.fit_lengths != fit:
                 fitted += "†"
                 notes.append(
