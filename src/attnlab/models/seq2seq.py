@@ -154,11 +154,19 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """src `(B, S)` -> memory `(B, S, C)` and the source padding mask `(B, 1, 1, S)`."""
+        memory, src_mask, _ = self._encode(src, need_weights=False)
+        return memory, src_mask
+
+    def _encode(self, src: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Memory, source mask and, when asked for, each encoder layer's weights `(B, H, S, S)`."""
         src_mask = padding_mask_from_ids(src, self.pad_id)
         x = self._embed(src, self.src_embedding)
+        weights = []
         for block in self.encoder:
-            x, _ = block(x, mask=src_mask)
-        return self.encoder_norm(x), src_mask
+            x, w = block(x, mask=src_mask, need_weights=need_weights)
+            if w is not None:
+                weights.append(w)
+        return self.encoder_norm(x), src_mask, weights
 
     def _memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [block.cross_attn.project_memory(memory) for block in self.decoder]
@@ -212,13 +220,7 @@ class Seq2SeqTransformer(nn.Module):
     @torch.no_grad()
     def encoder_attention(self, src: torch.Tensor) -> list[torch.Tensor]:
         """The encoder's per-head self-attention of every layer for src `(B, S)`: a list of `(B, H, S, S)`."""
-        src_mask = padding_mask_from_ids(src, self.pad_id)
-        x = self._embed(src, self.src_embedding)
-        weights = []
-        for block in self.encoder:
-            x, w = block(x, mask=src_mask, need_weights=True)
-            weights.append(w)
-        return weights
+        return self._encode(src, need_weights=True)[2]
 
     @torch.no_grad()
     def cross_attention_layers(self, src: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
