@@ -196,8 +196,10 @@ def test_no_torch_compile_at_all_warns_and_decodes_eagerly(gpt, monkeypatch):
     assert torch.equal(got, expected)
 
 
-def test_the_decoding_step_has_one_shape_whatever_the_position(gpt, monkeypatch):
-    # What makes the step compile once: every call after the prefill sees the same shapes.
+def test_the_compiled_decoding_step_has_one_shape_whatever_the_position(gpt, monkeypatch):
+    # What makes the step compile once: every call after the prefill sees the same shapes. The
+    # "compiler" here is the identity, so the spy sees every call.
+    monkeypatch.setattr(torch, "compile", lambda model, **_: model)
     shapes = set()
     original = type(gpt).forward
 
@@ -207,8 +209,25 @@ def test_the_decoding_step_has_one_shape_whatever_the_position(gpt, monkeypatch)
         return original(self, idx, *args, cache=cache, positions=positions, **kwargs)
 
     monkeypatch.setattr(type(gpt), "forward", spy)
-    greedy(gpt, random_prompt(2, 3), 10)
+    idx = random_prompt(2, 3)
+    assert torch.equal(greedy(gpt, idx, 10, compile=True), reference_greedy(gpt, idx, 10))
     assert shapes == {((2, 1), (1,), (2, 2, BLOCK, 16))}
+
+
+def test_eager_decoding_steps_attend_to_the_filled_slots_alone(gpt, monkeypatch):
+    lengths = []
+    original = type(gpt).forward
+
+    def spy(self, idx, *args, cache=None, positions=None, **kwargs):
+        if cache is not None:  # not the reference's full forwards
+            assert positions is None  # the growing path, KVCache.append
+            lengths.append(cache[0].length)
+        return original(self, idx, *args, cache=cache, positions=positions, **kwargs)
+
+    monkeypatch.setattr(type(gpt), "forward", spy)
+    idx = random_prompt(2, 3)
+    assert torch.equal(greedy(gpt, idx, 6), reference_greedy(gpt, idx, 6))
+    assert lengths == [0, 3, 4, 5, 6, 7]  # the prefill, then one slot more per step
 
 
 # ------------------------------------------------------------------ sampling

@@ -1,11 +1,12 @@
 """Decoding as pure functions outside the models: greedy, sampling, logit filters.
 
 Every strategy runs the same loop: one prefill of the prompt into a preallocated KV cache, then
-one-token decoding steps that attend to the cache. A step has the same shapes every time (it
-attends to the whole cache, masked up to its position, see `KVCache.write`), so it can be compiled
-once (`compile=True`). When the sequence outgrows the model's block_size the window slides: the
-next token is predicted from the last block_size tokens, recomputed in full (with absolute
-positions, every cached key would sit at the wrong position after a shift).
+one-token decoding steps that attend to the cache. Eager steps attend to the filled slots alone
+(`KVCache.append`). Compiled steps (`compile=True`) have the same shapes every time: they attend
+to the whole cache, masked up to their position (`KVCache.write`), so they compile once. When the
+sequence outgrows the model's block_size the window slides: the next token is predicted from the
+last block_size tokens, recomputed in full (with absolute positions, every cached key would sit at
+the wrong position after a shift).
 
 The model interface: `model(idx, cache=..., positions=..., last_only=True) -> logits (B, 1, V)`,
 `model.new_cache(batch_size, max_len)`, `model.config.block_size`.
@@ -96,9 +97,16 @@ class _Step:
         self.compile = compile
         self.compiled: nn.Module | None = None
 
+    def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
+        """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
+        if self.compile:  # the static path: positions as a tensor, the whole cache attended
+            positions = torch.arange(prompt.size(1), device=prompt.device)
+            return self.model(prompt, cache=cache, positions=positions, last_only=True)
+        return self.model(prompt, cache=cache, last_only=True)
+
     def __call__(self, token: torch.Tensor, cache: list, position: int) -> torch.Tensor:
-        positions = torch.full((1,), position, dtype=torch.long, device=token.device)
         if self.compile:
+            positions = torch.full((1,), position, dtype=torch.long, device=token.device)
             try:
                 if self.compiled is None:
                     self.compiled = torch.compile(self.model, dynamic=False)
@@ -106,7 +114,11 @@ class _Step:
             except Exception as e:  # the compiler's failure; an eager error would repeat below
                 warnings.warn(f"compiled decoding failed ({type(e).__name__}); decoding eagerly", stacklevel=3)
                 self.compile = False
-        return self.model(token, cache=cache, positions=positions, last_only=True)
+                for layer in cache:  # hand over to the growing path, which counts the filled slots
+                    layer.length = position
+        # Eagerly, attending to the filled slots alone costs less than the static path's mask
+        # over the whole buffer, and shapes that change every step cost nothing.
+        return self.model(token, cache=cache, last_only=True)
 
 
 def generate_tokens(
@@ -141,20 +153,19 @@ def generate_tokens(
         filled = prompt.size(1)  # cache slots written so far
         if use_cache:
             cache = model.new_cache(idx.size(0), block)
-            positions = torch.arange(filled, device=idx.device)
-            logits = model(prompt, cache=cache, positions=positions, last_only=True)  # the prefill
+            logits = step.prefill(prompt, cache)
         else:
             cache = None
             logits = model(prompt, last_only=True)
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    for _ in range(max_new_tokens):
+    for i in range(max_new_tokens):
         token = pick(logits[:, -1, :])
         if eos_id is not None:
             token = token.masked_fill(done, eos_id)
             done = done | (token == eos_id)
         yield token
-        if eos_id is not None and bool(done.all()):
-            return
+        if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+            return  # no forward for logits nobody reads
         seq = torch.cat([seq, token[:, None]], dim=1)
         with _eval_mode(model):
             if cache is not None and filled < block:

@@ -19,6 +19,7 @@ from attnlab.nn import (
     NORM_ORDERS,
     POSITIONS,
     KVCache,
+    Linear,
     TransformerBlock,
     build_positions,
     normal_init,
@@ -114,7 +115,7 @@ class GPT(nn.Module):
             if config.norm == "pre"
             else nn.Identity()
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.token_embedding.weight
         self.apply(normal_init)

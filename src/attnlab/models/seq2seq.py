@@ -26,6 +26,7 @@ from attnlab.nn import (
     POSITIONS,
     DecoderBlock,
     KVCache,
+    Linear,
     TransformerBlock,
     build_positions,
     padding_mask_from_ids,
@@ -121,7 +122,7 @@ class Seq2SeqTransformer(nn.Module):
         )
         self.encoder_norm = self._final_norm()
         self.decoder_norm = self._final_norm()
-        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.output = Linear(c.d_model, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:
             self.output.weight = self.tgt_embedding.weight

@@ -14,6 +14,7 @@ from attnlab.nn.positions import (
     embedding_scale,
     sinusoidal_positions,
 )
+from attnlab.nn.projection import Linear, linear
 
 __all__ = [
     "ACTIVATIONS",
@@ -23,6 +24,7 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LearnedPositions",
+    "Linear",
     "MultiHeadAttention",
     "NoPositions",
     "SinusoidalPositions",
@@ -30,6 +32,7 @@ __all__ = [
     "build_positions",
     "causal_mask",
     "embedding_scale",
+    "linear",
     "normal_init",
     "padding_mask",
     "padding_mask_from_ids",

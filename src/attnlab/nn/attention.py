@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.masks import causal_mask
+from attnlab.nn.projection import Linear, linear
 
 
 def scaled_dot_product_attention(
@@ -133,8 +134,8 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -144,7 +145,7 @@ class MultiHeadAttention(nn.Module):
         """Keys and values `(B, H, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
         c = self.d_model
         bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
-        k, v = F.linear(memory, self.in_proj.weight[c:], bias).split(c, dim=-1)
+        k, v = linear(memory, self.in_proj.weight[c:], bias).split(c, dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
     def forward(
@@ -178,7 +179,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._split_heads(k), self._split_heads(v)
         else:
             bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
-            q = F.linear(x, self.in_proj.weight[:c], bias)
+            q = linear(x, self.in_proj.weight[:c], bias)
             k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         q = self._split_heads(q)  # (B, H, Tq, D)
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead

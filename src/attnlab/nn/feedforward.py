@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn.projection import Linear
+
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation, as in the original BERT and GPT-2 code."""
@@ -29,9 +31,9 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
-        self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.fc1 = Linear(d_model, d_ff, bias=bias)
         self.act = ACTIVATIONS[activation]
-        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.fc2 = Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""attnlab.nn.projection: the decoding routes of a linear map compute x Wᵀ + b, written out here.
+
+The reference is the formula `x @ weight.T + bias` (and `torch.nn.Linear` for the module); each
+route is first checked to be the one taken, so a test cannot pass by falling back to F.linear.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import attnlab.nn.projection as projection
+from attnlab.decode import greedy
+from attnlab.models import GPT, GPTConfig
+from attnlab.nn import Linear, linear
+
+BIG = (768, 384)  # 294,912 elements: above GEMV_MIN_WEIGHT
+SMALL = (64, 32)
+
+
+def weights(out: int, inp: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g) / inp**0.5, torch.randn(out, generator=g)
+
+
+def formula(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+@pytest.mark.parametrize("shape", [(384,), (1, 384), (1, 1, 384)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_one_row_takes_the_streaming_route_and_equals_the_formula(shape, with_bias):
+    w, b = weights(*BIG)
+    b = b if with_bias else None
+    x = torch.randn(shape)
+    assert projection.streams_as_gemv(x, w)
+    y = linear(x, w, b)
+    assert y.shape == (*shape[:-1], BIG[0])
+    torch.testing.assert_close(y, formula(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_streaming_route_gradients_equal_the_formula():
+    w, b = weights(*BIG)
+    x = torch.randn(1, 384)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    linear(*leaves).pow(2).sum().backward()
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    formula(*ref).pow(2).sum().backward()
+    for got, want in zip(leaves, ref, strict=True):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "x, w",
+    [
+        (torch.randn(1, SMALL[1]), torch.randn(*SMALL)),  # stays in cache: gemv is faster
+        (torch.randn(4, 384), torch.randn(*BIG)),  # several rows
+        (torch.randn(1, 384), torch.randn(769, 384)),  # odd number of output rows
+        (torch.randn(1, 384, dtype=torch.float64), torch.randn(*BIG)),  # dtypes differ
+        (torch.randn(1, 768), torch.randn(384, 768 * 2)[:, ::2]),  # weight not contiguous
+    ],
+)
+def test_other_products_go_to_f_linear(x, w):
+    assert not projection.streams_as_gemv(x, w)
+    if x.dtype == w.dtype:
+        torch.testing.assert_close(linear(x, w), formula(x, w, None), atol=1e-5, rtol=1e-5)
+
+
+def test_module_has_torch_linear_parameters_and_state_dict():
+    torch.manual_seed(0)
+    ours = Linear(*BIG[::-1])
+    theirs = torch.nn.Linear(*BIG[::-1])
+    theirs.load_state_dict(ours.state_dict())
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = torch.randn(3, 5, BIG[1])
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("rows", [2, 5, projection.PACKED_MAX_ROWS])
+def test_few_rows_in_inference_use_the_reordered_weight(rows):
+    torch.manual_seed(0)
+    layer = Linear(*BIG[::-1])
+    x = torch.randn(rows, 1, BIG[1])
+    with torch.inference_mode():
+        y = layer(x)
+    assert layer._packed is not None
+    torch.testing.assert_close(y, formula(x, layer.weight.detach(), layer.bias.detach()), atol=1e-5, rtol=1e-5)
+
+
+def test_reordered_weight_follows_an_optimizer_step():
+    torch.manual_seed(0)
+    layer = Linear(*BIG[::-1])
+    x = torch.randn(4, BIG[1])
+    with torch.inference_mode():
+        before = layer(x)
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    layer(torch.randn(4, BIG[1])).sum().backward()  # autograd on: the plain route
+    opt.step()
+    with torch.inference_mode():
+        after = layer(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, formula(x, layer.weight.detach(), layer.bias.detach()), atol=1e-5, rtol=1e-5)
+
+
+def test_training_never_uses_the_reordered_weight_and_copies_drop_it():
+    torch.manual_seed(0)
+    layer = Linear(*BIG[::-1])
+    layer(torch.randn(4, BIG[1])).sum().backward()
+    assert layer._packed is None and layer.weight.grad is not None
+    with torch.inference_mode():
+        layer(torch.randn(4, BIG[1]))
+    assert layer._packed is not None
+    clone = copy.deepcopy(layer)  # an opaque oneDNN tensor could not be deep-copied
+    assert clone._packed is None
+    torch.testing.assert_close(clone.weight, layer.weight)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_wide_gpt_cached_decoding_matches_full_recomputation(batch):
+    """A model wide enough for both decoding routes (one row per step at batch 1, the reordered
+    weight at batch 3): the cached greedy tokens equal those of recomputing every window."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=97, block_size=32, n_layer=2, n_head=6, n_embd=384))
+    assert projection.streams_as_gemv(torch.randn(1, 384), model.blocks[0].ffn.fc1.weight)
+    prompt = torch.randint(0, 97, (batch, 5), generator=torch.Generator().manual_seed(1))
+    cached = greedy(model, prompt, 40)
+    assert model.blocks[0].ffn.fc1._packed is not None  # the 5-row prefill, or 3-row steps
+    uncached = greedy(model, prompt, 40, use_cache=False)
+    assert torch.equal(cached, uncached)
