@@ -90,12 +90,19 @@ def _eval_mode(model: nn.Module):
 class _Step:
     """The one-token decoding step, through torch.compile when asked for. Compilation happens at
     the first call; if it fails there (or torch.compile is unavailable), a warning says so and the
-    step runs eagerly."""
+    step runs eagerly.
+
+    torch.compile checks its guards (the inputs' shapes, the model, the cache objects, every
+    parameter) before each call: 0.26 ms of a 2.6 ms step at 6×6×384. Within one generation
+    every step after the first passes the same objects with the same shapes, so those later
+    steps skip the guards that cannot tell cache entries apart (`skip_guard_eval_unsafe`; what
+    keeps it safe here is that nothing but the token and position values changes)."""
 
     def __init__(self, model: nn.Module, compile: bool) -> None:
         self.model = model
         self.compile = compile
         self.compiled: nn.Module | None = None
+        self.calls = 0
 
     def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
         """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
@@ -110,7 +117,11 @@ class _Step:
             try:
                 if self.compiled is None:
                     self.compiled = torch.compile(self.model, dynamic=False)
-                return self.compiled(token, cache=cache, positions=positions, last_only=True)
+                self.calls += 1
+                if self.calls == 1:  # guarded: picks or compiles the entry for these inputs
+                    return self.compiled(token, cache=cache, positions=positions, last_only=True)
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return self.compiled(token, cache=cache, positions=positions, last_only=True)
             except Exception as e:  # the compiler's failure; an eager error would repeat below
                 warnings.warn(f"compiled decoding failed ({type(e).__name__}); decoding eagerly", stacklevel=3)
                 self.compile = False
