@@ -65,6 +65,16 @@ def test_sample_is_seeded_and_streaming_prints_the_same_text(trained_run, capsys
     assert first.startswith("First")
 
 
+def test_compiled_greedy_sample_prints_the_eager_text(trained_run, capsys, recwarn):
+    args = ("sample", trained_run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "12")
+    code, eager, _ = cli(capsys, *args)
+    assert code == 0
+    code, compiled, _ = cli(capsys, *args, "--compile")
+    assert code == 0
+    assert not [w for w in recwarn if "compiled decoding failed" in str(w.message)]  # it did compile
+    assert compiled == eager and len(eager) > len("ROMEO:")
+
+
 def test_greedy_sample_with_stop_string(trained_run, capsys):
     base = ("sample", trained_run, "--prompt", "A", "--temperature", "0", "--max-new-tokens", "60", "--json")
     full = json.loads(cli(capsys, *base)[1])["samples"][0]

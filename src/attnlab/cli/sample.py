@@ -1,4 +1,4 @@
-"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]"""
+"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S] [--compile]"""
 
 import argparse
 import sys
@@ -22,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=positive_int, default=1, help="independent samples (default 1)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the decoding step through torch.compile (compiles first: pays off on long generations)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help='print {"samples": [...]} as JSON')
     p.set_defaults(run=run)
@@ -48,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
     samples = []
     for i in range(args.num_samples):
-        pieces = stream_text(run.model, run.tokenizer, prompt_ids, args.max_new_tokens, pick, stop=args.stop)
+        pieces = stream_text(
+            run.model, run.tokenizer, prompt_ids, args.max_new_tokens, pick, stop=args.stop, compile=args.compile
+        )
         if args.stream and not args.json:
             sys.stdout.write(args.prompt)
             for piece in pieces:
