@@ -203,8 +203,12 @@ class MultiHeadAttention(nn.Module):
             look_ahead = causal_mask(t_q, t_k, device=x.device)
             mask = look_ahead if mask is None else mask & look_ahead
 
-        if need_weights:
+        # In a compiled one-query step the formula's few operators fuse into the kernels around
+        # them, where the fused kernel would be one more call with its fixed cost (compiled greedy
+        # decoding 1.07x faster at 6x6x384, 1.26x at 4x4x128, same process).
+        if need_weights or (t_q == 1 and torch.compiler.is_compiling()):
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+            weights = weights if need_weights else None
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
             if may_empty_rows:
