@@ -102,7 +102,6 @@ class _Step:
         self.model = model
         self.compile = compile
         self.compiled: nn.Module | None = None
-        self.calls = 0
 
     def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
         """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
@@ -115,10 +114,8 @@ class _Step:
         if self.compile:
             positions = torch.full((1,), position, dtype=torch.long, device=token.device)
             try:
-                if self.compiled is None:
+                if self.compiled is None:  # the first call is guarded: it picks or compiles the entry
                     self.compiled = torch.compile(self.model, dynamic=False)
-                self.calls += 1
-                if self.calls == 1:  # guarded: picks or compiles the entry for these inputs
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)
