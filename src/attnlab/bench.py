@@ -572,7 +572,7 @@ def run_benchmarks(
 def _fresh_compiler(compile: bool) -> None:
     """Each case compiles as a user's only model would. torch.compile keeps one cache per code
     object (GPT.forward) for every model and shape it has seen; with the earlier cases' entries
-    still there, each call first checks them all, which cost a 4×4×128 step 1.1 ms (3× its time)."""
+    still there, each call first checks them all: 827 against 1,481 tokens/s at 4×4×128, one process."""
     if compile:
         torch.compiler.reset()
 
