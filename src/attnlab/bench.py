@@ -571,8 +571,9 @@ def run_benchmarks(
 
 def _fresh_compiler(compile: bool) -> None:
     """Each case compiles as a user's only model would. torch.compile keeps one cache per code
-    object (GPT.forward) for every model and shape it has seen; with the earlier cases' entries
-    still there, each call first checks them all: 827 against 1,481 tokens/s at 4×4×128, one process."""
+    object (GPT.forward) for every model and shape it has seen, and each call first checks the
+    entries before its own (an ad-hoc run after the training cases once found 4×4×128 decoding
+    halved by them; `benchmarks/decode_ab.py reset`, with one other model's entries, finds no cost)."""
     if compile:
         torch.compiler.reset()
 

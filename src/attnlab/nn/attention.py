@@ -204,8 +204,9 @@ class MultiHeadAttention(nn.Module):
             mask = look_ahead if mask is None else mask & look_ahead
 
         # In a compiled one-query step the formula's few operators fuse into the kernels around
-        # them, where the fused kernel would be one more call with its fixed cost (compiled greedy
-        # decoding 1.07x faster at 6x6x384, 1.26x at 4x4x128, same process).
+        # them, where the fused kernel is one more call with its fixed cost: compiled greedy
+        # decoding 1.17-1.36x faster at 4x4x128; at 6x6x384, 0.85-0.96x, within that machine's
+        # noise (benchmarks/decode_ab.py attention).
         if need_weights or (t_q == 1 and torch.compiler.is_compiling()):
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
             weights = weights if need_weights else None

@@ -5,13 +5,13 @@ products, whose speed is how fast the weights stream from memory. On the CPU a o
 goes to a BLAS gemv that reads a weight matrix too big for the cache at ~7 GB/s on our 2-core
 machine, where a plain sum reads ~30 GB/s. The same product written as a batched matmul — the
 weight rows split into two halves, the vector as a column whose strides make it the transposed
-operand — takes the gemm kernel and reads at 22–32 GB/s (the figures are in BENCHMARKS.md). For
+operand — takes the gemm kernel and reads 2.7× as fast (`benchmarks/gemv.py`; BENCHMARKS.md). For
 matrices that stay in cache the call overhead dominates and the gemv is the faster one, hence the
 size threshold. Everywhere else `linear` is `F.linear`.
 
 Products of a few rows (a batch of sequences decoding together, beams) are past what the gemv
 trick helps; there oneDNN's kernel over a weight reordered once into its blocked layout reads
-twice to three times as fast as `F.linear`. `Linear` keeps that reordered copy (not in the state
+1.8× as fast as `F.linear` (the same benchmark). `Linear` keeps that reordered copy (not in the state
 dict; remade when the weight changes) and uses it outside autograd, autocast and torch.compile,
 which has its own kernels.
 """
@@ -29,8 +29,9 @@ GEMV_SPLITS = 2
 PACKED_MAX_ROWS = 8
 """`Linear` uses its reordered weight for products of 2 to this many rows..."""
 PACKED_MIN_WEIGHT = 1 << 15
-"""...and weights with at least this many elements (beam search of the 256-wide translation model:
-16.2 sentences/s with this threshold, 15.0 with GEMV_MIN_WEIGHT's, 10.9 with neither route)."""
+"""...and weights with at least this many elements, to reach the 256×256 projections of the
+translation model's beams (`benchmarks/decode_ab.py beam`: both routes 1.2× neither; this threshold
+against GEMV_MIN_WEIGHT's, 11.7 vs 12.5 sentences/s, within noise)."""
 
 
 def streams_as_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
