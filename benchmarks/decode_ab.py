@@ -4,11 +4,15 @@
   without `torch.compiler.reset()` in between (why `attnlab bench` resets between its cases).
 - `attention`: compiled greedy decoding with the one-query attention as the written-out formula
   (what attnlab does) or as the fused SDPA kernel.
+- `wrapper`: compiled greedy decoding with inductor's wrapper code in Python (what attnlab does)
+  or in C++ (`cpp_wrapper`).
+- `operators`: compiled greedy decoding with the weight products as attnlab's operators (what
+  attnlab does) or left to the compiler (both decoding routes switched off).
 - `beam`: beam search (beam 5, one sentence per call) of a trained translation run with the
   reordered-weight threshold of `attnlab.nn.projection`, with the one-row threshold, and with
   neither decoding route.
 
-    python benchmarks/decode_ab.py reset attention [--rounds 4]
+    python benchmarks/decode_ab.py reset attention wrapper operators [--rounds 4]
     python benchmarks/decode_ab.py beam --run runs/mt-transformer-v2 --data-dir ../shared/data/multi30k
 
 Prints one JSON line per check: medians of tokens/s (sentences/s for `beam`) per variant.
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import attnlab.decode.sampling as sampling
 import attnlab.nn.attention as attention
 import attnlab.nn.projection as projection
 from attnlab.decode import greedy
@@ -93,6 +98,51 @@ def check_attention(shape: str, rounds: int) -> dict:
         attention.scaled_dot_product_attention = formula
 
 
+def check_wrapper(shape: str, batch: int, rounds: int) -> dict:
+    model = gpt(shape)
+    prompt = torch.randint(0, 65, (batch, 8), generator=torch.Generator().manual_seed(1))
+    default = dict(sampling.CPU_COMPILE_OPTIONS)
+
+    def variant(cpp: bool) -> Callable[[], Callable[[], None]]:
+        def setup() -> Callable[[], None]:
+            sampling.CPU_COMPILE_OPTIONS = {**default, "cpp_wrapper": cpp}
+            torch.compiler.reset()
+            greedy(model, prompt, 20, compile=True)
+            return lambda: greedy(model, prompt, NEW_TOKENS, compile=True)
+
+        return setup
+
+    try:
+        return alternate({"C++ wrapper": variant(True), "Python wrapper": variant(False)}, batch * NEW_TOKENS, rounds)
+    finally:
+        sampling.CPU_COMPILE_OPTIONS = default
+
+
+def check_operators(shape: str, batch: int, rounds: int) -> dict:
+    model = gpt(shape)
+    prompt = torch.randint(0, 65, (batch, 8), generator=torch.Generator().manual_seed(1))
+    defaults = projection.PACKED_MIN_WEIGHT, projection.GEMV_MIN_WEIGHT
+
+    def variant(packed_min: int, gemv_min: int) -> Callable[[], Callable[[], None]]:
+        def setup() -> Callable[[], None]:
+            projection.PACKED_MIN_WEIGHT, projection.GEMV_MIN_WEIGHT = packed_min, gemv_min
+            torch.compiler.reset()
+            greedy(model, prompt, 20, compile=True)
+            return lambda: greedy(model, prompt, NEW_TOKENS, compile=True)
+
+        return setup
+
+    never = 1 << 62
+    try:
+        return alternate(
+            {"attnlab operators": variant(*defaults), "compiler's products": variant(never, never)},
+            batch * NEW_TOKENS,
+            rounds,
+        )
+    finally:
+        projection.PACKED_MIN_WEIGHT, projection.GEMV_MIN_WEIGHT = defaults
+
+
 def check_beam(run_dir: Path, data_dir: str, sentences: int, rounds: int) -> dict:
     from attnlab import load
     from attnlab.decode.seq2seq import beam_search
@@ -133,7 +183,7 @@ def check_beam(run_dir: Path, data_dir: str, sentences: int, rounds: int) -> dic
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checks", nargs="+", choices=["reset", "attention", "beam"])
+    p.add_argument("checks", nargs="+", choices=["reset", "attention", "wrapper", "operators", "beam"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--run", type=Path, default=Path("runs/mt-transformer-v2"))
     p.add_argument("--data-dir", default="../shared/data/multi30k")
@@ -145,6 +195,14 @@ def main() -> None:
         elif check == "attention":
             for shape in ("4x4x128", "6x6x384"):
                 print(json.dumps({"check": "attention", "shape": shape, **check_attention(shape, args.rounds)}))
+        elif check == "wrapper":
+            for shape, batch in (("4x4x128", 1), ("6x6x384", 1), ("6x6x384", 8)):
+                rates = check_wrapper(shape, batch, args.rounds)
+                print(json.dumps({"check": "wrapper", "shape": shape, "batch": batch, **rates}), flush=True)
+        elif check == "operators":
+            for batch in (1, 8):
+                rates = check_operators("6x6x384", batch, args.rounds)
+                print(json.dumps({"check": "operators", "shape": "6x6x384", "batch": batch, **rates}), flush=True)
         else:
             rates = check_beam(args.run, args.data_dir, args.sentences, args.rounds)
             print(json.dumps({"check": "beam", "sentences_per_sec": rates}), flush=True)

@@ -171,3 +171,34 @@ def test_beam_leaves_the_model_mode_alone():
 def test_bad_beam_size():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(random_transformer(0), torch.randint(3, 9, (1, 4)), beam_size=0, bos_id=BOS, eos_id=EOS)
+
+
+@pytest.mark.parametrize("name, make", MODELS)
+def test_sentences_leave_the_batch_and_batched_beam_equals_one_at_a_time(name, make):
+    """Sources of different lengths get different length limits, so sentences finish at different
+    steps and leave the batch; the others' translations are those each would get alone."""
+    model = make(0)
+    src = torch.randint(3, 9, (5, 7), generator=torch.Generator().manual_seed(4))
+    src[1, 2:] = PAD
+    src[3, 4:] = PAD
+    rows = []
+    start = model.start
+
+    def start_and_count_rows(*args, **kwargs):
+        state = start(*args, **kwargs)
+        select = state.select
+
+        def counted(index, **kw):
+            rows.append(index.numel())
+            select(index, **kw)
+
+        state.select = counted
+        return state
+
+    model.start = start_and_count_rows
+    batched = beam_search(model, src, beam_size=3, bos_id=BOS, eos_id=EOS, max_len_extra=2)
+    del model.start
+    assert rows[0] == 5 * 3 and min(rows) < rows[0]  # some sentence left before the last step
+    for i in range(5):
+        alone = src[i : i + 1, : int((src[i] != PAD).sum())]
+        assert batched[i] == beam_search(model, alone, beam_size=3, bos_id=BOS, eos_id=EOS, max_len_extra=2)[0]

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
 import attnlab.nn.projection as projection
 from attnlab.decode import greedy
@@ -82,9 +83,10 @@ def test_few_rows_in_inference_use_the_reordered_weight(rows):
     torch.manual_seed(0)
     layer = Linear(*BIG[::-1])
     x = torch.randn(rows, 1, BIG[1])
+    assert not projection.has_reordered_weight(layer.weight)
     with torch.inference_mode():
         y = layer(x)
-    assert layer._packed is not None
+    assert projection.has_reordered_weight(layer.weight)
     torch.testing.assert_close(y, formula(x, layer.weight.detach(), layer.bias.detach()), atol=1e-5, rtol=1e-5)
 
 
@@ -103,17 +105,53 @@ def test_reordered_weight_follows_an_optimizer_step():
     torch.testing.assert_close(after, formula(x, layer.weight.detach(), layer.bias.detach()), atol=1e-5, rtol=1e-5)
 
 
-def test_training_never_uses_the_reordered_weight_and_copies_drop_it():
+def test_training_never_uses_the_reordered_weight_and_copies_do_not_share_it():
     torch.manual_seed(0)
     layer = Linear(*BIG[::-1])
     layer(torch.randn(4, BIG[1])).sum().backward()
-    assert layer._packed is None and layer.weight.grad is not None
+    assert not projection.has_reordered_weight(layer.weight) and layer.weight.grad is not None
     with torch.inference_mode():
         layer(torch.randn(4, BIG[1]))
-    assert layer._packed is not None
-    clone = copy.deepcopy(layer)  # an opaque oneDNN tensor could not be deep-copied
-    assert clone._packed is None
-    torch.testing.assert_close(clone.weight, layer.weight)
+    assert projection.has_reordered_weight(layer.weight)
+    clone = copy.deepcopy(layer)
+    assert not projection.has_reordered_weight(clone.weight)
+    with torch.no_grad():
+        clone.weight.mul_(-1.0)  # a clone reusing the original's reordered copy would miss this
+    x = torch.randn(4, BIG[1])
+    with torch.inference_mode():
+        torch.testing.assert_close(clone(x), formula(x, clone.weight.detach(), clone.bias.detach()), atol=1e-5, rtol=1e-5)
+
+
+def test_reordered_copy_goes_with_its_weight():
+    layer = Linear(*BIG[::-1])
+    with torch.inference_mode():
+        layer(torch.randn(3, BIG[1]))
+    before = len(projection._REORDERED)
+    del layer
+    assert len(projection._REORDERED) == before - 1
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_compiled_code_calls_the_route_operators_and_equals_the_formula(rows):
+    """Under torch.compile the one-row and few-row products are the attnlab operators (the
+    compiler's own code for them streams the weights slowly); the results are the formula's."""
+    torch.manual_seed(0)
+    layer = Linear(*BIG[::-1])
+    x = torch.randn(rows, BIG[1])
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        y, code = run_and_get_code(torch.compile(layer, dynamic=False), x)
+    op = "streamed_product" if rows == 1 else "packed_product"
+    assert f"torch.ops.attnlab.{op}" in "\n".join(code)
+    torch.testing.assert_close(y, formula(x, layer.weight.detach(), layer.bias.detach()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_route_operators_equal_the_formula(rows):
+    w, _ = weights(*BIG)
+    x = torch.randn(rows, BIG[1])
+    op = torch.ops.attnlab.streamed_product if rows == 1 else torch.ops.attnlab.packed_product
+    torch.testing.assert_close(op(x, w), formula(x, w, None), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -125,6 +163,6 @@ def test_wide_gpt_cached_decoding_matches_full_recomputation(batch):
     assert projection.streams_as_gemv(torch.randn(1, 384), model.blocks[0].ffn.fc1.weight)
     prompt = torch.randint(0, 97, (batch, 5), generator=torch.Generator().manual_seed(1))
     cached = greedy(model, prompt, 40)
-    assert model.blocks[0].ffn.fc1._packed is not None  # the 5-row prefill, or 3-row steps
+    assert projection.has_reordered_weight(model.blocks[0].ffn.fc1.weight)  # the 5-row prefill, or 3-row steps
     uncached = greedy(model, prompt, 40, use_cache=False)
     assert torch.equal(cached, uncached)

@@ -21,6 +21,12 @@ from torch import nn
 
 Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B,)
 
+CPU_COMPILE_OPTIONS: dict[str, object] = {}
+"""Inductor options of a compiled decoding step on a CPU. None by default: the wrapper that calls
+the step's kernels written in C++ instead of Python (`cpp_wrapper`) gave no consistent gain —
+0.84× at 4×4×128, 1.10× and 0.92× at 6×6×384 batch 1 and 8 (`benchmarks/decode_ab.py wrapper`) —
+and its first compilation takes ~15 s longer."""
+
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits of each row, set the rest to -inf. logits `(B, V)`."""
@@ -115,7 +121,8 @@ class _Step:
             positions = torch.full((1,), position, dtype=torch.long, device=token.device)
             try:
                 if self.compiled is None:  # the first call is guarded: it picks or compiles the entry
-                    self.compiled = torch.compile(self.model, dynamic=False)
+                    options = CPU_COMPILE_OPTIONS if token.device.type == "cpu" else {}
+                    self.compiled = torch.compile(self.model, dynamic=False, options=dict(options))
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)

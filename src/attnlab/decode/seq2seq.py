@@ -81,39 +81,50 @@ def _beam_search(
     state = model.start(src, max_steps + 1)
     state.select(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: beams of each sentence
 
+    # Rows of the tensors below belong to the sentences still searching, `alive` (original indices):
+    # a finished sentence leaves the batch, so later steps run on the others alone.
+    alive = list(range(b))
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
     tokens = torch.full((b * k,), bos_id, dtype=torch.long, device=device)
     history = torch.zeros((b, k, 0), dtype=torch.long, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool, device=device)
 
     for t in range(max_steps):
         logits = model.step(tokens, state).float()  # (B*K, V)
         logits[:, [model.pad_id, bos_id]] = float("-inf")  # never outputs, whatever the model says
         logp = F.log_softmax(logits, dim=-1)
         v = logp.size(-1)
-        logp = logp.view(b, k, v)
+        logp = logp.view(len(alive), k, v)
         # At its length limit a sentence must end: only <eos> remains possible.
         at_limit = (limits <= t + 1)[:, None, None]
         eos_only = torch.full_like(logp, float("-inf"))
         eos_only[..., eos_id] = 0.0
         logp = torch.where(at_limit, logp + eos_only, logp)
 
-        candidates = (scores[:, :, None] + logp).view(b, k * v)
+        candidates = (scores[:, :, None] + logp).view(len(alive), k * v)
         cand_scores, cand_index = candidates.topk(min(2 * k, k * v), dim=1)  # (B, 2K), best first
         cand_beam, cand_token = cand_index // v, cand_index % v
         is_eos = cand_token == eos_id
 
-        # Finish the <eos> candidates ranked within the first K of sentences still searching.
+        # Finish the <eos> candidates ranked within the first K.
         rank = torch.arange(cand_scores.size(1), device=device)[None, :]
-        to_finish = is_eos & (rank < k) & ~done[:, None] & (cand_scores > float("-inf"))
+        to_finish = is_eos & (rank < k) & (cand_scores > float("-inf"))
         for i, j in to_finish.nonzero().tolist():
             ids = history[i, cand_beam[i, j]].tolist()
-            finished[i].append((cand_scores[i, j].item() / (len(ids) + 1) ** length_penalty, ids))
-        done |= torch.tensor([len(f) >= k for f in finished], device=device)
-        if bool(done.all()):
+            finished[alive[i]].append((cand_scores[i, j].item() / (len(ids) + 1) ** length_penalty, ids))
+        # Done: K finished hypotheses, or the length limit (nothing but <eos> could follow).
+        searching = [
+            i for i, (sentence, limit) in enumerate(zip(alive, limits.tolist())) if len(finished[sentence]) < k and limit > t + 1
+        ]
+        if not searching:
             break
+        same_source = len(searching) == len(alive)
+        if not same_source:
+            keep = torch.tensor(searching, device=device)
+            cand_scores, cand_beam, cand_token, is_eos = (x[keep] for x in (cand_scores, cand_beam, cand_token, is_eos))
+            history, limits = history[keep], limits[keep]
+            alive = [alive[i] for i in searching]
 
         # The K best candidates that do not end: sort <eos> ones after all others, keep order.
         order = (rank + is_eos.long() * cand_scores.size(1)).argsort(dim=1)[:, :k]
@@ -127,14 +138,19 @@ def _beam_search(
         )
         scores = next_scores
         tokens = next_token.reshape(-1)
-        # Beams only ever continue beams of their own sentence: the source side need not move.
-        state.select((next_beam + torch.arange(b, device=device)[:, None] * k).reshape(-1), same_source=True)
+        # Rows of the state before this step: each kept sentence's first beam row, plus the beam.
+        first_row = torch.tensor(searching, device=device)[:, None] * k
+        # Beams only ever continue beams of their own sentence: while no sentence leaves, the
+        # source side need not move.
+        state.select((first_row + next_beam).reshape(-1), same_source=same_source)
 
     results = []
-    for i in range(b):
-        if finished[i]:
-            results.append(max(finished[i], key=lambda f: f[0])[1])
+    live = {sentence: i for i, sentence in enumerate(alive)}
+    for sentence in range(b):
+        if finished[sentence]:
+            results.append(max(finished[sentence], key=lambda f: f[0])[1])
         else:  # only reachable if the limit loop ended early; keep the best live hypothesis
+            i = live[sentence]
             results.append(history[i, int(scores[i].argmax())].tolist())
     return results
 

@@ -11,34 +11,45 @@ size threshold. Everywhere else `linear` is `F.linear`.
 
 Products of a few rows (a batch of sequences decoding together, beams) are past what the gemv
 trick helps; there oneDNN's kernel over a weight reordered once into its blocked layout reads
-1.8× as fast as `F.linear` (the same benchmark). `Linear` keeps that reordered copy (not in the state
-dict; remade when the weight changes) and uses it outside autograd, autocast and torch.compile,
-which has its own kernels.
+1.8× as fast as `F.linear` (the same benchmark). `Linear` uses that reordered copy (kept beside the
+weight, not in the state dict; remade when the weight changes) outside autograd and autocast.
 """
+
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-GEMV_MAX_ROWS = 1
-"""Products with at most this many rows take the streaming route."""
+_MKLDNN = torch.backends.mkldnn.is_available()  # asked once: torch.compile cannot trace the call
+
 GEMV_MIN_WEIGHT = 1 << 17
-"""...and weights with at least this many elements (512 KiB in fp32; smaller ones stay in cache)."""
+"""One-row products take the streaming route for weights with at least this many elements
+(512 KiB in fp32; smaller ones stay in cache)."""
 GEMV_SPLITS = 2
 """Halves of the weight rows, one per batch entry of the batched matmul."""
 PACKED_MAX_ROWS = 8
-"""`Linear` uses its reordered weight for products of 2 to this many rows..."""
+"""`Linear` uses the reordered weight for products of 2 to this many rows..."""
 PACKED_MIN_WEIGHT = 1 << 15
 """...and weights with at least this many elements, to reach the 256×256 projections of the
 translation model's beams (`benchmarks/decode_ab.py beam`: both routes 1.2× neither; this threshold
 against GEMV_MIN_WEIGHT's, 11.7 vs 12.5 sentences/s, within noise)."""
 
+# Under torch.compile both routes are operators of their own, which the compiler calls as they are
+# (its own code for a one-row product streams the weights no faster than the gemv). Registered
+# with `Library.impl` rather than `custom_op`, whose Python wrapper costs ~20 µs a call: a
+# 6×6×384 decoding step makes 24 of them.
+_LIB = torch.library.Library("attnlab", "DEF")
+_LIB.define("streamed_product(Tensor x, Tensor weight) -> Tensor")
+_LIB.define("packed_product(Tensor x, Tensor weight) -> Tensor")
+
 
 def streams_as_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` takes the batched-matmul route (CPU, few rows, a large weight)."""
+    """Whether `linear(x, weight)` takes the batched-matmul route (CPU, one row, a large weight)."""
     return (
         x.device.type == "cpu"
-        and x.numel() <= GEMV_MAX_ROWS * x.size(-1)
+        and x.numel() == x.size(-1)
+        and x.is_contiguous()
         and weight.numel() >= GEMV_MIN_WEIGHT
         and weight.size(0) % GEMV_SPLITS == 0
         and weight.is_contiguous()
@@ -51,51 +62,79 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     as `F.linear`, through the streaming route when `streams_as_gemv` says so."""
     if not streams_as_gemv(x, weight):
         return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling() and not torch.is_grad_enabled():
+        y = torch.ops.attnlab.streamed_product(x, weight)
+    else:
+        y = _streamed_product(x, weight)
+    return y if bias is None else y + bias
+
+
+def _streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ for one contiguous row x `(..., in)` as a batched matmul (see the module doc)."""
     out, inp = weight.shape
-    rows = x.numel() // inp
     halves = weight.view(GEMV_SPLITS, out // GEMV_SPLITS, inp)  # (S, out/S, in)
-    # (rows, in) -> (S, in, rows) with the `in` stride 1: the column is the transposed operand.
-    column = x.reshape(1, rows, inp).transpose(1, 2).expand(GEMV_SPLITS, inp, rows)
-    y = torch.bmm(halves, column).view(out, rows).t()  # (rows, out)
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], out)
+    # x as an (S, in, 1) column with strides (0, 1, in): the transposed operand of the gemm kernel.
+    column = x.as_strided((GEMV_SPLITS, inp, 1), (0, 1, inp))
+    return torch.bmm(halves, column).view(*x.shape[:-1], out)
+
+
+_REORDERED: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+"""id(weight) -> (the weight, its version when reordered, the reordered copy)."""
+
+
+def reordered_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked copy of weight `(out, in)`, made once and kept while the weight lives and
+    is unchanged: an optimizer step or `load_state_dict` bumps its version, which remakes it."""
+    key = id(weight)
+    hit = _REORDERED.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_MAX_ROWS)
+    # The entry goes with the weight (a new tensor may then take its id).
+    _REORDERED[key] = (weakref.ref(weight, lambda _: _REORDERED.pop(key, None)), weight._version, packed)
+    return packed
+
+
+def has_reordered_weight(weight: torch.Tensor) -> bool:
+    """Whether `reordered_weight` holds a copy of this weight (the reordered route ran on it)."""
+    hit = _REORDERED.get(id(weight))
+    return hit is not None and hit[0]() is weight
+
+
+def _packed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, reordered_weight(weight), None, "none", [], "")
+
+
+def _product_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.size(0)))
+
+
+_LIB.impl("streamed_product", _streamed_product, "CPU")
+_LIB.impl("packed_product", _packed_product, "CPU")
+torch.library.register_fake("attnlab::streamed_product", _product_shape, lib=_LIB)
+torch.library.register_fake("attnlab::packed_product", _product_shape, lib=_LIB)
 
 
 class Linear(nn.Linear):
     """`torch.nn.Linear` (same parameters, same state dict) whose forward is `linear`, or for a few
-    rows in inference a oneDNN product with a reordered copy of the weight (see the module doc)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._packed: tuple[tuple[int, int], torch.Tensor] | None = None  # ((data_ptr, version), weight)
+    rows in inference a oneDNN product with the reordered weight (see the module doc)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._uses_packed(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
-        return linear(x, self.weight, self.bias)
+        if not self._uses_reordered(x):
+            return linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            y = torch.ops.attnlab.packed_product(x, self.weight)
+            return y if self.bias is None else y + self.bias
+        return torch.ops.mkldnn._linear_pointwise(x, reordered_weight(self.weight), self.bias, "none", [], "")
 
-    def _uses_packed(self, x: torch.Tensor) -> bool:
+    def _uses_reordered(self, x: torch.Tensor) -> bool:
         w = self.weight
         return (
-            x.device.type == "cpu"
+            _MKLDNN
+            and x.device.type == "cpu"
             and x.dtype == w.dtype == torch.float32
             and 1 < x.numel() // x.size(-1) <= PACKED_MAX_ROWS
             and w.numel() >= PACKED_MIN_WEIGHT
             and not torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-            and torch.backends.mkldnn.is_available()
         )
-
-    def __getstate__(self) -> dict:
-        # The reordered copy is a cache, remade on demand; an opaque oneDNN tensor cannot be copied.
-        state = super().__getstate__()
-        state["_packed"] = None
-        return state
-
-    def _packed_weight(self) -> torch.Tensor:
-        key = (self.weight.data_ptr(), self.weight._version)  # an optimizer step bumps the version
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACKED_MAX_ROWS))
-        return self._packed[1]
