@@ -423,12 +423,17 @@ def test_cache_select_reorders_the_filled_rows_and_leaves_room_to_append():
     cache = KVCache(3, 2, 6, 4)
     k = torch.arange(3 * 2 * 2 * 4, dtype=torch.float32).view(3, 2, 2, 4)
     cache.append(k, -k)
-    index = torch.tensor([2, 0, 0])  # same row count: reordered in place
+    index = torch.tensor([2, 0, 0])  # same row count: selected into the spare buffers, swapped
     cache.select(index)
     torch.testing.assert_close(cache.k[:, :, :2], k[index])
     torch.testing.assert_close(cache.v[:, :, :2], -k[index])
+    again = torch.tensor([1, 2, 0])  # and back into the first pair: the selection composes
+    cache.select(again)
+    torch.testing.assert_close(cache.k[:, :, :2], k[index][again])
+    torch.testing.assert_close(cache.v[:, :, :2], -k[index][again])
+    k = k[index][again]
     cache.select(torch.tensor([1]))  # fewer rows: new buffers, the filled part copied
     assert cache.k.shape == (1, 2, 6, 4) and cache.length == 2
-    torch.testing.assert_close(cache.k[:, :, :2], k[[0]])
+    torch.testing.assert_close(cache.k[:, :, :2], k[[1]])
     all_k, _ = cache.append(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
     assert all_k.shape == (1, 2, 3, 4) and torch.all(all_k[:, :, 2] == 1)

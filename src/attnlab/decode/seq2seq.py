@@ -76,8 +76,8 @@ def _beam_search(
 ) -> list[list[int]]:
     b, device = src.size(0), src.device
     cap = getattr(model.config, "max_len", 256) - 1  # positions available after <bos>
-    limits = length_limits(src, model.pad_id, max_len_ratio, max_len_extra, cap)  # (B,)
-    max_steps = int(limits.max())
+    limits = length_limits(src, model.pad_id, max_len_ratio, max_len_extra, cap).tolist()
+    max_steps = max(limits)
     state = model.start(src, max_steps + 1)
     state.select(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: beams of each sentence
 
@@ -97,10 +97,12 @@ def _beam_search(
         v = logp.size(-1)
         logp = logp.view(len(alive), k, v)
         # At its length limit a sentence must end: only <eos> remains possible.
-        at_limit = (limits <= t + 1)[:, None, None]
-        eos_only = torch.full_like(logp, float("-inf"))
-        eos_only[..., eos_id] = 0.0
-        logp = torch.where(at_limit, logp + eos_only, logp)
+        at_limit = [i for i, limit in enumerate(limits) if limit <= t + 1]
+        if at_limit:
+            rows = torch.tensor(at_limit, device=device)
+            eos_only = torch.full((v,), float("-inf"), device=device)
+            eos_only[eos_id] = 0.0
+            logp[rows] = logp[rows] + eos_only
 
         candidates = (scores[:, :, None] + logp).view(len(alive), k * v)
         cand_scores, cand_index = candidates.topk(min(2 * k, k * v), dim=1)  # (B, 2K), best first
@@ -115,7 +117,7 @@ def _beam_search(
             finished[alive[i]].append((cand_scores[i, j].item() / (len(ids) + 1) ** length_penalty, ids))
         # Done: K finished hypotheses, or the length limit (nothing but <eos> could follow).
         searching = [
-            i for i, (sentence, limit) in enumerate(zip(alive, limits.tolist())) if len(finished[sentence]) < k and limit > t + 1
+            i for i, (sentence, limit) in enumerate(zip(alive, limits)) if len(finished[sentence]) < k and limit > t + 1
         ]
         if not searching:
             break
@@ -123,8 +125,8 @@ def _beam_search(
         if not same_source:
             keep = torch.tensor(searching, device=device)
             cand_scores, cand_beam, cand_token, is_eos = (x[keep] for x in (cand_scores, cand_beam, cand_token, is_eos))
-            history, limits = history[keep], limits[keep]
-            alive = [alive[i] for i in searching]
+            history = history[keep]
+            alive, limits = [alive[i] for i in searching], [limits[i] for i in searching]
 
         # The K best candidates that do not end: sort <eos> ones after all others, keep order.
         order = (rank + is_eos.long() * cand_scores.size(1)).argsort(dim=1)[:, :k]

@@ -65,6 +65,7 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # for `select`, made on first use
 
     @property
     def max_len(self) -> int:
@@ -103,14 +104,20 @@ class KVCache:
         step cost O(max_len) instead of O(length). Without a count (the `write` path) the whole
         buffers are moved."""
         n = self.length or self.max_len
-        if index.numel() == self.k.size(0):  # same number of rows: reorder in place
-            self.k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
-            self.v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
-            return
-        k = self.k.new_zeros((index.numel(), *self.k.shape[1:]))
-        v = self.v.new_zeros((index.numel(), *self.v.shape[1:]))
-        k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
-        v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+        # Select into other buffers rather than select and copy back (2-3x faster for beam
+        # search's 160 rows). Their slots past n are never read: `append` returns the filled
+        # ones, and without a count n is the whole buffer.
+        if index.numel() == self.k.size(0):  # same number of rows: swap with a spare pair
+            if self._spare is None:
+                self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+            k, v = self._spare
+            self._spare = (self.k, self.v)
+        else:  # rows dropped (finished sentences) or added
+            k = self.k.new_empty((index.numel(), *self.k.shape[1:]))
+            v = self.v.new_empty((index.numel(), *self.v.shape[1:]))
+            self._spare = None
+        torch.index_select(self.k[:, :, :n], 0, index, out=k[:, :, :n])
+        torch.index_select(self.v[:, :, :n], 0, index, out=v[:, :, :n])
         self.k, self.v = k, v
 
 
