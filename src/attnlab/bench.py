@@ -165,6 +165,8 @@ class BenchResult:
     quick: bool
     compiled: bool
     """Whether attnlab's training forward and decoding step ran through torch.compile."""
+    fused: bool
+    """Whether attnlab's decoding step ran as one C++ call (`attnlab.decode.fused`)."""
     repeats: int
     transformers: str | None
     """The version of `transformers` measured, None when it is not installed (no peer columns)."""
@@ -289,10 +291,13 @@ def _train_step(
     return step
 
 
-def _attnlab_generate(model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool = False) -> torch.Tensor:
+def _attnlab_generate(
+    model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False
+) -> torch.Tensor:
     """attnlab's greedy decoding with its static KV cache: prompt `(B, P)` -> `(B, P + new_tokens)`;
-    the one-token step through torch.compile with `compile` (compiled at the warm-up call)."""
-    return greedy(model, prompt, new_tokens, compile=compile)
+    the one-token step through torch.compile with `compile` (compiled at the warm-up call), or as
+    one C++ call with `fused` (built at the warm-up call, when not built before)."""
+    return greedy(model, prompt, new_tokens, compile=compile, fused=fused)
 
 
 def _transformers_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -464,11 +469,13 @@ def run_benchmarks(
     repeats: int | None = None,
     progress: Callable[[str], None] | None = None,
     compile: bool = False,
+    fused: bool = False,
 ) -> BenchResult:
     """Measure everything on `device` (cpu or cuda) -> BenchResult. `repeats` defaults to 5 (1 with
     `quick`, which uses tiny step counts and sizes: a check that everything runs, not a
     measurement). `progress` receives one line per finished case. `compile` runs attnlab's training
-    forward and decoding step through torch.compile (the warm-up call compiles, untimed)."""
+    forward and decoding step through torch.compile (the warm-up call compiles, untimed); `fused`
+    runs attnlab's decoding step as one C++ call (the training rows are as without it)."""
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device}")
     repeats = (1 if quick else 5) if repeats is None else repeats
@@ -519,7 +526,7 @@ def run_benchmarks(
             built = {case.shape: build_models(case.shape, GENERATE_BLOCK, device, hf)}  # one shape held at a time
         models = built[case.shape]
         prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=device)
-        fns = _generate_fns(models, prompt, case.new_tokens, compile)
+        fns = _generate_fns(models, prompt, case.new_tokens, compile, fused)
         with _quiet(hf):
             check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
             speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device, check)
@@ -561,6 +568,7 @@ def run_benchmarks(
         memory_bandwidth=bandwidth,
         quick=quick,
         compiled=compile,
+        fused=fused,
         repeats=repeats,
         transformers=None if hf is None else hf.__version__,
         train=train,
@@ -579,9 +587,9 @@ def _fresh_compiler(compile: bool) -> None:
 
 
 def _generate_fns(
-    models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int, compile: bool = False
+    models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False
 ) -> dict[str, Callable]:
-    fns = {"attnlab": lambda: _attnlab_generate(models["attnlab"], prompt, new_tokens, compile)}
+    fns = {"attnlab": lambda: _attnlab_generate(models["attnlab"], prompt, new_tokens, compile, fused)}
     if PEER in models:
         models[PEER].eval()
         fns[PEER] = lambda: _transformers_generate(models[PEER], prompt, new_tokens)
@@ -637,6 +645,7 @@ def format_table(result: BenchResult) -> str:
         f"memory bandwidth {result.memory_bandwidth / 1e9:,.1f} GB/s",
         f"medians of {result.repeats} repeats, peers alternating"
         + ("; attnlab through torch.compile" if result.compiled else "")
+        + ("; attnlab decoding with the fused step" if result.fused else "")
         + ("; --quick: a check that everything runs, not a measurement" if result.quick else ""),
     ]
     if result.transformers is None:

@@ -21,6 +21,7 @@ TOP_KEYS = {
     "memory_bandwidth",
     "quick",
     "compiled",
+    "fused",
     "repeats",
     "train",
     "generate",
@@ -74,7 +75,7 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
     result = bench_json(capsys, "--out", out_file)
     assert TOP_KEYS <= result.keys()
     assert result["device"] == "cpu" and result["quick"] is True and result["repeats"] >= 1
-    assert result["compiled"] is False
+    assert result["compiled"] is False and result["fused"] is False
     assert result["torch"] == torch.__version__
     peak = result["matmul_peak_flops"]
     assert peak > 0
@@ -177,3 +178,16 @@ def test_explicit_attention_holds_at_least_one_weights_matrix_at_2048():
 def test_an_unknown_attention_path_is_refused():
     with pytest.raises(ValueError, match="explicit"):
         attention_memory_case("flash", 8)
+
+
+def test_quick_fused_decodes_with_the_fused_step(capsys, recwarn):
+    pytest.importorskip("transformers")
+    result = bench_json(capsys, "--fused")
+    assert not [w for w in recwarn if "decoding eagerly" in str(w.message)]  # no fallback to the model
+    assert result["fused"] is True and result["compiled"] is False
+    assert all(row["attnlab_tokens_per_sec"] > 0 for row in result["generate"])
+
+
+def test_fused_is_a_cpu_step_and_not_with_compile(capsys):
+    code, _, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--fused", "--compile")
+    assert code == 2 and "pick one" in err

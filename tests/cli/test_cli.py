@@ -75,6 +75,21 @@ def test_compiled_greedy_sample_prints_the_eager_text(trained_run, capsys, recwa
     assert compiled == eager and len(eager) > len("ROMEO:")
 
 
+def test_fused_greedy_sample_prints_the_eager_text(trained_run, capsys, recwarn):
+    args = ("sample", trained_run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "12")
+    code, eager, _ = cli(capsys, *args)
+    assert code == 0
+    code, fused, _ = cli(capsys, *args, "--fused")
+    assert code == 0
+    assert not [w for w in recwarn if "decoding eagerly" in str(w.message)]  # the fused step ran
+    assert fused == eager and len(eager) > len("ROMEO:")
+
+
+def test_sample_refuses_compile_and_fused_together(trained_run, capsys):
+    code, _, err = cli(capsys, "sample", trained_run, "--compile", "--fused")
+    assert code == 2 and "pick one" in err
+
+
 def test_greedy_sample_with_stop_string(trained_run, capsys):
     base = ("sample", trained_run, "--prompt", "A", "--temperature", "0", "--max-new-tokens", "60", "--json")
     full = json.loads(cli(capsys, *base)[1])["samples"][0]

@@ -1,4 +1,4 @@
-"""attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile] [--repeats N] [--out FILE.json]"""
+"""attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile | --fused] [--repeats N] [--out FILE.json]"""
 
 import argparse
 import sys
@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--compile", action="store_true", help="run attnlab's training forward and decoding step through torch.compile"
+    )
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="run attnlab's decoding step as one C++ call (pre-norm GPTs on a CPU; built on first use)",
     )
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
@@ -50,7 +55,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"bench: {line}\n")
         sys.stderr.flush()
 
-    result = run_benchmarks(device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile)
+    if args.compile and args.fused:
+        raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
+    if args.fused and device.type != "cpu":
+        raise UserError("--fused is a CPU decoding step; use --device cpu")
+    result = run_benchmarks(
+        device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile, fused=args.fused
+    )
     if out is not None:
         atomic_write_text(out, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if args.json:

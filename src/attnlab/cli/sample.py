@@ -1,4 +1,4 @@
-"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S] [--compile]"""
+"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S] [--compile | --fused]"""
 
 import argparse
 import sys
@@ -27,6 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the decoding step through torch.compile (compiles first: pays off on long generations)",
     )
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="run the decoding step as one C++ call (pre-norm GPTs on a CPU; built on first use, ~1 minute)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help='print {"samples": [...]} as JSON')
     p.set_defaults(run=run)
@@ -44,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.compile and args.fused:
+        raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
     device = resolve_device(args.device)
     run = load(args.run_dir, device=device)
     if run.config.task != "lm":
@@ -54,7 +61,14 @@ def run(args: argparse.Namespace) -> int:
     samples = []
     for i in range(args.num_samples):
         pieces = stream_text(
-            run.model, run.tokenizer, prompt_ids, args.max_new_tokens, pick, stop=args.stop, compile=args.compile
+            run.model,
+            run.tokenizer,
+            prompt_ids,
+            args.max_new_tokens,
+            pick,
+            stop=args.stop,
+            compile=args.compile,
+            fused=args.fused,
         )
         if args.stream and not args.json:
             sys.stdout.write(args.prompt)

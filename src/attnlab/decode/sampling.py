@@ -104,10 +104,14 @@ class _Step:
     steps skip the guards that cannot tell cache entries apart (`skip_guard_eval_unsafe`; what
     keeps it safe here is that nothing but the token and position values changes)."""
 
-    def __init__(self, model: nn.Module, compile: bool) -> None:
+    def __init__(self, model: nn.Module, compile: bool, fused: bool = False) -> None:
+        if compile and fused:
+            raise ValueError("compile and fused are two ways to run the decoding step; pick one")
         self.model = model
         self.compile = compile
         self.compiled: nn.Module | None = None
+        self.fused = fused  # asked for; `fused_step` is made at the first step, if the model qualifies
+        self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None
 
     def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
         """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
@@ -131,9 +135,26 @@ class _Step:
                 self.compile = False
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
+        if self.fused:
+            if self.fused_step is None:
+                self.fused_step = _fused_step(self.model, cache)
+                self.fused = self.fused_step is not None
+            if self.fused_step is not None:
+                return self.fused_step(token, cache, position)
         # Eagerly, attending to the filled slots alone costs less than the static path's mask
         # over the whole buffer, and shapes that change every step cost nothing.
         return self.model(token, cache=cache, last_only=True)
+
+
+def _fused_step(model: nn.Module, cache: list) -> Callable[[torch.Tensor, list, int], torch.Tensor] | None:
+    """The C++ decoding step for this model (`attnlab.decode.fused`), or None with a warning."""
+    from attnlab.decode import fused
+
+    if not fused.supports(model, cache):
+        warnings.warn("the fused decoding step covers pre-norm GPTs in fp32 on the CPU; decoding eagerly", stacklevel=4)
+        return None
+    ext = fused.extension()
+    return None if ext is None else fused.FusedStep(model, ext, cache)
 
 
 def generate_tokens(
@@ -145,13 +166,16 @@ def generate_tokens(
     eos_id: int | None = None,
     use_cache: bool = True,
     compile: bool = False,
+    fused: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(B,)` one step at a time, after the prompt idx `(B, T)` (long).
 
     With `eos_id`, a sequence that produced it keeps producing it (padding), and the iteration
     ends when every sequence has. The model runs in eval mode without autograd. `use_cache=False`
     recomputes the whole window at every step (the reference); `compile` runs the cached
-    decoding step through torch.compile (worth it for long generations; the first call compiles).
+    decoding step through torch.compile (worth it for long generations; the first call compiles);
+    `fused` runs it as one C++ call (`attnlab.decode.fused`: pre-norm GPTs on the CPU; built on
+    first use).
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -162,7 +186,7 @@ def generate_tokens(
     # caller's code runs between steps and must not inherit them (nor lose them when another
     # generator, suspended in between, exits its context out of order).
     seq = idx
-    step = _Step(model, compile and use_cache)
+    step = _Step(model, compile and use_cache, fused and use_cache)
     with _eval_mode(model):
         prompt = seq[:, -block:]
         filled = prompt.size(1)  # cache slots written so far
@@ -204,10 +228,11 @@ def greedy(
     eos_id: int | None = None,
     use_cache: bool = True,
     compile: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Extend idx `(B, T)` with the most likely token at each step -> `(B, T + N)`, N <= max_new_tokens."""
     tokens = generate_tokens(
-        model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache, compile=compile
+        model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused
     )
     return _collect(idx, tokens)
 
@@ -224,8 +249,11 @@ def sample(
     eos_id: int | None = None,
     use_cache: bool = True,
     compile: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Extend idx `(B, T)` by sampling -> `(B, T + N)`, N <= max_new_tokens. temperature 0 is greedy."""
     pick = sampling_picker(temperature, top_k, top_p, generator)
-    tokens = generate_tokens(model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache, compile=compile)
+    tokens = generate_tokens(
+        model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused
+    )
     return _collect(idx, tokens)

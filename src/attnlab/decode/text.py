@@ -44,17 +44,20 @@ def stream_text(
     *,
     stop: Sequence[str] = (),
     compile: bool = False,
+    fused: bool = False,
 ) -> Iterator[str]:
     """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come.
 
     Byte-level tokens can end inside a UTF-8 character, and a stop string can span tokens, so a
     piece is only yielded once it can no longer change; the text ends before the first stop string.
-    `compile` runs the decoding step through torch.compile (see `generate_tokens`).
+    `compile` and `fused` choose how the decoding step runs (see `generate_tokens`).
     """
     stop = [s for s in stop if s]  # an empty stop string would end every completion at once
     ids: list[int] = []
     emitted = 0
-    tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id, compile=compile)
+    tokens = generate_tokens(
+        model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id, compile=compile, fused=fused
+    )
     for token in tokens:
         token_id = int(token[0])
         if token_id == tokenizer.eos_id:

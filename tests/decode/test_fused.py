@@ -1,0 +1,112 @@
+"""attnlab.decode.fused: the C++ decoding step against the model's own forward.
+
+The reference is the eager decoding loop (itself tested against recomputing every window): the
+fused step must give the same greedy tokens, and logits equal to float rounding, for every
+configuration it accepts; for the others the loop falls back to the model with a warning.
+The extension is built once per machine (about a minute; cached by torch.utils.cpp_extension).
+"""
+
+import pytest
+import torch
+
+from attnlab.decode import greedy, sample
+from attnlab.decode.fused import FusedStep, extension, supports
+
+pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+
+
+@pytest.mark.parametrize(
+    "overrides, batch",
+    [
+        (dict(activation="gelu_tanh"), 1),
+        (dict(activation="gelu", bias=False, positions="sinusoidal"), 3),
+        (dict(activation="relu", positions="none", tie_weights=True), 5),
+        (dict(n_embd=40, n_head=4), 9),  # a width that is not a multiple of 16; more than 8 rows
+    ],
+)
+def test_fused_greedy_tokens_equal_the_eager_ones(make_gpt, overrides, batch):
+    model = make_gpt(**overrides)
+    prompt = torch.randint(0, 23, (batch, 4), generator=torch.Generator().manual_seed(batch))
+    eager = greedy(model, prompt, 11)  # 4 + 11 tokens in a block of 16: the cache never slides
+    assert torch.equal(greedy(model, prompt, 11, fused=True), eager)
+    # and past the block, where the loop slides the window with the model itself
+    assert torch.equal(greedy(model, prompt, 30, fused=True), greedy(model, prompt, 30))
+
+
+def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt):
+    model = make_gpt(n_embd=48, n_head=3)
+    prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours, theirs = model.new_cache(2, 16), model.new_cache(2, 16)
+        model(prompt, cache=ours, last_only=True)
+        model(prompt, cache=theirs, last_only=True)
+        step = FusedStep(model, extension(), ours)
+        token = torch.tensor([[3], [7]])
+        for position in range(5, 16):
+            expected = model(token, cache=theirs, last_only=True)
+            got = step(token, ours, position)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            assert ours[0].length == theirs[0].length == position + 1
+            token = expected[:, -1].argmax(-1, keepdim=True)
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a.k, b.k, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a.v, b.v, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
+    model = make_gpt()
+    cache = model.new_cache(1, 16)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), cache=cache, last_only=True)
+    step = FusedStep(model, extension(), cache)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # in place: the step holds the same storage
+    with torch.inference_mode():
+        got = step(torch.tensor([[4]]), cache, 2)
+        for layer in cache:
+            layer.length = 2
+        expected = model(torch.tensor([[4]]), cache=cache, last_only=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_with_the_fused_step_follows_the_generator(make_gpt):
+    model = make_gpt()
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def draw(fused: bool) -> torch.Tensor:
+        return sample(model, prompt, 10, temperature=1.0, generator=torch.Generator().manual_seed(5), fused=fused)
+
+    assert torch.equal(draw(True), draw(False))
+
+
+def test_models_it_does_not_cover_decode_eagerly_with_a_warning(make_gpt):
+    post_norm = make_gpt(norm="post")
+    assert not supports(post_norm, post_norm.new_cache(1, 16))
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.warns(UserWarning, match="fused decoding step covers pre-norm GPTs"):
+        got = greedy(post_norm, prompt, 8, fused=True)
+    assert torch.equal(got, greedy(post_norm, prompt, 8))
+    assert not supports(make_gpt().double(), make_gpt().double().new_cache(1, 16))
+
+
+def test_compile_and_fused_together_are_refused(make_gpt):
+    with pytest.raises(ValueError, match="pick one"):
+        greedy(make_gpt(), torch.tensor([[1, 2]]), 3, compile=True, fused=True)
+
+
+def test_a_step_bound_to_one_cache_refuses_another(make_gpt):
+    model = make_gpt()
+    cache = model.new_cache(1, 16)
+    step = FusedStep(model, extension(), cache)
+    with pytest.raises(ValueError, match="bound to another cache"):
+        step(torch.tensor([[1]]), model.new_cache(1, 16), 0)
+
+
+def test_bad_token_id_is_an_error_not_a_read_past_the_table(make_gpt):
+    model = make_gpt()
+    cache = model.new_cache(1, 16)
+    step = FusedStep(model, extension(), cache)
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        step(torch.tensor([[23]]), cache, 0)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        step(torch.tensor([[1]]), cache, 16)
