@@ -185,10 +185,10 @@ def generate_tokens(
     # Eval and inference mode are entered around each model call, never across a `yield`: the
     # caller's code runs between steps and must not inherit them (nor lose them when another
     # generator, suspended in between, exits its context out of order).
-    seq = idx
+    new: list[torch.Tensor] = []  # the generated tokens (B,); the whole sequence only when the window slides
     step = _Step(model, compile and use_cache, fused and use_cache)
     with _eval_mode(model):
-        prompt = seq[:, -block:]
+        prompt = idx[:, -block:]
         filled = prompt.size(1)  # cache slots written so far
         if use_cache:
             cache = model.new_cache(idx.size(0), block)
@@ -205,13 +205,19 @@ def generate_tokens(
         yield token
         if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             return  # no forward for logits nobody reads
-        seq = torch.cat([seq, token[:, None]], dim=1)
+        new.append(token)
+        if cache is not None and filled < block and step.fused_step is not None:
+            # The fused step is plain C++ over the weights: no autograd, no dropout to switch off.
+            logits = step.fused_step(token[:, None], cache, filled)
+            filled += 1
+            continue
         with _eval_mode(model):
             if cache is not None and filled < block:
                 logits = step(token[:, None], cache, filled)
                 filled += 1
             else:
                 cache = None  # the window slides from here on
+                seq = torch.cat([idx, torch.stack(new, dim=1)], dim=1)
                 logits = model(seq[:, -block:], last_only=True)
 
 
