@@ -119,7 +119,8 @@ def test_training_never_uses_the_reordered_weight_and_copies_do_not_share_it():
         clone.weight.mul_(-1.0)  # a clone reusing the original's reordered copy would miss this
     x = torch.randn(4, BIG[1])
     with torch.inference_mode():
-        torch.testing.assert_close(clone(x), formula(x, clone.weight.detach(), clone.bias.detach()), atol=1e-5, rtol=1e-5)
+        expected = formula(x, clone.weight.detach(), clone.bias.detach())
+        torch.testing.assert_close(clone(x), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_reordered_copy_goes_with_its_weight():

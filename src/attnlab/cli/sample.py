@@ -1,4 +1,5 @@
-"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S] [--compile | --fused]"""
+"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+[--compile | --fused]"""
 
 import argparse
 import sys

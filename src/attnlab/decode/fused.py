@@ -49,7 +49,9 @@ def extension() -> ModuleType | None:
             verbose=False,
         )
     except Exception as e:  # no compiler, no ninja, a build error: decode with the model instead
-        warnings.warn(f"the fused decoding step could not be built ({type(e).__name__}: {e}); decoding eagerly")
+        warnings.warn(
+            f"the fused decoding step could not be built ({type(e).__name__}: {e}); decoding eagerly", stacklevel=2
+        )
         return None
 
 
@@ -84,7 +86,8 @@ class FusedStep:
     def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache]) -> None:
         params: list[torch.Tensor] = []
         for block in model.blocks:
-            for layer in (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2):
+            layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
+            for layer in layers:
                 params += [layer.weight.detach(), _bias(layer).detach()]
         params += [model.final_norm.weight.detach(), _bias(model.final_norm).detach(), model.lm_head.weight.detach()]
         c = model.config

@@ -117,7 +117,9 @@ def _beam_search(
             finished[alive[i]].append((cand_scores[i, j].item() / (len(ids) + 1) ** length_penalty, ids))
         # Done: K finished hypotheses, or the length limit (nothing but <eos> could follow).
         searching = [
-            i for i, (sentence, limit) in enumerate(zip(alive, limits)) if len(finished[sentence]) < k and limit > t + 1
+            i
+            for i, (sentence, limit) in enumerate(zip(alive, limits, strict=True))
+            if len(finished[sentence]) < k and limit > t + 1
         ]
         if not searching:
             break
