@@ -33,8 +33,9 @@ def test_fused_greedy_tokens_equal_the_eager_ones(make_gpt, overrides, batch):
     assert torch.equal(greedy(model, prompt, 30, fused=True), greedy(model, prompt, 30))
 
 
-def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt):
-    model = make_gpt(n_embd=48, n_head=3)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
+    model = make_gpt(n_embd=48, n_head=3, activation=activation)
     prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ours, theirs = model.new_cache(2, 16), model.new_cache(2, 16)
