@@ -228,6 +228,9 @@ class GPTStep {
                   "caches must be (B, H, L, D)");
     F_ = params_[8].size(0);
     V_ = params_.back().size(0);
+    const auto opts = tokens_.options();  // the step's working buffers, made once
+    x_ = at::empty({B_, C_}, opts), h_ = at::empty({B_, C_}, opts), qkv_ = at::empty({B_, 3 * C_}, opts);
+    a_ = at::empty({B_, C_}, opts), f_ = at::empty({B_, F_}, opts), y_ = at::empty({B_, C_}, opts);
   }
 
   // tokens (B,) int64: the newest token of each sequence, at position `pos` (its cache slot).
@@ -236,12 +239,11 @@ class GPTStep {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == B_ && tokens.scalar_type() == at::kLong, "tokens must be (B,) int64");
     TORCH_CHECK(pos >= 0 && pos < L_ && pos < positions_.size(0), "position ", pos, " is outside the cache");
     const int64_t B = B_, C = C_;
-    const auto opts = tokens_.options();
-    at::Tensor x = at::empty({B, C}, opts), h = at::empty({B, C}, opts), qkv = at::empty({B, 3 * C}, opts),
-               a = at::empty({B, C}, opts), f = at::empty({B, F_}, opts), y = at::empty({B, C}, opts),
-               logits = at::empty({B, V_}, opts);
-    float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *yp = y.data_ptr<float>(), *ap = a.data_ptr<float>();
-    const int64_t* ids = tokens.contiguous().data_ptr<int64_t>();
+    at::Tensor logits = at::empty({B, V_}, tokens_.options());
+    float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
+    float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
+    const at::Tensor token_ids = tokens.contiguous();  // kept alive while `ids` points into it
+    const int64_t* ids = token_ids.data_ptr<int64_t>();
     const float* pe = positions_.data_ptr<float>() + pos * C;
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(ids[b] >= 0 && ids[b] < tokens_.size(0), "token id ", ids[b], " is outside the vocabulary");
@@ -252,14 +254,14 @@ class GPTStep {
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-      linear(p[2].data_ptr<float>(), data_or_null(p[3]), hp, qkv.data_ptr<float>(), B, 3 * C, C);
-      attend(qkv.data_ptr<float>(), k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), ap, B, H_, L_, D_, pos);
+      linear(p[2].data_ptr<float>(), data_or_null(p[3]), hp, qkv, B, 3 * C, C);
+      attend(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), ap, B, H_, L_, D_, pos);
       linear(p[4].data_ptr<float>(), data_or_null(p[5]), ap, yp, B, C, C);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
-      linear(p[8].data_ptr<float>(), data_or_null(p[9]), hp, f.data_ptr<float>(), B, F_, C);
-      activate(f.data_ptr<float>(), B * F_, act_);
-      linear(p[10].data_ptr<float>(), data_or_null(p[11]), f.data_ptr<float>(), yp, B, C, F_);
+      linear(p[8].data_ptr<float>(), data_or_null(p[9]), hp, f, B, F_, C);
+      activate(f, B * F_, act_);
+      linear(p[10].data_ptr<float>(), data_or_null(p[11]), f, yp, B, C, F_);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
@@ -272,6 +274,7 @@ class GPTStep {
   std::vector<at::Tensor> params_;
   at::Tensor tokens_, positions_;
   std::vector<at::Tensor> k_, v_;
+  at::Tensor x_, h_, qkv_, a_, f_, y_;  // working buffers of `step`
   int64_t H_;
   float eps_;
   int64_t act_;

@@ -110,8 +110,8 @@ class _Step:
         self.model = model
         self.compile = compile
         self.compiled: nn.Module | None = None
-        self.fused = fused  # asked for; `fused_step` is made at the first step, if the model qualifies
-        self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None
+        self.fused = fused  # still to be made: at the first step, in eval mode
+        self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None  # if the model qualifies
 
     def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
         """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
@@ -136,11 +136,10 @@ class _Step:
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
         if self.fused:
-            if self.fused_step is None:
-                self.fused_step = _fused_step(self.model, cache)
-                self.fused = self.fused_step is not None
-            if self.fused_step is not None:
-                return self.fused_step(token, cache, position)
+            self.fused_step = _fused_step(self.model, cache)
+            self.fused = False
+        if self.fused_step is not None:
+            return self.fused_step(token, cache, position)
         # Eagerly, attending to the filled slots alone costs less than the static path's mask
         # over the whole buffer, and shapes that change every step cost nothing.
         return self.model(token, cache=cache, last_only=True)
@@ -206,18 +205,15 @@ def generate_tokens(
         if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             return  # no forward for logits nobody reads
         new.append(token)
-        if cache is not None and filled < block and step.fused_step is not None:
-            # The fused step is plain C++ over the weights: no autograd, no dropout to switch off.
-            logits = step.fused_step(token[:, None], cache, filled)
-            filled += 1
-            continue
-        with _eval_mode(model):
-            if cache is not None and filled < block:
+        if cache is not None and filled < block:
+            # A fused step is plain C++ over the weights: no autograd, no dropout to switch off.
+            with contextlib.nullcontext() if step.fused_step is not None else _eval_mode(model):
                 logits = step(token[:, None], cache, filled)
-                filled += 1
-            else:
-                cache = None  # the window slides from here on
-                seq = torch.cat([idx, torch.stack(new, dim=1)], dim=1)
+            filled += 1
+        else:
+            cache = None  # the window slides from here on
+            seq = torch.cat([idx, torch.stack(new, dim=1)], dim=1)
+            with _eval_mode(model):
                 logits = model(seq[:, -block:], last_only=True)
 
 

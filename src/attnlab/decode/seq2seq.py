@@ -124,8 +124,8 @@ def _beam_search(
         if not searching:
             break
         same_source = len(searching) == len(alive)
+        keep = torch.tensor(searching, device=device)
         if not same_source:
-            keep = torch.tensor(searching, device=device)
             cand_scores, cand_beam, cand_token, is_eos = (x[keep] for x in (cand_scores, cand_beam, cand_token, is_eos))
             history = history[keep]
             alive, limits = [alive[i] for i in searching], [limits[i] for i in searching]
@@ -143,7 +143,7 @@ def _beam_search(
         scores = next_scores
         tokens = next_token.reshape(-1)
         # Rows of the state before this step: each kept sentence's first beam row, plus the beam.
-        first_row = torch.tensor(searching, device=device)[:, None] * k
+        first_row = keep[:, None] * k
         # Beams only ever continue beams of their own sentence: while no sentence leaves, the
         # source side need not move.
         state.select((first_row + next_beam).reshape(-1), same_source=same_source)

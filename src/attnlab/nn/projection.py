@@ -82,13 +82,19 @@ _REORDERED: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 """id(weight) -> (the weight, its version when reordered, the reordered copy)."""
 
 
+def _entry(weight: torch.Tensor) -> tuple[weakref.ref, int, torch.Tensor] | None:
+    """This weight's entry in `_REORDERED`, if it has one (not another tensor's that had its id)."""
+    hit = _REORDERED.get(id(weight))
+    return hit if hit is not None and hit[0]() is weight else None
+
+
 def reordered_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked copy of weight `(out, in)`, made once and kept while the weight lives and
     is unchanged: an optimizer step or `load_state_dict` bumps its version, which remakes it."""
-    key = id(weight)
-    hit = _REORDERED.get(key)
-    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+    hit = _entry(weight)
+    if hit is not None and hit[1] == weight._version:
         return hit[2]
+    key = id(weight)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_MAX_ROWS)
     # The entry goes with the weight (a new tensor may then take its id).
     _REORDERED[key] = (weakref.ref(weight, lambda _: _REORDERED.pop(key, None)), weight._version, packed)
@@ -97,8 +103,7 @@ def reordered_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def has_reordered_weight(weight: torch.Tensor) -> bool:
     """Whether `reordered_weight` holds a copy of this weight (the reordered route ran on it)."""
-    hit = _REORDERED.get(id(weight))
-    return hit is not None and hit[0]() is weight
+    return _entry(weight) is not None
 
 
 def _packed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
