@@ -1,4 +1,5 @@
-"""A pre-norm GPT's decoding step as one C++ call on the CPU (`fused_step.cpp`).
+"""Decoding steps as one C++ call each on the CPU (`fused_step.cpp`): a pre-norm GPT's, and the
+encoder–decoder Transformer's decoder for beam search.
 
 An eager decoding step of a small GPT is ~100 PyTorch operators, and at batch 1 their call
 overhead is as large as the arithmetic; torch.compile fuses the elementwise ones but still calls
@@ -7,13 +8,20 @@ is built with PyTorch's C++ extension tools on first use (~1 minute, cached afte
 `TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), so it is opt-in:
 `generate_tokens(..., fused=True)`, `attnlab sample --fused`, `attnlab bench --fused`.
 
-What it covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), any positional encoding
+What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), any positional encoding
 (all of attnlab's are added to the embeddings, which stay in Python), the activations of
 `attnlab.nn.ACTIVATIONS`, with or without biases, fp32 on the CPU. `supports` says whether a
 model qualifies; the decoding loop falls back to the model's own forward otherwise.
+
+The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers
+`attnlab.models.Seq2SeqTransformer`, pre- or post-norm, fp32 on the CPU (`supports_decoder`). Beam
+search reorders its hypotheses at every step; eagerly that moves every layer's cache. Here the
+caches stay put: each hypothesis keeps a table of the cache rows that wrote its earlier positions,
+and the index of its source sentence in the encoder memory, and only those integers move.
 """
 
 import functools
+import math
 import os
 import sysconfig
 import warnings
@@ -88,7 +96,7 @@ class FusedStep:
         for block in model.blocks:
             layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
             for layer in layers:
-                params += [layer.weight.detach(), _bias(layer).detach()]
+                params += _weight_bias(layer)
         params += [model.final_norm.weight.detach(), _bias(model.final_norm).detach(), model.lm_head.weight.detach()]
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
@@ -112,3 +120,115 @@ class FusedStep:
         for layer in cache:
             layer.length = position + 1
         return logits.unsqueeze(1)
+
+
+def supports_decoder(model: nn.Module) -> bool:
+    """Whether the fused decoder step computes this model's decoding step: an encoder–decoder
+    Transformer in fp32 on the CPU, in inference, with a known activation."""
+    from attnlab.models import Seq2SeqTransformer
+
+    if not isinstance(model, Seq2SeqTransformer):
+        return False
+    p = model.output.weight
+    return (
+        model.config.activation in ACTIVATION_CODES
+        and p.device.type == "cpu"
+        and p.dtype == torch.float32
+        and not model.training
+    )
+
+
+class FusedDecoderState:
+    """Beam search's decoder state for a model that `supports_decoder` accepts, with the fused
+    step: made from the eager state of `model.start(src, max_len)` (its encoder memory and its
+    empty caches), it offers what beam search asks of a state, `step(tokens (R,))` -> logits
+    `(R, V)` and `select(index (R',))`.
+
+    The caches are never reordered: row r of this step's keys and values is written to cache row
+    r, and `origin[r, t]` says which cache row holds position t of row r's history. `select` moves
+    the rows of `origin` and of `memory_row` (row -> memory row of its source) only.
+    """
+
+    def __init__(self, model: nn.Module, ext: ModuleType, state) -> None:  # noqa: ANN001
+        params: list[torch.Tensor] = []
+        for block in model.decoder:
+            c = block.self_attn.d_model
+            cross_bias = block.cross_attn.in_proj.bias
+            params += [
+                *_weight_bias(block.self_attn.in_proj),
+                *_weight_bias(block.self_attn.out_proj),
+                *_weight_bias(block.norm1),
+                block.cross_attn.in_proj.weight.detach()[:c],  # the query rows; the memory's are done
+                cross_bias.detach()[:c] if cross_bias is not None else torch.empty(0),
+                *_weight_bias(block.cross_attn.out_proj),
+                *_weight_bias(block.norm2),
+                *_weight_bias(block.ffn.fc1),
+                *_weight_bias(block.ffn.fc2),
+                *_weight_bias(block.norm3),
+            ]
+        final = model.decoder_norm
+        params += [*_weight_bias(final)] if isinstance(final, nn.LayerNorm) else [torch.empty(0), torch.empty(0)]
+        params.append(model.output.weight.detach())
+        c = model.config
+        with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
+            positions = model.positions(torch.arange(c.max_len)).contiguous()
+        self.step_fn = ext.DecoderStep(
+            params,
+            model.tgt_embedding.weight.detach(),
+            positions,
+            c.n_heads,
+            c.layer_norm_eps,
+            ACTIVATION_CODES[c.activation],
+            c.norm == "pre",
+            math.sqrt(c.d_model),
+        )
+        self.memory_k = [k.contiguous() for k, _ in state.memory_kv]  # (M, H, S, D)
+        self.memory_v = [v.contiguous() for _, v in state.memory_kv]
+        self.keep = state.src_mask.reshape(state.src_mask.size(0), -1).contiguous()  # (M, S) bool
+        self.k = [cache.k for cache in state.caches]  # (P, H, L, D), rows written in place
+        self.v = [cache.v for cache in state.caches]
+        rows, max_len = self.k[0].size(0), self.k[0].size(2)
+        self.memory_row = torch.arange(rows)
+        self.origin = torch.zeros((rows, max_len), dtype=torch.long)
+        self.length = 0
+
+    def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
+        """Keep and reorder rows: row i becomes old row index[i] (`TransformerDecoderState.select`)."""
+        self.origin = self.origin.index_select(0, index)
+        self.memory_row = self.memory_row.index_select(0, index)
+        if index.numel() > self.k[0].size(0):  # more rows than the caches have: widen them
+            self.k = [_widen(t, index.numel()) for t in self.k]
+            self.v = [_widen(t, index.numel()) for t in self.v]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Previous tokens `(R,)` -> next-token logits `(R, V)`; the history grows by one position."""
+        logits = self.step_fn.step(
+            tokens.contiguous(), self.length, self.k, self.v, self.origin,
+            self.memory_k, self.memory_v, self.memory_row, self.keep,
+        )  # fmt: skip
+        self.length += 1
+        return logits
+
+
+def decoder_state(model: nn.Module, state):  # noqa: ANN001, ANN201
+    """`FusedDecoderState` over the eager state of `model.start`, or None with a warning when the
+    model does not qualify (`supports_decoder`) or the step cannot be built."""
+    if not supports_decoder(model):
+        warnings.warn(
+            "the fused decoding step covers encoder-decoder Transformers in fp32 on the CPU; decoding eagerly",
+            stacklevel=3,
+        )
+        return None
+    ext = extension()
+    return None if ext is None else FusedDecoderState(model, ext, state)
+
+
+def _weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.weight.detach(), _bias(layer).detach()
+
+
+def _widen(cache: torch.Tensor, rows: int) -> torch.Tensor:
+    """The cache `(P, H, L, D)` with `rows` rows, the first P as they were (origin points into them)."""
+    wide = cache.new_zeros((rows, *cache.shape[1:]))
+    wide[: cache.size(0)] = cache
+    return wide

@@ -1,11 +1,19 @@
-// One decoding step of a pre-norm GPT in a single call, for the CPU: attnlab.decode.fused.
+// Decoding steps in a single call each, for the CPU: attnlab.decode.fused.
 //
 // A step of a small model is ~100 PyTorch operators of a few microseconds each, and at batch 1
 // their call overhead costs as much as the arithmetic. Here the same step is plain loops over
-// fp32 buffers: per block LayerNorm, the q/k/v product, attention over the cache, the output
-// product and residual, LayerNorm, the feed-forward products and residual; then the final
-// LayerNorm and the language-model head. The weight products read each weight row once for
-// every sequence of the batch, so up to a few sequences cost about what one does.
+// fp32 buffers. Two steps share the pieces below:
+// - GPTStep, a pre-norm GPT: per block LayerNorm, the q/k/v product, attention over the cache,
+//   the output product and residual, LayerNorm, the feed-forward products and residual; then the
+//   final LayerNorm and the language-model head.
+// - DecoderStep, the encoder-decoder's decoder (pre- or post-norm): masked self-attention,
+//   attention over the encoder memory, feed-forward, each with its residual and LayerNorm; then
+//   the output projection. Built for beam search: rows are hypotheses that get reordered and
+//   dropped at every step, so the caches are never moved. Each row's history is a table of the
+//   cache rows that wrote each position (see `attend_cached`), and each row's source sentence an
+//   index into the memory, both reordered in Python for the price of a few integers.
+// The weight products read each weight row once for every row of the batch, so up to a few rows
+// cost about what one does; past 8 rows the products go to PyTorch's matrix product.
 //
 // Layouts are PyTorch's: weights (out, in) row-major, caches (B, H, L, D), q/k/v the three
 // C-wide thirds of the in-projection output, head h the columns [h*D, (h+1)*D) of each.
@@ -22,7 +30,7 @@ namespace {
 
 constexpr int64_t kPerBlock = 12;  // tensors per block in `params`, in the order of fused.py
 
-const float* data_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+const float* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 
 // acc[b] = W_row . x[b, :] for the B rows of x: the weight row is read once for all of them. The
 // products run in 16-float lanes, U independent lanes per row (so that one row's additions do
@@ -153,45 +161,107 @@ void activate(float* x, int64_t n, int64_t kind) {
   }
 }
 
-// Write this step's keys and values at slot `pos`, then attend from each head's query to slots
-// 0..pos: out[b, h*D:(h+1)*D] = softmax(q k^T / sqrt(D)) v.
-void attend(const float* qkv, float* k_cache, float* v_cache, float* out, int64_t B, int64_t H, int64_t L,
-            int64_t D, int64_t pos) {
-  const int64_t C = H * D;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t slot = ((b * H + h) * L + pos) * D;
-      std::copy_n(qkv + b * 3 * C + C + h * D, D, k_cache + slot);
-      std::copy_n(qkv + b * 3 * C + 2 * C + h * D, D, v_cache + slot);
+// o = sum over t < n of softmax_t(q . k_t * scale) v_t, with (k_t, v_t) = kv(t); keys where
+// `keep` (if given) is false take no part, and a query left with no key gets zeros (as the
+// masked attention of attnlab.nn does). p: n floats of scratch.
+template <class KV>
+void attend_query(const float* q, int64_t n, int64_t D, float scale, const bool* keep, KV kv, float* p, float* o) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    if (keep && !keep[t]) {
+      p[t] = -INFINITY;
+      continue;
     }
+    const float* k = kv(t).first;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+    p[t] = s * scale;
+    top = std::max(top, p[t]);
+  }
+  std::fill_n(o, D, 0.f);
+  if (top == -INFINITY) return;
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - top));
+  for (int64_t t = 0; t < n; ++t) {
+    if (p[t] == 0.f) continue;
+    const float w = p[t] / sum;
+    const float* v = kv(t).second;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] += w * v[d];
+  }
+}
+
+// Self-attention of one step. Write the R rows' keys and values at slot `pos` of cache rows
+// 0..R-1, then attend from each head's query to slots 0..pos: out[r, h*D:(h+1)*D]. Slot t < pos
+// of row r is read from cache row origin[r * L + t] (beam search: the hypothesis row r continues
+// wrote it, at step t), or from row r itself when origin is null; origin[r * L + pos] becomes r.
+void attend_cached(const float* qkv, float* k_cache, float* v_cache, int64_t* origin, float* out, int64_t R,
+                   int64_t H, int64_t L, int64_t D, int64_t pos) {
+  const int64_t C = H * D;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t slot = ((r * H + h) * L + pos) * D;
+      std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
+      std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
+    }
+    if (origin) origin[r * L + pos] = r;
+  }
   const int64_t n = pos + 1;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, B * H, std::max<int64_t>(1, 16384 / (n * D)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (n * D)), [&](int64_t begin, int64_t end) {
     std::vector<float> p(n);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float* q = qkv + b * 3 * C + h * D;
-      const float* K = k_cache + bh * L * D;
-      const float* V = v_cache + bh * L * D;
-      float top = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < D; ++d) s += q[d] * K[t * D + d];
-        p[t] = s * scale;
-        top = std::max(top, p[t]);
-      }
-      float sum = 0.f;
-      for (int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - top));
-      float* o = out + b * C + h * D;
-      std::fill_n(o, D, 0.f);
-      for (int64_t t = 0; t < n; ++t) {
-        const float w = p[t] / sum;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) o[d] += w * V[t * D + d];
-      }
+    for (int64_t rh = begin; rh < end; ++rh) {
+      const int64_t r = rh / H, h = rh % H;
+      const int64_t* rows = origin ? origin + r * L : nullptr;
+      auto kv = [&](int64_t t) {
+        const int64_t at = ((((rows ? rows[t] : r) * H) + h) * L + t) * D;
+        return std::make_pair(k_cache + at, v_cache + at);
+      };
+      attend_query(qkv + r * 3 * C + h * D, n, D, scale, nullptr, kv, p.data(), out + r * C + h * D);
     }
   });
+}
+
+// Encoder-decoder attention of one step: row r's queries q[r] (C wide) attend to the keys and
+// values (M, H, S, D) of memory row memory_row[r], over the source positions where keep (M, S)
+// is true.
+void attend_memory(const float* q, const float* k_mem, const float* v_mem, const int64_t* memory_row,
+                   const bool* keep, float* out, int64_t R, int64_t H, int64_t S, int64_t D) {
+  const int64_t C = H * D;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (S * D)), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(S);
+    for (int64_t rh = begin; rh < end; ++rh) {
+      const int64_t r = rh / H, h = rh % H, m = memory_row[r];
+      const int64_t base = (m * H + h) * S * D;
+      auto kv = [&](int64_t t) { return std::make_pair(k_mem + base + t * D, v_mem + base + t * D); };
+      attend_query(q + r * C + h * D, S, D, scale, keep + m * S, kv, p.data(), out + r * C + h * D);
+    }
+  });
+}
+
+// y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to 8 rows,
+// where reading the weights is the cost; PyTorch's blocked matrix product past that, where the
+// arithmetic is.
+void product(const at::Tensor& W, const at::Tensor& bias, const float* x, float* y, int64_t R) {
+  const int64_t out = W.size(0), in = W.size(1);
+  if (R <= 8) {
+    linear(W.data_ptr<float>(), data_or_null(bias), x, y, R, out, in);
+    return;
+  }
+  const auto opts = W.options();
+  at::Tensor xt = at::from_blob(const_cast<float*>(x), {R, in}, opts), yt = at::from_blob(y, {R, out}, opts);
+  if (bias.defined() && bias.numel())
+    at::addmm_out(yt, bias, xt, W.t());
+  else
+    at::mm_out(yt, xt, W.t());
+}
+
+void check_cpu_fp32(const std::vector<at::Tensor>& tensors, const char* what) {
+  for (const auto& t : tensors)
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(), what,
+                " must be contiguous fp32 CPU tensors");
 }
 
 }  // namespace
@@ -210,10 +280,9 @@ class GPTStep {
     const int64_t n_layer = static_cast<int64_t>(k_.size());
     TORCH_CHECK(n_layer > 0 && v_.size() == k_.size(), "one key and one value cache per block");
     TORCH_CHECK(static_cast<int64_t>(params_.size()) == n_layer * kPerBlock + 3, "wrong number of parameters");
-    for (const auto* group : {&params_, &k_, &v_})
-      for (const auto& t : *group)
-        TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
-                    "weights and caches must be contiguous fp32 CPU tensors");
+    check_cpu_fp32(params_, "weights");
+    check_cpu_fp32(k_, "caches");
+    check_cpu_fp32(v_, "caches");
     TORCH_CHECK(tokens_.dim() == 2 && tokens_.scalar_type() == at::kFloat && tokens_.is_contiguous(),
                 "token_embedding must be (V, C) contiguous fp32");
     C_ = tokens_.size(1);
@@ -255,7 +324,7 @@ class GPTStep {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
       linear(p[2].data_ptr<float>(), data_or_null(p[3]), hp, qkv, B, 3 * C, C);
-      attend(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), ap, B, H_, L_, D_, pos);
+      attend_cached(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), nullptr, ap, B, H_, L_, D_, pos);
       linear(p[4].data_ptr<float>(), data_or_null(p[5]), ap, yp, B, C, C);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
@@ -281,9 +350,151 @@ class GPTStep {
   int64_t B_ = 0, C_ = 0, L_ = 0, D_ = 0, F_ = 0, V_ = 0;
 };
 
+// The decoder of an encoder-decoder Transformer bound to its weights: one step of beam search or
+// greedy decoding per call. params: kPerDecoderBlock tensors per block (the order of fused.py),
+// then the final LayerNorm's weight and bias (empty tensors for post-norm, which has none) and
+// the output projection's weight (V, C). token_embedding (V, C), multiplied by embedding_scale;
+// positions (P, C), added. An absent bias is an empty tensor.
+constexpr int64_t kPerDecoderBlock = 18;
+
+class DecoderStep {
+ public:
+  DecoderStep(std::vector<at::Tensor> params, at::Tensor token_embedding, at::Tensor positions, int64_t n_head,
+              double eps, int64_t activation, bool pre_norm, double embedding_scale)
+      : params_(std::move(params)), tokens_(std::move(token_embedding)), positions_(std::move(positions)),
+        H_(n_head), eps_(static_cast<float>(eps)), act_(activation), pre_norm_(pre_norm),
+        scale_(static_cast<float>(embedding_scale)) {
+    TORCH_CHECK(params_.size() >= kPerDecoderBlock + 3 && (params_.size() - 3) % kPerDecoderBlock == 0,
+                "wrong number of parameters");
+    check_cpu_fp32(params_, "weights");
+    check_cpu_fp32({tokens_, positions_}, "the embedding and position tables");
+    TORCH_CHECK(tokens_.dim() == 2 && positions_.dim() == 2 && positions_.size(1) == tokens_.size(1),
+                "token_embedding must be (V, C) and positions (P, C)");
+    n_layer_ = static_cast<int64_t>(params_.size() - 3) / kPerDecoderBlock;
+    C_ = tokens_.size(1);
+    TORCH_CHECK(C_ % H_ == 0, "n_head must divide the width");
+    D_ = C_ / H_;
+  }
+
+  // tokens (R,) int64: each row's newest token, at position `pos` (its cache slot). Caches
+  // (P >= R, H, L, D), one key and one value cache per block, and origin (R, L) int64: see
+  // attend_cached. Memory keys and values (M, H, S, D) per block, memory_row (R,) int64, the
+  // memory row of each row's source, keep (M, S) bool, the source positions that are not padding.
+  // Returns the next-token logits (R, V).
+  at::Tensor step(const at::Tensor& tokens, int64_t pos, const std::vector<at::Tensor>& k_caches,
+                  const std::vector<at::Tensor>& v_caches, at::Tensor origin, const std::vector<at::Tensor>& memory_k,
+                  const std::vector<at::Tensor>& memory_v, const at::Tensor& memory_row, const at::Tensor& keep) {
+    TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
+                "tokens must be (R,) int64");
+    const int64_t R = tokens.size(0), C = C_, H = H_, D = D_;
+    TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == n_layer_ && v_caches.size() == k_caches.size() &&
+                    static_cast<int64_t>(memory_k.size()) == n_layer_ && memory_v.size() == memory_k.size(),
+                "one key and one value cache, and one memory key and value tensor, per block");
+    check_cpu_fp32(k_caches, "caches");
+    check_cpu_fp32(v_caches, "caches");
+    check_cpu_fp32(memory_k, "memory keys and values");
+    check_cpu_fp32(memory_v, "memory keys and values");
+    const int64_t L = k_caches[0].size(2), M = memory_k[0].size(0), S = memory_k[0].size(2);
+    for (int64_t l = 0; l < n_layer_; ++l) {
+      TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].size(0) >= R && k_caches[l].size(1) == H &&
+                      k_caches[l].size(2) == L && k_caches[l].size(3) == D && v_caches[l].sizes() == k_caches[l].sizes(),
+                  "caches must be (P, H, L, D) with P >= R rows");
+      TORCH_CHECK(memory_k[l].dim() == 4 && memory_k[l].size(0) == M && memory_k[l].size(1) == H &&
+                      memory_k[l].size(2) == S && memory_k[l].size(3) == D && memory_v[l].sizes() == memory_k[l].sizes(),
+                  "memory keys and values must be (M, H, S, D)");
+    }
+    TORCH_CHECK(origin.scalar_type() == at::kLong && origin.is_contiguous() && origin.dim() == 2 &&
+                    origin.size(0) == R && origin.size(1) == L,
+                "origin must be (R, L) int64, contiguous");
+    TORCH_CHECK(memory_row.scalar_type() == at::kLong && memory_row.is_contiguous() && memory_row.dim() == 1 &&
+                    memory_row.size(0) == R,
+                "memory_row must be (R,) int64");
+    TORCH_CHECK(keep.scalar_type() == at::kBool && keep.is_contiguous() && keep.dim() == 2 && keep.size(0) == M &&
+                    keep.size(1) == S,
+                "keep must be (M, S) bool, contiguous");
+    TORCH_CHECK(pos >= 0 && pos < L && pos < positions_.size(0), "position ", pos, " is outside the cache");
+    const int64_t* ids = tokens.data_ptr<int64_t>();
+    const int64_t* rows = memory_row.data_ptr<int64_t>();
+    int64_t* from = origin.data_ptr<int64_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      TORCH_CHECK(ids[r] >= 0 && ids[r] < tokens_.size(0), "token id ", ids[r], " is outside the vocabulary");
+      TORCH_CHECK(rows[r] >= 0 && rows[r] < M, "memory row ", rows[r], " is outside the memory");
+      for (int64_t t = 0; t < pos; ++t)
+        TORCH_CHECK(from[r * L + t] >= 0 && from[r * L + t] < k_caches[0].size(0), "origin ", from[r * L + t],
+                    " is outside the caches");
+    }
+
+    const auto opts = tokens_.options();
+    at::Tensor x_t = at::empty({R, C}, opts), h_t = at::empty({R, C}, opts), a_t = at::empty({R, C}, opts);
+    at::Tensor y_t = at::empty({R, C}, opts), qkv_t = at::empty({R, 3 * C}, opts);
+    at::Tensor f_t = at::empty({R, params_[12].size(0)}, opts), logits = at::empty({R, tokens_.size(0)}, opts);
+    float *x = x_t.data_ptr<float>(), *h = h_t.data_ptr<float>(), *a = a_t.data_ptr<float>();
+    float *y = y_t.data_ptr<float>(), *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
+    const float* pe = positions_.data_ptr<float>() + pos * C;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* te = tokens_.data_ptr<float>() + ids[r] * C;
+      for (int64_t i = 0; i < C; ++i) x[r * C + i] = te[i] * scale_ + pe[i];
+    }
+    // A sublayer in its residual connection, in the block's order: pre-norm x + F(LN(x)), post-norm
+    // LN(x + F(x)). `sublayer(in)` writes F(in) to y.
+    auto residual = [&](const at::Tensor& norm_w, const at::Tensor& norm_b, auto sublayer) {
+      if (pre_norm_) {
+        layer_norm(x, norm_w.data_ptr<float>(), data_or_null(norm_b), h, R, C, eps_);
+        sublayer(h);
+        for (int64_t i = 0; i < R * C; ++i) x[i] += y[i];
+      } else {
+        sublayer(x);
+        for (int64_t i = 0; i < R * C; ++i) x[i] += y[i];
+        layer_norm(x, norm_w.data_ptr<float>(), data_or_null(norm_b), x, R, C, eps_);
+      }
+    };
+    for (int64_t l = 0; l < n_layer_; ++l) {
+      const at::Tensor* p = params_.data() + l * kPerDecoderBlock;
+      residual(p[4], p[5], [&](const float* in) {  // masked self-attention over the cache
+        product(p[0], p[1], in, qkv, R);
+        attend_cached(qkv, k_caches[l].data_ptr<float>(), v_caches[l].data_ptr<float>(), from, a, R, H, L, D, pos);
+        product(p[2], p[3], a, y, R);
+      });
+      residual(p[10], p[11], [&](const float* in) {  // encoder-decoder attention
+        product(p[6], p[7], in, qkv, R);  // the queries alone: C wide
+        attend_memory(qkv, memory_k[l].data_ptr<float>(), memory_v[l].data_ptr<float>(), rows,
+                      keep.data_ptr<bool>(), a, R, H, S, D);
+        product(p[8], p[9], a, y, R);
+      });
+      residual(p[16], p[17], [&](const float* in) {  // feed-forward
+        product(p[12], p[13], in, f, R);
+        activate(f, R * f_t.size(1), act_);
+        product(p[14], p[15], f, y, R);
+      });
+    }
+    const at::Tensor* p = params_.data() + n_layer_ * kPerDecoderBlock;
+    const float* last = x;
+    if (p[0].numel()) {
+      layer_norm(x, p[0].data_ptr<float>(), data_or_null(p[1]), h, R, C, eps_);
+      last = h;
+    }
+    product(p[2], at::Tensor(), last, logits.data_ptr<float>(), R);
+    return logits;
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  at::Tensor tokens_, positions_;
+  int64_t H_;
+  float eps_;
+  int64_t act_;
+  bool pre_norm_;
+  float scale_;
+  int64_t n_layer_ = 0, C_ = 0, D_ = 0;
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<GPTStep>(m, "GPTStep")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
       .def("step", &GPTStep::step, "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)");
+  pybind11::class_<DecoderStep>(m, "DecoderStep")
+      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double, int64_t, bool, double>())
+      .def("step", &DecoderStep::step,
+           "One encoder-decoder decoding step (CPU, fp32): tokens (R,), pos, caches, origin, memory -> logits (R, V)");
 }

@@ -12,6 +12,7 @@ finished hypothesis with the best score / length^length_penalty (Wu et al. 2016 
 length normalisation). Neither <pad> nor <bos> is ever produced.
 """
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -34,10 +35,19 @@ def greedy_translate(
     eos_id: int,
     max_len_ratio: float = 1.5,
     max_len_extra: int = 10,
+    fused: bool = False,
 ) -> list[list[int]]:
-    """The most likely token at each step until <eos>; returns each sentence's ids without bos/eos."""
+    """The most likely token at each step until <eos>; returns each sentence's ids without bos/eos.
+    `fused`: as in `beam_search`."""
     return beam_search(
-        model, src, beam_size=1, bos_id=bos_id, eos_id=eos_id, max_len_ratio=max_len_ratio, max_len_extra=max_len_extra
+        model,
+        src,
+        beam_size=1,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        max_len_ratio=max_len_ratio,
+        max_len_extra=max_len_extra,
+        fused=fused,
     )
 
 
@@ -52,14 +62,19 @@ def beam_search(
     length_penalty: float = 1.0,
     max_len_ratio: float = 1.5,
     max_len_extra: int = 10,
+    fused: bool = False,
 ) -> list[list[int]]:
-    """Best-scoring translation of each source sentence in src `(B, S)`, as ids without bos/eos."""
+    """Best-scoring translation of each source sentence in src `(B, S)`, as ids without bos/eos.
+
+    `fused` runs each decoder step as one C++ call (`attnlab.decode.fused`: encoder–decoder
+    Transformers in fp32 on the CPU; built on first use), with the same results; other models
+    decode eagerly, with a warning."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     was_training = model.training
     model.eval()
     try:
-        return _beam_search(model, src, beam_size, bos_id, eos_id, length_penalty, max_len_ratio, max_len_extra)
+        return _beam_search(model, src, beam_size, bos_id, eos_id, length_penalty, max_len_ratio, max_len_extra, fused)
     finally:
         model.train(was_training)
 
@@ -73,12 +88,20 @@ def _beam_search(
     length_penalty: float,
     max_len_ratio: float,
     max_len_extra: int,
+    fused: bool,
 ) -> list[list[int]]:
     b, device = src.size(0), src.device
     cap = getattr(model.config, "max_len", 256) - 1  # positions available after <bos>
     limits = length_limits(src, model.pad_id, max_len_ratio, max_len_extra, cap).tolist()
     max_steps = max(limits)
     state = model.start(src, max_steps + 1)
+    step = functools.partial(model.step, state=state)
+    if fused:
+        from attnlab.decode.fused import decoder_state
+
+        fast = decoder_state(model, state)
+        if fast is not None:
+            state, step = fast, fast.step
     state.select(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: beams of each sentence
 
     # Rows of the tensors below belong to the sentences still searching, `alive` (original indices):
@@ -91,7 +114,7 @@ def _beam_search(
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
 
     for t in range(max_steps):
-        logits = model.step(tokens, state).float()  # (B*K, V)
+        logits = step(tokens).float()  # (B*K, V)
         logits[:, [model.pad_id, bos_id]] = float("-inf")  # never outputs, whatever the model says
         logp = F.log_softmax(logits, dim=-1)
         v = logp.size(-1)
