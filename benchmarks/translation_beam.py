@@ -9,6 +9,8 @@ alternate within every repeat; medians of sentences/s.
 
     python benchmarks/translation_beam.py runs/mt-transformer-v2 --data-dir ../shared/data/multi30k \
         --out benchmarks/results/translation-beam.json
+
+`--fused` runs attnlab's decoder steps as one C++ call each (`beam_search(..., fused=True)`).
 """
 
 import argparse
@@ -52,6 +54,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--fused", action="store_true", help="attnlab's fused C++ decoder step (attnlab.decode.fused)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 
@@ -69,7 +72,7 @@ def main() -> None:
         for src in groups:
             out += beam_search(
                 model, src, beam_size=args.beam, bos_id=task.bos_id, eos_id=task.eos_id,
-                max_len_ratio=MAX_LEN_RATIO, max_len_extra=MAX_LEN_EXTRA,
+                max_len_ratio=MAX_LEN_RATIO, max_len_extra=MAX_LEN_EXTRA, fused=args.fused,
             )  # fmt: skip
         return out
 
@@ -97,6 +100,7 @@ def main() -> None:
         "split": args.split,
         "sentences": len(sources),
         "beam": args.beam,
+        "attnlab_step": "fused" if args.fused else "eager",
         "repeats": args.repeats,
         "cases": [],
     }
