@@ -54,6 +54,19 @@ def test_beam_one_equals_greedy_through_the_cli(mt_run, capsys):
     assert greedy == again
 
 
+def test_fused_translate_writes_what_the_eager_one_does(mt_run, capsys, tmp_path):
+    from attnlab.decode.fused import extension
+
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    src = tmp_path / "in.de"
+    src.write_text("Ein Hund läuft.\nZwei Kinder spielen im Park.\nEine Frau liest ein Buch.\n", encoding="utf-8")
+    code, eager, _ = cli(capsys, "translate", mt_run, "--input", src, "--beam", "3")
+    assert code == 0
+    code, fused, _ = cli(capsys, "translate", mt_run, "--input", src, "--beam", "3", "--fused")
+    assert code == 0 and fused == eager and len(fused.splitlines()) == 3
+
+
 def test_attention_png(mt_run, capsys, tmp_path):
     out = tmp_path / "align.png"
     code, _, err = cli(capsys, "translate", mt_run, "Ein Mann schläft.", "--attention", out)

@@ -1,4 +1,4 @@
-"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--attention out.png]"""
+"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused] [--attention out.png]"""
 
 import argparse
 import sys
@@ -18,6 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
     p.add_argument("--length-penalty", type=float, default=1.0, help="score / length^p (default 1.0)")
     p.add_argument("--max-len-ratio", type=float, default=1.5, help="output length limit per source token")
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="run each decoder step as one C++ call (Transformer models on a CPU; built on first use, ~1 minute)",
+    )
     p.add_argument("--attention", type=Path, metavar="PNG", help="save the first sentence's alignment heatmap")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -49,7 +54,13 @@ def run(args: argparse.Namespace) -> int:
             "were cut to fit the model\n"
         )
     outputs = task.translate_ids(
-        run.model, sources, device, beam=args.beam, length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio
+        run.model,
+        sources,
+        device,
+        beam=args.beam,
+        length_penalty=args.length_penalty,
+        max_len_ratio=args.max_len_ratio,
+        fused=args.fused,
     )
     if args.attention is not None:
         _save_alignment(task, run.model, sources[0], args.attention, device, args, torch)

@@ -188,8 +188,10 @@ class Translation:
         beam: int = 5,
         length_penalty: float = 1.0,
         max_len_ratio: float = 1.5,
+        fused: bool = False,
     ) -> list[str]:
-        """Translate already-encoded source sentences (in their order) to detokenized text."""
+        """Translate already-encoded source sentences (in their order) to detokenized text;
+        `fused`: the C++ decoder step (`beam_search`)."""
         out: list[str] = [""] * len(sources)
         lengths = [len(s) for s in sources]
         for indices in token_batches(lengths, lengths, 6000, seed=None):
@@ -205,6 +207,7 @@ class Translation:
                 eos_id=self.eos_id,
                 length_penalty=length_penalty,
                 max_len_ratio=max_len_ratio,
+                fused=fused,
             )
             for row, i in enumerate(indices):
                 out[i] = self.tokenizer.decode(ids[row], skip_special=True).strip() if lengths[i] else ""
