@@ -22,9 +22,7 @@ PAD, BOS, EOS = 0, 1, 2
 def random_transformer(seed: int = 0, vocab: int = 13, **overrides) -> Seq2SeqTransformer:
     """A random encoder–decoder whose greedy and beam outputs wander (weights drawn wide)."""
     torch.manual_seed(seed)
-    fields = dict(
-        vocab_size=vocab, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=48, dropout=0.0
-    )
+    fields = dict(vocab_size=vocab, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=48, dropout=0.0)
     model = Seq2SeqTransformer(Seq2SeqConfig(**(fields | overrides))).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -71,7 +69,7 @@ def test_fused_state_gives_the_model_logits_while_rows_move(norm):
     g = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         eager = model.start(src, 12)
-        fused = FusedDecoderState(model, extension(), model.start(src, 12))
+        fused = FusedDecoderState(model, extension(), src, 12)
         index = torch.arange(3).repeat_interleave(4)  # 12 rows, more than the 3 the caches have
         for t in range(11):
             eager.select(index)
@@ -90,18 +88,34 @@ def test_fused_state_sees_weights_changed_after_it_was_made():
     src = sources(2, 5, seed=1)
     tokens = torch.tensor([4, 5])
     with torch.inference_mode():
-        fused = FusedDecoderState(model, extension(), model.start(src, 4))
+        fused = FusedDecoderState(model, extension(), src, 4)
         eager = model.start(src, 4)
     with torch.no_grad():
-        model.decoder[0].ffn.fc2.weight.mul_(-1.0)  # in place: the step holds the same storage
+        model.decoder[0].ffn.fc2.weight.mul_(-1.0)  # in place: the row kernel reads the same storage
     with torch.inference_mode():
         torch.testing.assert_close(fused.step(tokens), model.step(tokens, eager), atol=1e-5, rtol=1e-5)
+
+
+def test_a_new_search_sees_weights_changed_since_the_last():
+    """Past 8 rows the products use oneDNN copies of the weights, remade when a weight changes."""
+    model = random_transformer(6)
+    src = sources(4, 6, seed=3)
+    kw = dict(beam_size=4, bos_id=BOS, eos_id=EOS, max_len_extra=5)  # 16 rows
+    before = beam_search(model, src, fused=True, **kw)
+    with torch.no_grad():
+        for block in model.decoder:
+            block.cross_attn.in_proj.weight.mul_(-1.0)
+            block.ffn.fc1.weight.mul_(-1.0)
+        model.output.weight.mul_(-1.0)
+    after = beam_search(model, src, fused=True, **kw)
+    assert after == beam_search(model, src, **kw)
+    assert after != before
 
 
 def test_fused_state_refuses_a_token_outside_the_vocabulary():
     model = random_transformer(0)
     with torch.inference_mode():
-        fused = FusedDecoderState(model, extension(), model.start(sources(1, 4, seed=0), 4))
+        fused = FusedDecoderState(model, extension(), sources(1, 4, seed=0), 4)
         with pytest.raises(RuntimeError, match="outside the vocabulary"):
             fused.step(torch.tensor([13]))
         fused.step(torch.tensor([12]))

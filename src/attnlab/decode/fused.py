@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import KVCache
+from attnlab.nn.projection import MKLDNN, reordered_weight
 
 ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 """The C++ side's numbering of the feed-forward activations."""
@@ -140,19 +141,31 @@ def supports_decoder(model: nn.Module) -> bool:
 
 class FusedDecoderState:
     """Beam search's decoder state for a model that `supports_decoder` accepts, with the fused
-    step: made from the eager state of `model.start(src, max_len)` (its encoder memory and its
-    empty caches), it offers what beam search asks of a state, `step(tokens (R,))` -> logits
-    `(R, V)` and `select(index (R',))`.
+    step: like `model.start(src (B, S), max_len)` it encodes the sources and holds caches for
+    `max_len` target positions, and it offers what beam search asks of a state,
+    `step(tokens (R,))` -> logits `(R, V)` and `select(index (R',))`.
+
+    The weights must not change while a state lives (one search): past 8 rows the products use
+    oneDNN copies of them made when the state is made.
 
     The caches are never reordered: row r of this step's keys and values is written to cache row
     r, and `origin[r, t]` says which cache row holds position t of row r's history. `select` moves
     the rows of `origin` and of `memory_row` (row -> memory row of its source) only.
     """
 
-    def __init__(self, model: nn.Module, ext: ModuleType, state) -> None:  # noqa: ANN001
+    def __init__(self, model: nn.Module, ext: ModuleType, src: torch.Tensor, max_len: int) -> None:
         params: list[torch.Tensor] = []
+        products: list[tuple[torch.Tensor, int | None]] = []  # (weight, rows used)
         for block in model.decoder:
             c = block.self_attn.d_model
+            products += [
+                (block.self_attn.in_proj.weight, None),
+                (block.self_attn.out_proj.weight, None),
+                (block.cross_attn.in_proj.weight, c),
+                (block.cross_attn.out_proj.weight, None),
+                (block.ffn.fc1.weight, None),
+                (block.ffn.fc2.weight, None),
+            ]
             cross_bias = block.cross_attn.in_proj.bias
             params += [
                 *_weight_bias(block.self_attn.in_proj),
@@ -169,11 +182,15 @@ class FusedDecoderState:
         final = model.decoder_norm
         params += [*_weight_bias(final)] if isinstance(final, nn.LayerNorm) else [torch.empty(0), torch.empty(0)]
         params.append(model.output.weight.detach())
+        products.append((model.output.weight, None))
+        # oneDNN's blocked copies, for the steps with many rows (kept with the weights between searches)
+        packed = [reordered_weight(w, rows) if MKLDNN else torch.empty(0) for w, rows in products]
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
             positions = model.positions(torch.arange(c.max_len)).contiguous()
         self.step_fn = ext.DecoderStep(
             params,
+            packed,
             model.tgt_embedding.weight.detach(),
             positions,
             c.n_heads,
@@ -182,12 +199,15 @@ class FusedDecoderState:
             c.norm == "pre",
             math.sqrt(c.d_model),
         )
-        self.memory_k = [k.contiguous() for k, _ in state.memory_kv]  # (M, H, S, D)
-        self.memory_v = [v.contiguous() for _, v in state.memory_kv]
-        self.keep = state.src_mask.reshape(state.src_mask.size(0), -1).contiguous()  # (M, S) bool
-        self.k = [cache.k for cache in state.caches]  # (P, H, L, D), rows written in place
-        self.v = [cache.v for cache in state.caches]
-        rows, max_len = self.k[0].size(0), self.k[0].size(2)
+        eager = model.start(src, 1)  # the encoder's work; its one-position caches go unused
+        self.memory_k = [k.contiguous() for k, _ in eager.memory_kv]  # (M, H, S, D)
+        self.memory_v = [v.contiguous() for _, v in eager.memory_kv]
+        self.keep = eager.src_mask.reshape(src.size(0), -1).contiguous()  # (M, S) bool
+        # (P, L, H, D): one position of one row holds every head, read in one piece (see `attend`)
+        rows, max_len = src.size(0), min(max_len, c.max_len)
+        shape = (rows, max_len, c.n_heads, c.d_model // c.n_heads)
+        self.k = [torch.zeros(shape) for _ in model.decoder]
+        self.v = [torch.zeros(shape) for _ in model.decoder]
         self.memory_row = torch.arange(rows)
         self.origin = torch.zeros((rows, max_len), dtype=torch.long)
         self.length = 0
@@ -210,9 +230,9 @@ class FusedDecoderState:
         return logits
 
 
-def decoder_state(model: nn.Module, state):  # noqa: ANN001, ANN201
-    """`FusedDecoderState` over the eager state of `model.start`, or None with a warning when the
-    model does not qualify (`supports_decoder`) or the step cannot be built."""
+def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> "FusedDecoderState | None":
+    """`FusedDecoderState(model, extension(), src, max_len)`, or None with a warning when the model
+    does not qualify (`supports_decoder`) or the step cannot be built."""
     if not supports_decoder(model):
         warnings.warn(
             "the fused decoding step covers encoder-decoder Transformers in fp32 on the CPU; decoding eagerly",
@@ -220,7 +240,7 @@ def decoder_state(model: nn.Module, state):  # noqa: ANN001, ANN201
         )
         return None
     ext = extension()
-    return None if ext is None else FusedDecoderState(model, ext, state)
+    return None if ext is None else FusedDecoderState(model, ext, src, max_len)
 
 
 def _weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +248,7 @@ def _weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _widen(cache: torch.Tensor, rows: int) -> torch.Tensor:
-    """The cache `(P, H, L, D)` with `rows` rows, the first P as they were (origin points into them)."""
+    """The cache `(P, L, H, D)` with `rows` rows, the first P as they were (origin points into them)."""
     wide = cache.new_zeros((rows, *cache.shape[1:]))
     wide[: cache.size(0)] = cache
     return wide

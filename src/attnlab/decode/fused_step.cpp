@@ -15,12 +15,14 @@
 // The weight products read each weight row once for every row of the batch, so up to a few rows
 // cost about what one does; past 8 rows the products go to PyTorch's matrix product.
 //
-// Layouts are PyTorch's: weights (out, in) row-major, caches (B, H, L, D), q/k/v the three
-// C-wide thirds of the in-projection output, head h the columns [h*D, (h+1)*D) of each.
+// Layouts are PyTorch's: weights (out, in) row-major, q/k/v the three C-wide thirds of the
+// in-projection output, head h the columns [h*D, (h+1)*D) of each; the GPT's caches are
+// attnlab.nn.KVCache's (B, H, L, D), the decoder's its own (P, L, H, D) (see `attend`).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
@@ -161,90 +163,114 @@ void activate(float* x, int64_t n, int64_t kind) {
   }
 }
 
-// o = sum over t < n of softmax_t(q . k_t * scale) v_t, with (k_t, v_t) = kv(t); keys where
-// `keep` (if given) is false take no part, and a query left with no key gets zeros (as the
-// masked attention of attnlab.nn does). p: n floats of scratch.
-template <class KV>
-void attend_query(const float* q, int64_t n, int64_t D, float scale, const bool* keep, KV kv, float* p, float* o) {
-  float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    if (keep && !keep[t]) {
-      p[t] = -INFINITY;
-      continue;
-    }
-    const float* k = kv(t).first;
-    float s = 0.f;
+// Where a key (or value) vector lives: strides, in floats, of a row, a position and a head.
+struct Layout {
+  int64_t row, pos, head;
+};
+
+// Scaled dot-product attention of one query per row and head: out[r, h*D:(h+1)*D] = sum over
+// t < n of softmax_t(q[r, h] . k_t / sqrt(D)) v_t, where k_t and v_t are the head's key and
+// value at position t of row row_of(r, t) of K and V. keep_of(r): null, or n bools, the
+// positions row r may attend to; a query left with no key gets zeros (as the masked attention of
+// attnlab.nn does). q (R, q_stride), head h at columns [h*D, (h+1)*D); out (R, H*D).
+//
+// Each task takes a run of (row, head) pairs and walks the positions in the outer loop, the heads
+// of a row in the inner one: with the decoder's (row, position, head) caches, one position of one
+// row is one contiguous read of all heads, where a loop per head would jump between rows (beam
+// hypotheses) at every position and wait on memory each time.
+template <class RowOf, class KeepOf>
+void attend(const float* q, int64_t q_stride, const float* K, const float* V, Layout lay, int64_t n, RowOf row_of,
+            KeepOf keep_of, float* out, int64_t R, int64_t H, int64_t D) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (n * D)), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(H * n), top(H), sum(H);
+    for (int64_t rh = begin; rh < end;) {
+      const int64_t r = rh / H, h0 = rh % H, h1 = std::min(H, h0 + (end - rh));
+      const bool* keep = keep_of(r);
+      const float* qr = q + r * q_stride;
+      std::fill(top.begin(), top.end(), -INFINITY);
+      for (int64_t t = 0; t < n; ++t) {
+        if (keep && !keep[t]) {
+          for (int64_t h = h0; h < h1; ++h) p[h * n + t] = -INFINITY;
+          continue;
+        }
+        const float* k = K + row_of(r, t) * lay.row + t * lay.pos;
+        for (int64_t h = h0; h < h1; ++h) {
+          const float *qh = qr + h * D, *kh = k + h * lay.head;
+          float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-    p[t] = s * scale;
-    top = std::max(top, p[t]);
-  }
-  std::fill_n(o, D, 0.f);
-  if (top == -INFINITY) return;
-  float sum = 0.f;
-  for (int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - top));
-  for (int64_t t = 0; t < n; ++t) {
-    if (p[t] == 0.f) continue;
-    const float w = p[t] / sum;
-    const float* v = kv(t).second;
+          for (int64_t d = 0; d < D; ++d) s += qh[d] * kh[d];
+          p[h * n + t] = s * scale;
+          top[h] = std::max(top[h], s * scale);
+        }
+      }
+      for (int64_t h = h0; h < h1; ++h) {
+        float total = 0.f;
+        if (top[h] != -INFINITY)
+          for (int64_t t = 0; t < n; ++t) total += (p[h * n + t] = std::exp(p[h * n + t] - top[h]));
+        sum[h] = total;
+        std::fill_n(out + r * H * D + h * D, D, 0.f);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        if (keep && !keep[t]) continue;
+        const float* v = V + row_of(r, t) * lay.row + t * lay.pos;
+        for (int64_t h = h0; h < h1; ++h) {
+          if (sum[h] == 0.f) continue;
+          const float w = p[h * n + t] / sum[h], *vh = v + h * lay.head;
+          float* o = out + r * H * D + h * D;
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) o[d] += w * v[d];
-  }
+          for (int64_t d = 0; d < D; ++d) o[d] += w * vh[d];
+        }
+      }
+      rh += h1 - h0;
+    }
+  });
 }
 
-// Self-attention of one step. Write the R rows' keys and values at slot `pos` of cache rows
-// 0..R-1, then attend from each head's query to slots 0..pos: out[r, h*D:(h+1)*D]. Slot t < pos
-// of row r is read from cache row origin[r * L + t] (beam search: the hypothesis row r continues
+// Self-attention of one step over a cache of layout `lay` (positions 0..L-1). Write the R rows'
+// keys and values (the second and third thirds of qkv) at position `pos` of cache rows 0..R-1,
+// then attend from each row's query (the first third) to positions 0..pos. Position t < pos of
+// row r is read from cache row origin[r * L + t] (beam search: the hypothesis row r continues
 // wrote it, at step t), or from row r itself when origin is null; origin[r * L + pos] becomes r.
-void attend_cached(const float* qkv, float* k_cache, float* v_cache, int64_t* origin, float* out, int64_t R,
-                   int64_t H, int64_t L, int64_t D, int64_t pos) {
+void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay, int64_t* origin, float* out,
+                   int64_t R, int64_t H, int64_t L, int64_t D, int64_t pos) {
   const int64_t C = H * D;
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t slot = ((r * H + h) * L + pos) * D;
+      const int64_t slot = r * lay.row + pos * lay.pos + h * lay.head;
       std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
       std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
     }
     if (origin) origin[r * L + pos] = r;
   }
-  const int64_t n = pos + 1;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (n * D)), [&](int64_t begin, int64_t end) {
-    std::vector<float> p(n);
-    for (int64_t rh = begin; rh < end; ++rh) {
-      const int64_t r = rh / H, h = rh % H;
-      const int64_t* rows = origin ? origin + r * L : nullptr;
-      auto kv = [&](int64_t t) {
-        const int64_t at = ((((rows ? rows[t] : r) * H) + h) * L + t) * D;
-        return std::make_pair(k_cache + at, v_cache + at);
-      };
-      attend_query(qkv + r * 3 * C + h * D, n, D, scale, nullptr, kv, p.data(), out + r * C + h * D);
-    }
-  });
+  auto row_of = [&](int64_t r, int64_t t) { return origin ? origin[r * L + t] : r; };
+  auto all = [](int64_t) -> const bool* { return nullptr; };
+  attend(qkv, 3 * C, k_cache, v_cache, lay, pos + 1, row_of, all, out, R, H, D);
 }
 
-// Encoder-decoder attention of one step: row r's queries q[r] (C wide) attend to the keys and
-// values (M, H, S, D) of memory row memory_row[r], over the source positions where keep (M, S)
-// is true.
-void attend_memory(const float* q, const float* k_mem, const float* v_mem, const int64_t* memory_row,
-                   const bool* keep, float* out, int64_t R, int64_t H, int64_t S, int64_t D) {
-  const int64_t C = H * D;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (S * D)), [&](int64_t begin, int64_t end) {
-    std::vector<float> p(S);
-    for (int64_t rh = begin; rh < end; ++rh) {
-      const int64_t r = rh / H, h = rh % H, m = memory_row[r];
-      const int64_t base = (m * H + h) * S * D;
-      auto kv = [&](int64_t t) { return std::make_pair(k_mem + base + t * D, v_mem + base + t * D); };
-      attend_query(q + r * C + h * D, S, D, scale, keep + m * S, kv, p.data(), out + r * C + h * D);
-    }
-  });
+// x (R, in) W^T + bias through oneDNN's product over `packed`, the weight reordered once into its
+// blocked layout (attnlab.nn.projection.reordered_weight): past a few rows it runs 1.2-2x
+// PyTorch's matrix product here, which repacks the weight at every call.
+at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(packed);
+  stack.emplace_back(bias.defined() && bias.numel() ? c10::IValue(bias) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
 }
 
 // y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to 8 rows,
-// where reading the weights is the cost; PyTorch's blocked matrix product past that, where the
-// arithmetic is.
-void product(const at::Tensor& W, const at::Tensor& bias, const float* x, float* y, int64_t R) {
+// where reading the weights is the cost; past that, where the arithmetic is, oneDNN's product
+// over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
+void product(const at::Tensor& W, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
+             int64_t R) {
   const int64_t out = W.size(0), in = W.size(1);
   if (R <= 8) {
     linear(W.data_ptr<float>(), data_or_null(bias), x, y, R, out, in);
@@ -252,7 +278,9 @@ void product(const at::Tensor& W, const at::Tensor& bias, const float* x, float*
   }
   const auto opts = W.options();
   at::Tensor xt = at::from_blob(const_cast<float*>(x), {R, in}, opts), yt = at::from_blob(y, {R, out}, opts);
-  if (bias.defined() && bias.numel())
+  if (packed.defined() && packed.is_mkldnn())
+    yt.copy_(packed_product(xt, packed, bias));
+  else if (bias.defined() && bias.numel())
     at::addmm_out(yt, bias, xt, W.t());
   else
     at::mm_out(yt, xt, W.t());
@@ -324,7 +352,8 @@ class GPTStep {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
       linear(p[2].data_ptr<float>(), data_or_null(p[3]), hp, qkv, B, 3 * C, C);
-      attend_cached(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), nullptr, ap, B, H_, L_, D_, pos);
+      attend_cached(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, nullptr, ap, B,
+                    H_, L_, D_, pos);
       linear(p[4].data_ptr<float>(), data_or_null(p[5]), ap, yp, B, C, C);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
@@ -353,15 +382,19 @@ class GPTStep {
 // The decoder of an encoder-decoder Transformer bound to its weights: one step of beam search or
 // greedy decoding per call. params: kPerDecoderBlock tensors per block (the order of fused.py),
 // then the final LayerNorm's weight and bias (empty tensors for post-norm, which has none) and
-// the output projection's weight (V, C). token_embedding (V, C), multiplied by embedding_scale;
-// positions (P, C), added. An absent bias is an empty tensor.
-constexpr int64_t kPerDecoderBlock = 18;
+// the output projection's weight (V, C). packed: oneDNN's reordered copies of the products'
+// weights, per block the self-attention in and out, the cross-attention query and out, the two
+// feed-forward weights, then the output projection's (any that is not an MKLDNN tensor: none).
+// token_embedding (V, C), multiplied by embedding_scale; positions (P, C), added. An absent bias
+// is an empty tensor.
+constexpr int64_t kPerDecoderBlock = 18, kProductsPerDecoderBlock = 6;
 
 class DecoderStep {
  public:
-  DecoderStep(std::vector<at::Tensor> params, at::Tensor token_embedding, at::Tensor positions, int64_t n_head,
-              double eps, int64_t activation, bool pre_norm, double embedding_scale)
-      : params_(std::move(params)), tokens_(std::move(token_embedding)), positions_(std::move(positions)),
+  DecoderStep(std::vector<at::Tensor> params, std::vector<at::Tensor> packed, at::Tensor token_embedding,
+              at::Tensor positions, int64_t n_head, double eps, int64_t activation, bool pre_norm,
+              double embedding_scale)
+      : params_(std::move(params)), packed_(std::move(packed)), tokens_(std::move(token_embedding)), positions_(std::move(positions)),
         H_(n_head), eps_(static_cast<float>(eps)), act_(activation), pre_norm_(pre_norm),
         scale_(static_cast<float>(embedding_scale)) {
     TORCH_CHECK(params_.size() >= kPerDecoderBlock + 3 && (params_.size() - 3) % kPerDecoderBlock == 0,
@@ -371,13 +404,15 @@ class DecoderStep {
     TORCH_CHECK(tokens_.dim() == 2 && positions_.dim() == 2 && positions_.size(1) == tokens_.size(1),
                 "token_embedding must be (V, C) and positions (P, C)");
     n_layer_ = static_cast<int64_t>(params_.size() - 3) / kPerDecoderBlock;
+    TORCH_CHECK(static_cast<int64_t>(packed_.size()) == n_layer_ * kProductsPerDecoderBlock + 1,
+                "one reordered weight (or an empty tensor) per product");
     C_ = tokens_.size(1);
     TORCH_CHECK(C_ % H_ == 0, "n_head must divide the width");
     D_ = C_ / H_;
   }
 
   // tokens (R,) int64: each row's newest token, at position `pos` (its cache slot). Caches
-  // (P >= R, H, L, D), one key and one value cache per block, and origin (R, L) int64: see
+  // (P >= R, L, H, D), one key and one value cache per block, and origin (R, L) int64: see
   // attend_cached. Memory keys and values (M, H, S, D) per block, memory_row (R,) int64, the
   // memory row of each row's source, keep (M, S) bool, the source positions that are not padding.
   // Returns the next-token logits (R, V).
@@ -394,11 +429,11 @@ class DecoderStep {
     check_cpu_fp32(v_caches, "caches");
     check_cpu_fp32(memory_k, "memory keys and values");
     check_cpu_fp32(memory_v, "memory keys and values");
-    const int64_t L = k_caches[0].size(2), M = memory_k[0].size(0), S = memory_k[0].size(2);
+    const int64_t L = k_caches[0].size(1), M = memory_k[0].size(0), S = memory_k[0].size(2);
     for (int64_t l = 0; l < n_layer_; ++l) {
-      TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].size(0) >= R && k_caches[l].size(1) == H &&
-                      k_caches[l].size(2) == L && k_caches[l].size(3) == D && v_caches[l].sizes() == k_caches[l].sizes(),
-                  "caches must be (P, H, L, D) with P >= R rows");
+      TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].size(0) >= R && k_caches[l].size(1) == L &&
+                      k_caches[l].size(2) == H && k_caches[l].size(3) == D && v_caches[l].sizes() == k_caches[l].sizes(),
+                  "caches must be (P, L, H, D) with P >= R rows");
       TORCH_CHECK(memory_k[l].dim() == 4 && memory_k[l].size(0) == M && memory_k[l].size(1) == H &&
                       memory_k[l].size(2) == S && memory_k[l].size(3) == D && memory_v[l].sizes() == memory_k[l].sizes(),
                   "memory keys and values must be (M, H, S, D)");
@@ -427,7 +462,7 @@ class DecoderStep {
     const auto opts = tokens_.options();
     at::Tensor x_t = at::empty({R, C}, opts), h_t = at::empty({R, C}, opts), a_t = at::empty({R, C}, opts);
     at::Tensor y_t = at::empty({R, C}, opts), qkv_t = at::empty({R, 3 * C}, opts);
-    at::Tensor f_t = at::empty({R, params_[12].size(0)}, opts), logits = at::empty({R, tokens_.size(0)}, opts);
+    at::Tensor f_t = at::empty({R, params_[12].size(0)}, opts);
     float *x = x_t.data_ptr<float>(), *h = h_t.data_ptr<float>(), *a = a_t.data_ptr<float>();
     float *y = y_t.data_ptr<float>(), *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
     const float* pe = positions_.data_ptr<float>() + pos * C;
@@ -435,6 +470,9 @@ class DecoderStep {
       const float* te = tokens_.data_ptr<float>() + ids[r] * C;
       for (int64_t i = 0; i < C; ++i) x[r * C + i] = te[i] * scale_ + pe[i];
     }
+    const bool* keep_p = keep.data_ptr<bool>();
+    auto memory_of = [&](int64_t r, int64_t) { return rows[r]; };
+    auto source_of = [&](int64_t r) { return keep_p + rows[r] * S; };
     // A sublayer in its residual connection, in the block's order: pre-norm x + F(LN(x)), post-norm
     // LN(x + F(x)). `sublayer(in)` writes F(in) to y.
     auto residual = [&](const at::Tensor& norm_w, const at::Tensor& norm_b, auto sublayer) {
@@ -450,21 +488,23 @@ class DecoderStep {
     };
     for (int64_t l = 0; l < n_layer_; ++l) {
       const at::Tensor* p = params_.data() + l * kPerDecoderBlock;
+      const at::Tensor* pk = packed_.data() + l * kProductsPerDecoderBlock;
       residual(p[4], p[5], [&](const float* in) {  // masked self-attention over the cache
-        product(p[0], p[1], in, qkv, R);
-        attend_cached(qkv, k_caches[l].data_ptr<float>(), v_caches[l].data_ptr<float>(), from, a, R, H, L, D, pos);
-        product(p[2], p[3], a, y, R);
+        product(p[0], pk[0], p[1], in, qkv, R);
+        attend_cached(qkv, k_caches[l].data_ptr<float>(), v_caches[l].data_ptr<float>(), {L * H * D, H * D, D}, from,
+                      a, R, H, L, D, pos);
+        product(p[2], pk[1], p[3], a, y, R);
       });
       residual(p[10], p[11], [&](const float* in) {  // encoder-decoder attention
-        product(p[6], p[7], in, qkv, R);  // the queries alone: C wide
-        attend_memory(qkv, memory_k[l].data_ptr<float>(), memory_v[l].data_ptr<float>(), rows,
-                      keep.data_ptr<bool>(), a, R, H, S, D);
-        product(p[8], p[9], a, y, R);
+        product(p[6], pk[2], p[7], in, qkv, R);  // the queries alone: C wide
+        attend(qkv, C, memory_k[l].data_ptr<float>(), memory_v[l].data_ptr<float>(), {H * S * D, D, S * D}, S,
+               memory_of, source_of, a, R, H, D);
+        product(p[8], pk[3], p[9], a, y, R);
       });
       residual(p[16], p[17], [&](const float* in) {  // feed-forward
-        product(p[12], p[13], in, f, R);
+        product(p[12], pk[4], p[13], in, f, R);
         activate(f, R * f_t.size(1), act_);
-        product(p[14], p[15], f, y, R);
+        product(p[14], pk[5], p[15], f, y, R);
       });
     }
     const at::Tensor* p = params_.data() + n_layer_ * kPerDecoderBlock;
@@ -473,12 +513,16 @@ class DecoderStep {
       layer_norm(x, p[0].data_ptr<float>(), data_or_null(p[1]), h, R, C, eps_);
       last = h;
     }
-    product(p[2], at::Tensor(), last, logits.data_ptr<float>(), R);
+    const at::Tensor& out_packed = packed_.back();
+    if (R > 8 && out_packed.is_mkldnn())  // the logits straight from oneDNN, no copy
+      return packed_product(at::from_blob(const_cast<float*>(last), {R, C}, tokens_.options()), out_packed, at::Tensor());
+    at::Tensor logits = at::empty({R, tokens_.size(0)}, opts);
+    product(p[2], out_packed, at::Tensor(), last, logits.data_ptr<float>(), R);
     return logits;
   }
 
  private:
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_, packed_;
   at::Tensor tokens_, positions_;
   int64_t H_;
   float eps_;
@@ -494,7 +538,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
       .def("step", &GPTStep::step, "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
-      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double, int64_t, bool, double>())
+      .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
+                          int64_t, bool, double>())
       .def("step", &DecoderStep::step,
            "One encoder-decoder decoding step (CPU, fp32): tokens (R,), pos, caches, origin, memory -> logits (R, V)");
 }

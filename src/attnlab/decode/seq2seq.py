@@ -94,14 +94,16 @@ def _beam_search(
     cap = getattr(model.config, "max_len", 256) - 1  # positions available after <bos>
     limits = length_limits(src, model.pad_id, max_len_ratio, max_len_extra, cap).tolist()
     max_steps = max(limits)
-    state = model.start(src, max_steps + 1)
-    step = functools.partial(model.step, state=state)
+    fast = None
     if fused:
         from attnlab.decode.fused import decoder_state
 
-        fast = decoder_state(model, state)
-        if fast is not None:
-            state, step = fast, fast.step
+        fast = decoder_state(model, src, max_steps + 1)
+    if fast is not None:
+        state, step = fast, fast.step
+    else:
+        state = model.start(src, max_steps + 1)
+        step = functools.partial(model.step, state=state)
     state.select(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: beams of each sentence
 
     # Rows of the tensors below belong to the sentences still searching, `alive` (original indices):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_MKLDNN = torch.backends.mkldnn.is_available()  # asked once: torch.compile cannot trace the call
+MKLDNN = torch.backends.mkldnn.is_available()  # asked once: torch.compile cannot trace the call
 
 GEMV_MIN_WEIGHT = 1 << 17
 """One-row products take the streaming route for weights with at least this many elements
@@ -78,24 +78,25 @@ def _streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.bmm(halves, column).view(*x.shape[:-1], out)
 
 
-_REORDERED: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
-"""id(weight) -> (the weight, its version when reordered, the reordered copy)."""
+_REORDERED: dict[tuple[int, int | None], tuple[weakref.ref, int, torch.Tensor]] = {}
+"""(id(weight), rows) -> (the weight, its version when reordered, the reordered copy)."""
 
 
-def _entry(weight: torch.Tensor) -> tuple[weakref.ref, int, torch.Tensor] | None:
+def _entry(weight: torch.Tensor, rows: int | None = None) -> tuple[weakref.ref, int, torch.Tensor] | None:
     """This weight's entry in `_REORDERED`, if it has one (not another tensor's that had its id)."""
-    hit = _REORDERED.get(id(weight))
+    hit = _REORDERED.get((id(weight), rows))
     return hit if hit is not None and hit[0]() is weight else None
 
 
-def reordered_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked copy of weight `(out, in)`, made once and kept while the weight lives and
-    is unchanged: an optimizer step or `load_state_dict` bumps its version, which remakes it."""
-    hit = _entry(weight)
+def reordered_weight(weight: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """oneDNN's blocked copy of weight `(out, in)` (of its first `rows` rows, if given), made once
+    and kept while the weight lives and is unchanged: an optimizer step or `load_state_dict`
+    bumps its version, which remakes it."""
+    hit = _entry(weight, rows)
     if hit is not None and hit[1] == weight._version:
         return hit[2]
-    key = id(weight)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_MAX_ROWS)
+    key = (id(weight), rows)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach()[:rows].contiguous(), PACKED_MAX_ROWS)
     # The entry goes with the weight (a new tensor may then take its id).
     _REORDERED[key] = (weakref.ref(weight, lambda _: _REORDERED.pop(key, None)), weight._version, packed)
     return packed
@@ -135,7 +136,7 @@ class Linear(nn.Linear):
     def _uses_reordered(self, x: torch.Tensor) -> bool:
         w = self.weight
         return (
-            _MKLDNN
+            MKLDNN
             and x.device.type == "cpu"
             and x.dtype == w.dtype == torch.float32
             and 1 < x.numel() // x.size(-1) <= PACKED_MAX_ROWS
