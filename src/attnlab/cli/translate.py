@@ -53,15 +53,7 @@ def run(args: argparse.Namespace) -> int:
             f"attnlab translate: warning: {cut} input line(s) longer than {task.data_config.max_len} tokens "
             "were cut to fit the model\n"
         )
-    outputs = task.translate_ids(
-        run.model,
-        sources,
-        device,
-        beam=args.beam,
-        length_penalty=args.length_penalty,
-        max_len_ratio=args.max_len_ratio,
-        fused=args.fused,
-    )
+    outputs = task.translate_ids(run.model, sources, device, beam=args.beam, **_search_options(args))
     if args.attention is not None:
         _save_alignment(task, run.model, sources[0], args.attention, device, args, torch)
     if args.json:
@@ -74,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _search_options(args: argparse.Namespace) -> dict:
+    """The beam search settings the command line sets, besides the beam size."""
+    return dict(length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, fused=args.fused)
+
+
 def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.Namespace, torch) -> None:
     """Heatmap of the decoder's cross-attention for the first sentence and the ids it was translated to."""
     from attnlab.decode.seq2seq import beam_search
@@ -84,13 +81,7 @@ def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.
         raise UserError("the first input line is empty: there is no alignment to draw")
     src = torch.tensor([source_ids], device=device)
     (target_ids,) = beam_search(
-        model,
-        src,
-        beam_size=args.beam,
-        bos_id=task.bos_id,
-        eos_id=task.eos_id,
-        length_penalty=args.length_penalty,
-        max_len_ratio=args.max_len_ratio,
+        model, src, beam_size=args.beam, bos_id=task.bos_id, eos_id=task.eos_id, **_search_options(args)
     )
     tgt_in = torch.tensor([[task.bos_id, *target_ids]], device=device)
     with torch.no_grad():
