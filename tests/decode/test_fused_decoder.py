@@ -136,3 +136,15 @@ def test_models_it_does_not_cover_decode_eagerly_with_a_warning():
     assert fused == beam_search(rnn, src, beam_size=3, bos_id=BOS, eos_id=EOS)
     assert not supports_decoder(random_transformer(0).train())  # dropout would be live
     assert not supports_decoder(random_transformer(0).double())
+
+
+def test_without_onednn_the_many_row_products_take_the_matrix_product(monkeypatch):
+    """Where PyTorch has no oneDNN, the state passes no reordered weights and the C++ step
+    multiplies with PyTorch's matrix product instead: the same translations."""
+    import attnlab.decode.fused as fused_module
+
+    model = random_transformer(2, norm="pre")
+    src = sources(4, 6, seed=5)
+    kw = dict(beam_size=3, bos_id=BOS, eos_id=EOS, max_len_extra=5)  # 12 rows
+    monkeypatch.setattr(fused_module, "MKLDNN", False)
+    assert beam_search(model, src, fused=True, **kw) == beam_search(model, src, **kw)
