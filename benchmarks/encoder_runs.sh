@@ -7,8 +7,13 @@
 #    A: the pre-trained fine-tunings (UD, then SST-2);
 #    B: the same from random initialisation. Each pair takes the same number of steps.
 # SKIP_MLM=1 runs stage 2 alone, on a finished runs/wikitext2-mlm.
+# NORM=pre: every encoder pre-norm (model.norm = "pre"; BERT's own order is the default, post),
+# run folders and logs suffixed -prenorm. MLM_STEPS: pre-training steps (default 3000).
 set -euo pipefail
 DATA=${1:-../shared/data}; RUNS=${2:-runs}; LOGS=${3:-logs}
+NORM=${NORM:-post}; MLM_STEPS=${MLM_STEPS:-3000}
+SUFFIX=""; ARCH=()
+if [ "$NORM" = pre ]; then SUFFIX=-prenorm; ARCH=(--set 'model.norm="pre"'); fi
 mkdir -p "$RUNS" "$LOGS"
 NICE=(); [ "$(id -u)" = 0 ] && NICE=(nice -n -15)
 BF16=(--set 'train.dtype="bfloat16"')
@@ -16,23 +21,25 @@ UD=(--data-dir "$DATA/ud-english-ewt")
 SST=(--data-dir "$DATA/sst2" --set train.max_iters=1000 --set train.eval_interval=200 --set train.warmup_iters=100)
 
 if [ "${SKIP_MLM:-}" != 1 ]; then
-OMP_NUM_THREADS=2 "${NICE[@]}" attnlab train wikitext2-mlm --data-dir "$DATA/wikitext-2" --out "$RUNS/wikitext2-mlm" \
-  --set train.max_iters=3000 --set train.eval_interval=500 --set data.mask_prob=0.4 --quiet "${BF16[@]}" \
-  > "$LOGS/encoders-mlm.log" 2>&1
+OMP_NUM_THREADS=2 "${NICE[@]}" attnlab train wikitext2-mlm --data-dir "$DATA/wikitext-2" --out "$RUNS/wikitext2-mlm$SUFFIX" \
+  --set train.max_iters="$MLM_STEPS" --set train.eval_interval=500 --set data.mask_prob=0.4 --quiet "${BF16[@]}" \
+  "${ARCH[@]}" > "$LOGS/encoders-mlm$SUFFIX.log" 2>&1
 fi
 
 export OMP_NUM_THREADS=1
-chain_a() {
-  attnlab train ud-pos "${UD[@]}" --init-from "$RUNS/wikitext2-mlm" --out "$RUNS/ud-pos-pretrained" --quiet "${BF16[@]}"
-  attnlab train sst2 "${SST[@]}" --init-from "$RUNS/wikitext2-mlm" --out "$RUNS/sst2-pretrained" --quiet "${BF16[@]}"
+chain_a() {  # the architecture comes with the pre-trained encoder
+  attnlab train ud-pos "${UD[@]}" --init-from "$RUNS/wikitext2-mlm$SUFFIX" --out "$RUNS/ud-pos-pretrained$SUFFIX" \
+    --quiet "${BF16[@]}"
+  attnlab train sst2 "${SST[@]}" --init-from "$RUNS/wikitext2-mlm$SUFFIX" --out "$RUNS/sst2-pretrained$SUFFIX" \
+    --quiet "${BF16[@]}"
 }
 chain_b() {
   # From scratch the tagger overfits sooner: twice the token dropout, and a higher peak rate.
   # (The preset starts its positions as sinusoids; the table's 0.9304 is that, on both cores.)
   attnlab train ud-pos "${UD[@]}" --set data.token_dropout=0.2 --set train.learning_rate=1e-3 \
-    --out "$RUNS/ud-pos-scratch" --quiet "${BF16[@]}"
-  attnlab train sst2 "${SST[@]}" --out "$RUNS/sst2-scratch" --quiet "${BF16[@]}"
+    --out "$RUNS/ud-pos-scratch$SUFFIX" --quiet "${BF16[@]}" "${ARCH[@]}"
+  attnlab train sst2 "${SST[@]}" --out "$RUNS/sst2-scratch$SUFFIX" --quiet "${BF16[@]}" "${ARCH[@]}"
 }
-chain_a > "$LOGS/encoders-chain-a.log" 2>&1 &
-chain_b > "$LOGS/encoders-chain-b.log" 2>&1 &
+chain_a > "$LOGS/encoders-chain-a$SUFFIX.log" 2>&1 &
+chain_b > "$LOGS/encoders-chain-b$SUFFIX.log" 2>&1 &
 wait
