@@ -122,6 +122,23 @@ def test_head_shapes():
     assert model.head is None and not any(name.startswith("head.") for name in model.state_dict())
 
 
+@pytest.mark.parametrize("head, n_labels, width", [("mlm", 0, V), ("token", 3, 3)])
+def test_chosen_positions_give_those_rows_of_the_full_output(head, n_labels, width):
+    model = tiny_bert(head=head, n_labels=n_labels)
+    ids = random_ids(3, 7)
+    chosen = torch.rand(3, 7, generator=torch.Generator().manual_seed(2)) < 0.4
+    with torch.no_grad():
+        some = model(ids, chosen=chosen)
+        assert some.shape == (int(chosen.sum()), width)
+        torch.testing.assert_close(some, model(ids)[chosen])
+
+
+def test_chosen_positions_need_a_per_position_head():
+    ids = random_ids(2, 5)
+    with pytest.raises(ValueError, match="per-position head"):
+        tiny_bert(head="sequence", n_labels=2)(ids, chosen=torch.ones(2, 5, dtype=torch.bool))
+
+
 def test_segments_matter():
     model = tiny_bert(head="none")
     ids = random_ids(1, 6)

@@ -55,6 +55,23 @@ def test_evaluation_masks_the_same_way_every_time(mlm_run):
     assert during[0] == during[1]
 
 
+def test_the_loss_runs_through_forward_so_a_compiled_model_covers_it(mlm_run):
+    """train.compile wraps the model in torch.compile, which compiles `forward` alone: a loss
+    that called `encode` and `head` apart would train eagerly while the log said compiled."""
+    run, task = load(mlm_run), reopen(mlm_run)
+    batch = task.train_batch(0, torch.Generator().manual_seed(3))
+    calls = []
+    hook = run.model.register_forward_hook(lambda *_: calls.append(1))
+    loss = task.loss(run.model, batch, torch.device("cpu"))
+    hook.remove()
+    assert calls == [1]
+    inputs, labels = batch
+    chosen = labels != IGNORE_INDEX
+    with torch.no_grad():  # the same number as scoring every position and keeping the chosen ones
+        expected = torch.nn.functional.cross_entropy(run.model(inputs)[chosen].float(), labels[chosen])
+    torch.testing.assert_close(loss.detach(), expected)
+
+
 def test_train_batch_depends_only_on_the_generator_seed_and_the_index(mlm_run):
     task, other = reopen(mlm_run), reopen(mlm_run)
     a = task.train_batch(3, torch.Generator().manual_seed(7))

@@ -233,14 +233,26 @@ class Bert(nn.Module):
         """The pooled representation `(B, C)` of ids `(B, T)`, the input of sentence-level classifiers."""
         return self.pool(self.encode(ids, segments), ids)
 
-    def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
-        """The head's output for ids `(B, T)` long (see the class docstring for the shapes)."""
+    def forward(
+        self, ids: torch.Tensor, segments: torch.Tensor | None = None, chosen: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The head's output for ids `(B, T)` long (see the class docstring for the shapes).
+
+        chosen: bool `(B, T)`, for the per-position heads ("mlm", "token"): the output at those
+        positions only, `(N, V)` or `(N, L)` in row-major order. Masked-LM training scores the
+        chosen tokens alone, and the vocabulary projection everywhere else would be ~7x the work;
+        passing them here, rather than calling `encode` and `head` apart, keeps the whole step in
+        `forward`, which is what `torch.compile(model)` compiles."""
+        if chosen is not None and self.config.head not in ("mlm", "token"):
+            raise ValueError(f"chosen positions need a per-position head (mlm, token), not {self.config.head!r}")
         hidden = self.encode(ids, segments)  # (B, T, C)
         if self.head is None:
             return hidden
         if self.config.head == "sequence":
             return self.head(self.pool(hidden, ids))  # (B, L)
-        return self.head(hidden)  # (B, T, V) or (B, T, L)
+        if chosen is not None:
+            hidden = hidden[chosen]  # (N, C)
+        return self.head(hidden)  # (B, T, V) or (B, T, L); (N, V) or (N, L) when chosen
 
     @torch.no_grad()
     def attention_weights(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> list[torch.Tensor]:
