@@ -61,8 +61,8 @@ def test_fused_beam_search_translates_as_the_eager_one(overrides, batch, beam):
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_fused_state_gives_the_model_logits_while_rows_move(norm):
-    """Duplicate rows (beams of one sentence), reorder them, drop some: the fused state follows
-    the eager one, whose caches really move."""
+    """Duplicate rows (beams of one sentence), reorder them, drop some, add more than the caches
+    hold: the fused state follows the eager one, whose caches really move."""
     model = random_transformer(3, norm=norm)
     src = sources(3, 6, seed=0)
     src[2, :] = PAD  # an empty source: its queries attend to nothing (zeros), as eagerly
@@ -79,6 +79,8 @@ def test_fused_state_gives_the_model_logits_while_rows_move(norm):
             rows = index.numel()
             if t in (3, 7) and rows > 2:  # a sentence's rows leave
                 index = torch.randperm(rows, generator=g)[: rows - 3]
+            elif t == 5:  # more rows than the caches have, after they were written: they widen
+                index = torch.randint(0, rows, (rows + 5,), generator=g)
             else:  # hypotheses continue each other, some twice, some not at all
                 index = torch.randint(0, rows, (rows,), generator=g)
 

@@ -203,11 +203,12 @@ class FusedDecoderState:
         self.memory_k = [k.contiguous() for k, _ in eager.memory_kv]  # (M, H, S, D)
         self.memory_v = [v.contiguous() for _, v in eager.memory_kv]
         self.keep = eager.src_mask.reshape(src.size(0), -1).contiguous()  # (M, S) bool
-        # (P, L, H, D): one position of one row holds every head, read in one piece (see `attend`)
+        # (P, L, H, D): one position of one row holds every head, read in one piece (see `attend`).
+        # Uninitialised: a slot is read only after the step that writes it.
         rows, max_len = src.size(0), min(max_len, c.max_len)
         shape = (rows, max_len, c.n_heads, c.d_model // c.n_heads)
-        self.k = [torch.zeros(shape) for _ in model.decoder]
-        self.v = [torch.zeros(shape) for _ in model.decoder]
+        self.k = [torch.empty(shape) for _ in model.decoder]
+        self.v = [torch.empty(shape) for _ in model.decoder]
         self.memory_row = torch.arange(rows)
         self.origin = torch.zeros((rows, max_len), dtype=torch.long)
         self.length = 0
@@ -217,8 +218,8 @@ class FusedDecoderState:
         self.origin = self.origin.index_select(0, index)
         self.memory_row = self.memory_row.index_select(0, index)
         if index.numel() > self.k[0].size(0):  # more rows than the caches have: widen them
-            self.k = [_widen(t, index.numel()) for t in self.k]
-            self.v = [_widen(t, index.numel()) for t in self.v]
+            self.k = [_widen(t, index.numel(), self.length) for t in self.k]
+            self.v = [_widen(t, index.numel(), self.length) for t in self.v]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Previous tokens `(R,)` -> next-token logits `(R, V)`; the history grows by one position."""
@@ -247,8 +248,9 @@ def _weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return layer.weight.detach(), _bias(layer).detach()
 
 
-def _widen(cache: torch.Tensor, rows: int) -> torch.Tensor:
-    """The cache `(P, L, H, D)` with `rows` rows, the first P as they were (origin points into them)."""
-    wide = cache.new_zeros((rows, *cache.shape[1:]))
-    wide[: cache.size(0)] = cache
+def _widen(cache: torch.Tensor, rows: int, filled: int) -> torch.Tensor:
+    """The cache `(P, L, H, D)` with `rows` rows, the first P's `filled` positions as they were
+    (origin points into them)."""
+    wide = cache.new_empty((rows, *cache.shape[1:]))
+    wide[: cache.size(0), :filled] = cache[:, :filled]
     return wide
