@@ -25,14 +25,18 @@ import math
 import os
 import sysconfig
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from attnlab.nn import KVCache
 from attnlab.nn.projection import MKLDNN, reordered_weight
+
+T = TypeVar("T")
 
 ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 """The C++ side's numbering of the feed-forward activations."""
@@ -71,15 +75,20 @@ def supports(model: nn.Module, cache: list[KVCache]) -> bool:
 
     if not isinstance(model, GPT):
         return False
-    c = model.config
-    p = model.lm_head.weight
     return (
-        c.norm == "pre"
-        and c.activation in ACTIVATION_CODES
-        and p.device.type == "cpu"
-        and p.dtype == torch.float32
-        and not model.training
+        model.config.norm == "pre"
+        and _runs_here(model, model.lm_head.weight)
         and all(layer.k.is_contiguous() and layer.v.is_contiguous() for layer in cache)
+    )
+
+
+def _runs_here(model: nn.Module, weight: torch.Tensor) -> bool:
+    """What both fused steps need: a known activation, fp32 weights on the CPU, inference."""
+    return (
+        model.config.activation in ACTIVATION_CODES
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and not model.training
     )
 
 
@@ -128,15 +137,7 @@ def supports_decoder(model: nn.Module) -> bool:
     Transformer in fp32 on the CPU, in inference, with a known activation."""
     from attnlab.models import Seq2SeqTransformer
 
-    if not isinstance(model, Seq2SeqTransformer):
-        return False
-    p = model.output.weight
-    return (
-        model.config.activation in ACTIVATION_CODES
-        and p.device.type == "cpu"
-        and p.dtype == torch.float32
-        and not model.training
-    )
+    return isinstance(model, Seq2SeqTransformer) and _runs_here(model, model.output.weight)
 
 
 class FusedDecoderState:
@@ -231,17 +232,30 @@ class FusedDecoderState:
         return logits
 
 
-def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> "FusedDecoderState | None":
+def gpt_step(model: nn.Module, cache: list[KVCache]) -> FusedStep | None:
+    """`FusedStep(model, extension(), cache)`, or None with a warning when the model does not
+    qualify (`supports`) or the step cannot be built."""
+    make = functools.partial(FusedStep, model, cache=cache)
+    return _when_built(supports(model, cache), "pre-norm GPTs", make, stacklevel=5)
+
+
+def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> FusedDecoderState | None:
     """`FusedDecoderState(model, extension(), src, max_len)`, or None with a warning when the model
     does not qualify (`supports_decoder`) or the step cannot be built."""
-    if not supports_decoder(model):
+    make = functools.partial(FusedDecoderState, model, src=src, max_len=max_len)
+    return _when_built(supports_decoder(model), "encoder-decoder Transformers", make, stacklevel=4)
+
+
+def _when_built(qualifies: bool, covers: str, make: Callable[[ModuleType], T], stacklevel: int) -> T | None:
+    """make(extension()) for a model that qualifies, where the extension builds; otherwise None,
+    with a warning for a model the fused steps do not cover (a failed build warns on its own)."""
+    if not qualifies:
         warnings.warn(
-            "the fused decoding step covers encoder-decoder Transformers in fp32 on the CPU; decoding eagerly",
-            stacklevel=3,
+            f"the fused decoding step covers {covers} in fp32 on the CPU; decoding eagerly", stacklevel=stacklevel
         )
         return None
     ext = extension()
-    return None if ext is None else FusedDecoderState(model, ext, src, max_len)
+    return None if ext is None else make(ext)
 
 
 def _weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

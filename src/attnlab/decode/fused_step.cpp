@@ -292,6 +292,25 @@ void check_cpu_fp32(const std::vector<at::Tensor>& tensors, const char* what) {
                 " must be contiguous fp32 CPU tensors");
 }
 
+// The token embedding (V, C) and position (P, C) tables a step reads its inputs from.
+void check_tables(const at::Tensor& tokens, const at::Tensor& positions) {
+  check_cpu_fp32({tokens, positions}, "the embedding and position tables");
+  TORCH_CHECK(tokens.dim() == 2 && positions.dim() == 2 && positions.size(1) == tokens.size(1),
+              "token_embedding must be (V, C) and positions (P, C)");
+}
+
+// x[b] = tokens[ids[b]] * scale + positions[pos] for the B rows: a step's input.
+void embed(const at::Tensor& tokens, const at::Tensor& positions, const int64_t* ids, int64_t B, int64_t pos,
+           float scale, float* x) {
+  const int64_t C = tokens.size(1);
+  const float* pe = positions.data_ptr<float>() + pos * C;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ids[b] >= 0 && ids[b] < tokens.size(0), "token id ", ids[b], " is outside the vocabulary");
+    const float* te = tokens.data_ptr<float>() + ids[b] * C;
+    for (int64_t i = 0; i < C; ++i) x[b * C + i] = te[i] * scale + pe[i];
+  }
+}
+
 }  // namespace
 
 // A model's decoding step bound to its weights and caches, made once per generation.
@@ -311,12 +330,8 @@ class GPTStep {
     check_cpu_fp32(params_, "weights");
     check_cpu_fp32(k_, "caches");
     check_cpu_fp32(v_, "caches");
-    TORCH_CHECK(tokens_.dim() == 2 && tokens_.scalar_type() == at::kFloat && tokens_.is_contiguous(),
-                "token_embedding must be (V, C) contiguous fp32");
+    check_tables(tokens_, positions_);
     C_ = tokens_.size(1);
-    TORCH_CHECK(positions_.dim() == 2 && positions_.size(1) == C_ && positions_.is_contiguous() &&
-                    positions_.scalar_type() == at::kFloat,
-                "positions must be (P, C) contiguous fp32");
     TORCH_CHECK(C_ % H_ == 0, "n_head must divide the width");
     B_ = k_[0].size(0), L_ = k_[0].size(2), D_ = C_ / H_;
     for (int64_t l = 0; l < n_layer; ++l)
@@ -340,13 +355,7 @@ class GPTStep {
     float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
     float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
     const at::Tensor token_ids = tokens.contiguous();  // kept alive while `ids` points into it
-    const int64_t* ids = token_ids.data_ptr<int64_t>();
-    const float* pe = positions_.data_ptr<float>() + pos * C;
-    for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK(ids[b] >= 0 && ids[b] < tokens_.size(0), "token id ", ids[b], " is outside the vocabulary");
-      const float* te = tokens_.data_ptr<float>() + ids[b] * C;
-      for (int64_t i = 0; i < C; ++i) xp[b * C + i] = te[i] + pe[i];
-    }
+    embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, pos, 1.f, xp);
     const int64_t n_layer = static_cast<int64_t>(k_.size());
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
@@ -400,9 +409,7 @@ class DecoderStep {
     TORCH_CHECK(params_.size() >= kPerDecoderBlock + 3 && (params_.size() - 3) % kPerDecoderBlock == 0,
                 "wrong number of parameters");
     check_cpu_fp32(params_, "weights");
-    check_cpu_fp32({tokens_, positions_}, "the embedding and position tables");
-    TORCH_CHECK(tokens_.dim() == 2 && positions_.dim() == 2 && positions_.size(1) == tokens_.size(1),
-                "token_embedding must be (V, C) and positions (P, C)");
+    check_tables(tokens_, positions_);
     n_layer_ = static_cast<int64_t>(params_.size() - 3) / kPerDecoderBlock;
     TORCH_CHECK(static_cast<int64_t>(packed_.size()) == n_layer_ * kProductsPerDecoderBlock + 1,
                 "one reordered weight (or an empty tensor) per product");
@@ -452,7 +459,6 @@ class DecoderStep {
     const int64_t* rows = memory_row.data_ptr<int64_t>();
     int64_t* from = origin.data_ptr<int64_t>();
     for (int64_t r = 0; r < R; ++r) {
-      TORCH_CHECK(ids[r] >= 0 && ids[r] < tokens_.size(0), "token id ", ids[r], " is outside the vocabulary");
       TORCH_CHECK(rows[r] >= 0 && rows[r] < M, "memory row ", rows[r], " is outside the memory");
       for (int64_t t = 0; t < pos; ++t)
         TORCH_CHECK(from[r * L + t] >= 0 && from[r * L + t] < k_caches[0].size(0), "origin ", from[r * L + t],
@@ -465,11 +471,7 @@ class DecoderStep {
     at::Tensor f_t = at::empty({R, params_[12].size(0)}, opts);
     float *x = x_t.data_ptr<float>(), *h = h_t.data_ptr<float>(), *a = a_t.data_ptr<float>();
     float *y = y_t.data_ptr<float>(), *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
-    const float* pe = positions_.data_ptr<float>() + pos * C;
-    for (int64_t r = 0; r < R; ++r) {
-      const float* te = tokens_.data_ptr<float>() + ids[r] * C;
-      for (int64_t i = 0; i < C; ++i) x[r * C + i] = te[i] * scale_ + pe[i];
-    }
+    embed(tokens_, positions_, ids, R, pos, scale_, x);
     const bool* keep_p = keep.data_ptr<bool>();
     auto memory_of = [&](int64_t r, int64_t) { return rows[r]; };
     auto source_of = [&](int64_t r) { return keep_p + rows[r] * S; };

@@ -136,24 +136,15 @@ class _Step:
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
         if self.fused:
-            self.fused_step = _fused_step(self.model, cache)
+            from attnlab.decode.fused import gpt_step
+
+            self.fused_step = gpt_step(self.model, cache)
             self.fused = False
         if self.fused_step is not None:
             return self.fused_step(token, cache, position)
         # Eagerly, attending to the filled slots alone costs less than the static path's mask
         # over the whole buffer, and shapes that change every step cost nothing.
         return self.model(token, cache=cache, last_only=True)
-
-
-def _fused_step(model: nn.Module, cache: list) -> Callable[[torch.Tensor, list, int], torch.Tensor] | None:
-    """The C++ decoding step for this model (`attnlab.decode.fused`), or None with a warning."""
-    from attnlab.decode import fused
-
-    if not fused.supports(model, cache):
-        warnings.warn("the fused decoding step covers pre-norm GPTs in fp32 on the CPU; decoding eagerly", stacklevel=4)
-        return None
-    ext = fused.extension()
-    return None if ext is None else fused.FusedStep(model, ext, cache)
 
 
 def generate_tokens(
