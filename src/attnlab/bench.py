@@ -42,7 +42,7 @@ from torch import nn
 from attnlab.decode import greedy
 from attnlab.device import autocast
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import causal_mask, scaled_dot_product_attention
+from attnlab.nn import causal_mask, kernels, scaled_dot_product_attention
 from attnlab.train.optim import adamw
 
 SHAPES = {
@@ -166,7 +166,8 @@ class BenchResult:
     compiled: bool
     """Whether attnlab's training forward and decoding step ran through torch.compile."""
     fused: bool
-    """Whether attnlab's decoding step ran as one C++ call (`attnlab.decode.fused`)."""
+    """Whether attnlab's decoding step ran as one C++ call (`attnlab.decode.fused`) and its training
+    blocks through its C++ kernels (`attnlab.nn.kernels`)."""
     repeats: int
     transformers: str | None
     """The version of `transformers` measured, None when it is not installed (no peer columns)."""
@@ -265,10 +266,16 @@ def build_models(shape: str, block: int, device: torch.device, hf: ModuleType | 
 
 
 def _train_step(
-    name: str, model: nn.Module, case: TrainCase, device: torch.device, compile: bool = False
+    name: str,
+    model: nn.Module,
+    case: TrainCase,
+    device: torch.device,
+    compile: bool = False,
+    fused: bool = False,
 ) -> Callable[[], None]:
     """One full optimizer step on a fixed random batch: forward, backward, clip, AdamW; attnlab's
-    forward through torch.compile with `compile` (the trainer's train.compile)."""
+    forward through torch.compile with `compile` (the trainer's train.compile), or its blocks
+    through attnlab's C++ kernels with `fused` (train.fused_kernels)."""
     # The trainer's optimizer for both peers (fused AdamW where this build has the kernel).
     opt = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device)
     x = torch.randint(0, VOCAB, (case.batch, case.block), device=device)
@@ -278,7 +285,7 @@ def _train_step(
     forward = torch.compile(model) if compile and name == "attnlab" else model
 
     def step() -> None:
-        with autocast(device, precision):
+        with autocast(device, precision), kernels.enabled(fused and name == "attnlab"):
             if name == "attnlab":
                 _, loss = forward(x, y)
             else:
@@ -475,7 +482,8 @@ def run_benchmarks(
     `quick`, which uses tiny step counts and sizes: a check that everything runs, not a
     measurement). `progress` receives one line per finished case. `compile` runs attnlab's training
     forward and decoding step through torch.compile (the warm-up call compiles, untimed); `fused`
-    runs attnlab's decoding step as one C++ call (the training rows are as without it)."""
+    runs attnlab's training blocks through its C++ kernels (`attnlab.nn.kernels`) and its decoding
+    step as one C++ call (`attnlab.decode.fused`), both built at the warm-up call when not before."""
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device}")
     repeats = (1 if quick else 5) if repeats is None else repeats
@@ -496,7 +504,7 @@ def run_benchmarks(
     for case in train_cases(device, quick):
         _fresh_compiler(compile)
         models = build_models(case.shape, case.block, device, hf)
-        fns = {name: _train_step(name, m, case, device, compile) for name, m in models.items()}
+        fns = {name: _train_step(name, m, case, device, compile, fused) for name, m in models.items()}
         with _quiet(hf):
             speed = compare(fns, case.batch * case.block, steps, repeats, device)
         fpt = flops_per_token(models["attnlab"], case.block)
@@ -645,7 +653,7 @@ def format_table(result: BenchResult) -> str:
         f"memory bandwidth {result.memory_bandwidth / 1e9:,.1f} GB/s",
         f"medians of {result.repeats} repeats, peers alternating"
         + ("; attnlab through torch.compile" if result.compiled else "")
-        + ("; attnlab decoding with the fused step" if result.fused else "")
+        + ("; attnlab training with its C++ kernels, decoding with the fused step" if result.fused else "")
         + ("; --quick: a check that everything runs, not a measurement" if result.quick else ""),
     ]
     if result.transformers is None:

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--fused",
         action="store_true",
-        help="run attnlab's decoding step as one C++ call (pre-norm GPTs on a CPU; built on first use)",
+        help="run attnlab's training blocks through its C++ kernels and its decoding step as one C++ call "
+        "(fp32 pre-norm GPTs on a CPU; built on first use)",
     )
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
@@ -56,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
 
     if args.compile and args.fused:
-        raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
+        raise UserError("--compile and --fused are two ways to run attnlab's steps; pick one")
     if args.fused and device.type != "cpu":
-        raise UserError("--fused is a CPU decoding step; use --device cpu")
+        raise UserError("--fused runs attnlab's CPU kernels; use --device cpu")
     result = run_benchmarks(
         device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile, fused=args.fused
     )

@@ -22,8 +22,6 @@ and the index of its source sentence in the encoder memory, and only those integ
 
 import functools
 import math
-import os
-import sysconfig
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import KVCache
+from attnlab.nn.extensions import build
 from attnlab.nn.projection import MKLDNN, reordered_weight
 
 T = TypeVar("T")
@@ -45,27 +44,8 @@ ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled step, built on first use; None (with a warning) when it cannot be built."""
-    from torch.utils import cpp_extension
-
     source = Path(__file__).with_name("fused_step.cpp")
-    # The build runs `ninja`, which the `ninja` package installs beside this interpreter: on PATH
-    # only in an activated environment.
-    scripts = sysconfig.get_path("scripts")
-    if scripts and scripts not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
-    try:
-        return cpp_extension.load(
-            name="attnlab_fused_step",
-            sources=[str(source)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as e:  # no compiler, no ninja, a build error: decode with the model instead
-        warnings.warn(
-            f"the fused decoding step could not be built ({type(e).__name__}: {e}); decoding eagerly", stacklevel=2
-        )
-        return None
+    return build("attnlab_fused_step", source, what="fused decoding step", fallback="decoding eagerly")
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:

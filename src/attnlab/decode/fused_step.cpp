@@ -28,6 +28,8 @@
 #include <cmath>
 #include <vector>
 
+#include "../nn/vecmath.h"
+
 namespace {
 
 constexpr int64_t kPerBlock = 12;  // tensors per block in `params`, in the order of fused.py
@@ -107,56 +109,16 @@ void layer_norm(const float* x, const float* w, const float* bias, float* y, int
   }
 }
 
-// tanh as a rational function of x (the one Eigen uses for float; within 4e-7 of tanh on every
-// input, against 6e-8 for float32's own), written so that the loop calling it vectorizes: the
-// library tanh is one scalar call per element (ad hoc: a batch-8 6x6x384 step 5.2-5.4 ms with it,
-// 4.4-4.8 ms with this).
-inline float rational_tanh(float x) {
-  constexpr float kClamp = 7.90531110763549805f;
-  const float c = std::min(kClamp, std::max(-kClamp, x)), c2 = c * c;
-  float p = -2.76076847742355e-16f;
-  p = p * c2 + 2.00018790482477e-13f;
-  p = p * c2 - 8.60467152213735e-11f;
-  p = p * c2 + 5.12229709037114e-08f;
-  p = p * c2 + 1.48572235717979e-05f;
-  p = p * c2 + 6.37261928875436e-04f;
-  p = p * c2 + 4.89352455891786e-03f;
-  float q = 1.19825839466702e-06f;
-  q = q * c2 + 1.18534705686654e-04f;
-  q = q * c2 + 2.26843463243900e-03f;
-  q = q * c2 + 4.89352518554385e-03f;
-  return std::fabs(x) < 0.0004f ? x : c * p / q;
-}
-
-// erf as a rational function of x, likewise Eigen's for float (within 5e-7 of erf; past |x| = 4
-// erf is 1 to float precision).
-inline float rational_erf(float x) {
-  const float c = std::min(4.f, std::max(-4.f, x)), c2 = c * c;
-  float p = -2.72614225801306e-10f;
-  p = p * c2 + 2.77068142495902e-08f;
-  p = p * c2 - 2.10102402082508e-06f;
-  p = p * c2 - 5.69250639462346e-05f;
-  p = p * c2 - 7.34990630326855e-04f;
-  p = p * c2 - 2.95459980854025e-03f;
-  p = p * c2 - 1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * c2 - 2.13374055278905e-04f;
-  q = q * c2 - 1.68282697438203e-03f;
-  q = q * c2 - 7.37332916720468e-03f;
-  q = q * c2 - 1.42647390514189e-02f;
-  return c * p / q;
-}
-
 // The activations of attnlab.nn.ACTIVATIONS, in the order of fused.py.
+// (The library's tanhf and erff are one scalar call per element; vecmath.h's vectorize: a
+// batch-8 6x6x384 step 5.2-5.4 ms with tanhf, 4.4-4.8 ms with them, ad hoc.)
 void activate(float* x, int64_t n, int64_t kind) {
-  constexpr float kSqrtHalf = 0.70710678118654752440f, kSqrt2OverPi = 0.79788456080286535588f;
   if (kind == 0) {  // gelu
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.f + rational_erf(x[i] * kSqrtHalf));
+    for (int64_t i = 0; i < n; ++i) x[i] = attnlab::gelu(x[i]);
   } else if (kind == 1) {  // gelu_tanh
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-      x[i] = 0.5f * x[i] * (1.f + rational_tanh(kSqrt2OverPi * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
+    for (int64_t i = 0; i < n; ++i) x[i] = attnlab::gelu_tanh(x[i]);
   } else {  // relu
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn import kernels
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.projection import Linear, linear
 
@@ -182,7 +183,12 @@ class MultiHeadAttention(nn.Module):
         """
         b, t_q, c = x.shape
         if memory is None and memory_kv is None:
-            q, k, v = self.in_proj(x).split(c, dim=-1)
+            qkv = self.in_proj(x)  # (B, T, 3C)
+            if cache is None and mask is None and not need_weights and not (self.training and self.dropout > 0):
+                y = kernels.self_attention(qkv, self.n_heads, causal)  # inside kernels.enabled() only
+                if y is not None:
+                    return self.out_proj(y), None
+            q, k, v = qkv.split(c, dim=-1)
             k, v = self._split_heads(k), self._split_heads(v)
         else:
             bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]

@@ -11,6 +11,7 @@ Shape legend: B batch, T time, C model dim, H heads.
 import torch
 from torch import nn
 
+from attnlab.nn import kernels
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
 
@@ -58,6 +59,10 @@ class TransformerBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x `(B, T, C)` -> `(B, T, C)`, and the attention weights `(B, H, T, Tk)` when asked for.
         `cache` and `positions` as in `MultiHeadAttention.forward`."""
+        if self.pre_norm and mask is None and cache is None and positions is None and not need_weights:
+            y = kernels.pre_norm_block(self, x, causal)  # inside kernels.enabled() only
+            if y is not None:
+                return y, None
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         if self.pre_norm:
             a, weights = self.attn(self.norm1(x), **kw)

@@ -4,17 +4,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn import kernels
 from attnlab.nn.projection import Linear
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU, x Φ(x) (Hendrycks & Gimpel 2016); attnlab's kernel inside `kernels.enabled()`."""
+    return kernels.gelu(x)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation, as in the original BERT and GPT-2 code."""
-    return F.gelu(x, approximate="tanh")
+    return kernels.gelu(x, approximate="tanh")
 
 
 ACTIVATIONS = {
     "relu": F.relu,
-    "gelu": F.gelu,
+    "gelu": gelu,
     "gelu_tanh": gelu_tanh,
 }
 
@@ -31,6 +37,7 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.activation = activation
         self.fc1 = Linear(d_model, d_ff, bias=bias)
         self.act = ACTIVATIONS[activation]
         self.fc2 = Linear(d_ff, d_model, bias=bias)

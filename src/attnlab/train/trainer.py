@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from attnlab.device import autocast, resolve_device
 from attnlab.errors import CheckpointError, UserError
+from attnlab.nn import kernels
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
@@ -69,6 +70,8 @@ class TrainResult:
     tokens_per_sec: float
     compiled: bool = False
     """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
+    fused_kernels: bool = False
+    """Whether attnlab's C++ kernels were on (train.fused_kernels, where they could be built)."""
     stopped_by: str | None = None
     """The signal ("SIGINT", "SIGTERM") that stopped the run early, after saving; None if it finished."""
 
@@ -277,6 +280,9 @@ def train(
 
     if tc.compile:
         log("torch.compile: " + ("on" if step_model is not model else "not available here; training without it"))
+    fused_kernels = tc.fused_kernels and kernels.extension() is not None
+    if tc.fused_kernels:
+        log("attnlab's C++ kernels: " + ("on" if fused_kernels else "not built here; PyTorch's operators instead"))
     model.train()
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
@@ -293,7 +299,8 @@ def train(
             batch = ddp.shard(batch)
             if device.type == "cuda":
                 batch = _pinned(batch)  # so the task's non_blocking copy overlaps the GPU's work
-            with step_loss.accumulating(last=micro == tc.gradient_accumulation_steps - 1):
+            last = micro == tc.gradient_accumulation_steps - 1
+            with step_loss.accumulating(last=last), kernels.enabled(fused_kernels):
                 with precision.autocast():
                     try:
                         loss = step_loss(batch)
@@ -371,6 +378,7 @@ def train(
         elapsed,
         tokens_per_sec,
         compiled=step_loss.compiled,
+        fused_kernels=fused_kernels,
         stopped_by=stopped_by,
     )
 

@@ -1,0 +1,180 @@
+"""attnlab's own CPU kernels for training: GELU and self-attention, forward and backward.
+
+In a small Transformer's CPU training step the matrix products run near the machine's fp32
+peak; what is left is mostly PyTorch's GELU (its tanh and erf are accurate but do not vectorize
+well: ~1 ns an element) and its attention kernel at small T, with the head split and merge
+around it. `kernels.cpp` computes both in vectorized loops, attention straight from the fused
+q/k/v projection `(B, T, 3C)` to `(B, T, C)`.
+
+Off by default, as it is built with PyTorch's C++ extension tools on first use (~1 minute,
+cached): turn it on for a block of code with `with attnlab.nn.kernels.enabled():` (the trainer's
+`train.fused_kernels`, `attnlab bench --fused`). Inside, `gelu` and `self_attention` take the
+kernels for fp32 CPU tensors outside torch.compile and autocast, and PyTorch's operators for
+everything else (including a build that failed, with a warning).
+"""
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.extensions import build
+
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head sizes the attention kernel is compiled for."""
+
+_on = False
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True) -> Iterator[None]:
+    """Use the kernels (`on`), or not, inside the block; restores the previous setting after it."""
+    global _on
+    before, _on = _on, on
+    try:
+        yield
+    finally:
+        _on = before
+
+
+def is_enabled() -> bool:
+    return _on
+
+
+@functools.cache
+def extension() -> ModuleType | None:
+    """The compiled kernels, built on first use; None (with a warning) when they cannot be built."""
+    source = Path(__file__).with_name("kernels.cpp")
+    return build("attnlab_kernels", source, what="training kernels", fallback="using PyTorch's operators")
+
+
+def _applies(x: torch.Tensor) -> ModuleType | None:
+    """The extension, when the kernels are on and take x; else None."""
+    if not _on or x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
+        return None
+    return extension()
+
+
+class _Gelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tanh: bool) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.tanh = tanh
+        return extension().gelu_forward(x, tanh)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return extension().gelu_backward(grad.contiguous(), x, ctx.tanh), None
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """`F.gelu(x, approximate=...)` ("none": x Φ(x) through erf; "tanh": GPT-2's approximation),
+    through the kernel where it applies; within 2e-6 of PyTorch's in value and gradient."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if _applies(x) is None:
+        return F.gelu(x, approximate=approximate)
+    return _Gelu.apply(x.contiguous(), approximate == "tanh")
+
+
+class _SelfAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tensor:
+        y, lse = extension().attention_forward(qkv, n_heads, causal)
+        ctx.save_for_backward(qkv, y, lse)
+        ctx.n_heads, ctx.causal = n_heads, causal
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        qkv, y, lse = ctx.saved_tensors
+        return extension().attention_backward(grad.contiguous(), qkv, y, lse, ctx.n_heads, ctx.causal), None, None
+
+
+def self_attention(qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tensor | None:
+    """Multi-head self-attention of the fused projection qkv `(B, T, 3C)` (q, k, v side by side,
+    head h the columns [hD, (h+1)D) of each) -> `(B, T, C)`, heads concatenated, through the kernel;
+    None where the kernel does not apply (the caller then takes PyTorch's path). No mask but the
+    causal one, no dropout."""
+    d = qkv.size(-1) // (3 * n_heads)
+    if qkv.dim() != 3 or d not in HEAD_DIMS or _applies(qkv) is None:
+        return None
+    return _SelfAttention.apply(qkv.contiguous(), n_heads, causal)
+
+
+ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
+"""The C++ side's numbering of the feed-forward activations (as the fused decoding steps')."""
+
+
+class _Runner:
+    """A block's C++ kernel, and a count of its forward calls: the kernel keeps one forward's
+    activations, so a backward must follow its own forward."""
+
+    def __init__(self, kernel: object, key: tuple) -> None:
+        self.kernel, self.key, self.calls = kernel, key, 0
+
+
+_RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()
+
+
+class _PreNormBlock(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, runner: _Runner, *params: torch.Tensor) -> torch.Tensor:
+        runner.calls += 1
+        ctx.runner, ctx.call = runner, runner.calls
+        ctx.has_grad = [p.numel() > 0 for p in params]
+        return runner.kernel.forward(x, list(params))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if ctx.runner.calls != ctx.call:
+            raise RuntimeError(
+                "attnlab's fused block ran forward again before the backward of an earlier forward; "
+                "run each backward before the next forward, or leave attnlab.nn.kernels off"
+            )
+        dx, *grads = ctx.runner.kernel.backward(grad.contiguous())
+        return (dx, None, *[g if has else None for g, has in zip(grads, ctx.has_grad, strict=True)])
+
+
+def _params(block: nn.Module) -> list[torch.Tensor]:
+    """A pre-norm block's parameters in the C++ side's order; an empty tensor for a missing bias."""
+    layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
+    out = []
+    for layer in layers:
+        out += [layer.weight, layer.bias if layer.bias is not None else _NO_BIAS]
+    return out
+
+
+_NO_BIAS = torch.empty(0)
+
+
+def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """`TransformerBlock` (pre-norm, self-attention with no mask but the causal one, no dropout
+    in training) on x `(B, T, C)` as one C++ call forward and one backward; None where the kernels
+    are off or do not apply (the caller then runs the block's modules)."""
+    attn, norm1 = block.attn, block.norm1
+    if (
+        _applies(x) is None
+        or x.dim() != 3
+        or attn.head_dim not in HEAD_DIMS
+        or block.ffn.activation not in ACTIVATION_CODES
+        or (block.training and (attn.dropout > 0 or block.dropout.p > 0 or block.ffn.dropout.p > 0))
+        or norm1.eps != block.norm2.eps
+        or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in block.parameters())
+    ):
+        return None
+    key = (attn.n_heads, causal, block.ffn.activation, norm1.eps)
+    runner = _RUNNERS.get(block)
+    if runner is None or runner.key != key:
+        kernel = extension().PreNormBlock(attn.n_heads, causal, ACTIVATION_CODES[block.ffn.activation], norm1.eps)
+        runner = _RUNNERS[block] = _Runner(kernel, key)
+    return _PreNormBlock.apply(x.contiguous(), runner, *_params(block))

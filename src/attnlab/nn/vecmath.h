@@ -1,0 +1,107 @@
+// Elementwise functions written so that a `#pragma omp simd` loop calling them vectorizes: the
+// C library's tanhf, erff and expf are one scalar call per element. Shared by the training
+// kernels (attnlab/nn/kernels.cpp) and the fused decoding steps (attnlab/decode/fused_step.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+// Always inlined: a call left in the loop (GCC's inliner decides differently with other flags and
+// callers) stops it vectorizing.
+#define ATTNLAB_VECTOR_FN inline __attribute__((always_inline))
+
+namespace attnlab {
+
+constexpr float kSqrtHalf = 0.70710678118654752440f;     // 1/sqrt(2)
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2/pi)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1/sqrt(2 pi)
+constexpr float kGeluCubic = 0.044715f;                  // GPT-2's tanh approximation
+
+// tanh as a rational function of x (the one Eigen uses for float; within 4e-7 of tanh on every
+// input, against 6e-8 for float32's own).
+ATTNLAB_VECTOR_FN float rational_tanh(float x) {
+  constexpr float kClamp = 7.90531110763549805f;
+  const float c = std::min(kClamp, std::max(-kClamp, x)), c2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * c2 + 2.00018790482477e-13f;
+  p = p * c2 - 8.60467152213735e-11f;
+  p = p * c2 + 5.12229709037114e-08f;
+  p = p * c2 + 1.48572235717979e-05f;
+  p = p * c2 + 6.37261928875436e-04f;
+  p = p * c2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * c2 + 1.18534705686654e-04f;
+  q = q * c2 + 2.26843463243900e-03f;
+  q = q * c2 + 4.89352518554385e-03f;
+  return std::fabs(x) < 0.0004f ? x : c * p / q;
+}
+
+// erf as a rational function of x, likewise Eigen's for float (within 5e-7 of erf; past |x| = 4
+// erf is 1 to float precision).
+ATTNLAB_VECTOR_FN float rational_erf(float x) {
+  const float c = std::min(4.f, std::max(-4.f, x)), c2 = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * c2 + 2.77068142495902e-08f;
+  p = p * c2 - 2.10102402082508e-06f;
+  p = p * c2 - 5.69250639462346e-05f;
+  p = p * c2 - 7.34990630326855e-04f;
+  p = p * c2 - 2.95459980854025e-03f;
+  p = p * c2 - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * c2 - 2.13374055278905e-04f;
+  q = q * c2 - 1.68282697438203e-03f;
+  q = q * c2 - 7.37332916720468e-03f;
+  q = q * c2 - 1.42647390514189e-02f;
+  return c * p / q;
+}
+
+// exp(x) for x <= 88: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to r^7
+// (relative error below 2e-7 there), times 2^n built in the exponent bits. Inputs below -86
+// give 0, not a denormal (e^-86 is 4e-38; arithmetic on denormals is ~100x slower).
+ATTNLAB_VECTOR_FN float vexp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  const float in = x;
+  x = std::min(88.f, std::max(-86.f, x));
+  // n = round(x log2 e): adding and taking away 1.5 * 2^23 rounds to an integer (std::floor
+  // would stop the loop vectorizing).
+  constexpr float kRound = 12582912.f;
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return in < -86.f ? 0.f : p * __builtin_bit_cast(float, bits);
+}
+
+// GELU, x * Phi(x), exact (through erf) or with GPT-2's tanh approximation, and its derivative.
+ATTNLAB_VECTOR_FN float gelu(float x) { return 0.5f * x * (1.f + rational_erf(x * kSqrtHalf)); }
+
+ATTNLAB_VECTOR_FN float gelu_grad(float x) {
+  // Past |x| = 10 the density term is below 1e-21: dropped, so that it never makes denormals.
+  const float e = vexp(-0.5f * x * x);
+  const float density = x * x > 100.f ? 0.f : kInvSqrt2Pi * e;
+  return 0.5f * (1.f + rational_erf(x * kSqrtHalf)) + x * density;
+}
+
+ATTNLAB_VECTOR_FN float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + rational_tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+}
+
+ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  // 1 - tanh(u)^2 as 4 e / (1 + e)^2 with e = exp(-2|u|): where tanh is near +-1, 1 - t*t would
+  // lose most of its digits (5e-6 off at x = 4.8, against PyTorch's 1.4e-6).
+  // tanh itself from the same e: |tanh u| = (1 - e) / (1 + e), within ~1e-7 of it everywhere.
+  const float e = vexp(-2.f * std::fabs(u)), r = 1.f / (1.f + e);
+  const float t = std::copysign((1.f - e) * r, u), sech2 = 4.f * e * r * r;
+  return 0.5f * (1.f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
+}
+
+}  // namespace attnlab

@@ -1,0 +1,202 @@
+"""attnlab.nn.kernels: the C++ training kernels against independent references.
+
+GELU and attention against PyTorch's operators in float64; a whole pre-norm block (forward,
+and the gradients of its input and every parameter) against the same block run through its
+modules; a GPT's training steps with the kernels against the same steps without. The extension
+is built once per machine (about a minute; cached by torch.utils.cpp_extension).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.nn import TransformerBlock, kernels
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.feedforward import FeedForward
+
+pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_its_gradient_match_pytorch_in_float64(approximate):
+    x = (torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 4).requires_grad_()
+    grad = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    with kernels.enabled():
+        y = kernels.gelu(x, approximate)
+    y.backward(grad)
+    x64 = x.detach().double().requires_grad_()
+    ref = F.gelu(x64, approximate=approximate)
+    ref.backward(grad.double())
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-6, rtol=2e-6)
+
+
+def test_gelu_far_out_in_the_tails_has_no_nan_and_the_limits():
+    x = torch.tensor([-1e4, -90.0, -12.0, 0.0, 12.0, 90.0, 1e4], requires_grad=True)
+    with kernels.enabled():
+        y = kernels.gelu(x)
+    y.sum().backward()
+    torch.testing.assert_close(y, F.gelu(x.detach()))
+    torch.testing.assert_close(x.grad, torch.tensor([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0]))
+
+
+def test_gelu_outside_the_context_is_pytorchs(monkeypatch):
+    monkeypatch.setattr(kernels._Gelu, "apply", lambda *a: pytest.fail("kernel used outside kernels.enabled()"))
+    x = torch.randn(10)
+    torch.testing.assert_close(kernels.gelu(x), F.gelu(x))
+    with kernels.enabled(), torch.autocast("cpu", dtype=torch.bfloat16):
+        kernels.gelu(x)  # under autocast: PyTorch's
+    with kernels.enabled():
+        kernels.gelu(x.double())  # not float32: PyTorch's
+
+
+def _reference_attention(qkv: torch.Tensor, heads: int, causal: bool) -> torch.Tensor:
+    """softmax(q kᵀ / √D) v per head, written out in float64."""
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    q, k, v = (z.reshape(b, t, heads, c // heads).transpose(1, 2) for z in qkv.double().split(c, dim=-1))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(c // heads)
+    if causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t, heads, head_dim", [(37, 2, 16), (64, 4, 32), (20, 3, 64), (5, 1, 128), (1, 2, 32)])
+def test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim):
+    gen = torch.Generator().manual_seed(t * head_dim)
+    qkv = (torch.randn(3, t, 3 * heads * head_dim, generator=gen) * 2).requires_grad_()
+    grad = torch.randn(3, t, heads * head_dim, generator=gen)
+    with kernels.enabled():
+        y = kernels.self_attention(qkv, heads, causal)
+    assert y is not None and y.shape == (3, t, heads * head_dim)
+    y.backward(grad)
+    qkv64 = qkv.detach().double().requires_grad_()
+    ref = _reference_attention(qkv64, heads, causal)
+    ref.backward(grad.double())
+    torch.testing.assert_close(y.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(qkv.grad.double(), qkv64.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_declines_what_it_does_not_cover():
+    with kernels.enabled():
+        assert kernels.self_attention(torch.randn(2, 4, 3 * 2 * 24), 2, True) is None  # head size 24
+        assert kernels.self_attention(torch.randn(2, 4, 3 * 32).double(), 1, True) is None
+    assert kernels.self_attention(torch.randn(2, 4, 3 * 32), 1, True) is None  # not enabled
+
+
+def test_multi_head_attention_module_takes_the_kernel_and_computes_the_same():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 4)
+    x = torch.randn(2, 9, 64, requires_grad=True)
+    ref, _ = mha(x, causal=True)
+    ref.sum().backward()
+    ref_grads = [x.grad.clone()] + [p.grad.clone() for p in mha.parameters()]
+    x.grad = None
+    mha.zero_grad()
+    calls = []
+    original = kernels._SelfAttention.apply
+    kernels._SelfAttention.apply = lambda *a: calls.append(1) or original(*a)
+    try:
+        with kernels.enabled():
+            y, _ = mha(x, causal=True)
+    finally:
+        kernels._SelfAttention.apply = original
+    y.sum().backward()
+    assert calls == [1]
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip([x.grad] + [p.grad for p in mha.parameters()], ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_feed_forward_names_its_activation():
+    assert FeedForward(8, 16, activation="gelu_tanh").activation == "gelu_tanh"
+
+
+def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, causal: bool, on: bool):
+    x = x.clone().requires_grad_()
+    block.zero_grad(set_to_none=True)
+    with kernels.enabled(on):
+        y, _ = block(x, causal=causal)
+    y.backward(grad)
+    return y.detach(), [x.grad] + [p.grad for p in block.parameters()]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal):
+    torch.manual_seed(1)
+    block = TransformerBlock(64, 2, 256, activation=activation, bias=bias, norm="pre")
+    for p in block.parameters():  # away from LayerNorm's 1 and 0, so a wrong parameter shows
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    x, grad = torch.randn(3, 21, 64), torch.randn(3, 21, 64)
+    ref, ref_grads = _block_grads(block, x, grad, causal, on=False)
+    assert block not in kernels._RUNNERS
+    got, got_grads = _block_grads(block, x, grad, causal, on=True)
+    assert block in kernels._RUNNERS  # the fused block ran
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
+    names = ["x"] + [n for n, _ in block.named_parameters()]
+    for name, g, r in zip(names, got_grads, ref_grads, strict=True):
+        scale = r.abs().max().item()
+        assert (g - r).abs().max().item() <= 1e-5 * max(scale, 1.0), name
+
+
+def test_fused_block_declines_what_it_does_not_cover():
+    x = torch.randn(2, 5, 32)
+    with kernels.enabled():
+        post = TransformerBlock(32, 2, 64, norm="post")
+        post(x, causal=True)
+        dropout = TransformerBlock(32, 2, 64, dropout=0.1).train()
+        dropout(x, causal=True)
+        masked = TransformerBlock(32, 2, 64)
+        masked(x, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))
+        odd_heads = TransformerBlock(48, 2, 64)  # head size 24
+        odd_heads(torch.randn(2, 5, 48), causal=True)
+    for block in (post, dropout, masked, odd_heads):
+        assert block not in kernels._RUNNERS
+
+
+def test_fused_block_refuses_a_backward_after_another_forward():
+    block = TransformerBlock(32, 2, 64)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    with kernels.enabled():
+        first, _ = block(x, causal=True)
+        block(x, causal=True)
+    with pytest.raises(RuntimeError, match="ran forward again before the backward"):
+        first.sum().backward()
+
+
+def test_enabled_restores_the_previous_setting():
+    assert not kernels.is_enabled()
+    with kernels.enabled():
+        assert kernels.is_enabled()
+        with kernels.enabled(False):
+            assert not kernels.is_enabled()
+        assert kernels.is_enabled()
+    assert not kernels.is_enabled()
+
+
+def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
+    config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64, activation="gelu_tanh")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen)
+    losses = {}
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = GPT(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses[on] = []
+        for _ in range(5):
+            with kernels.enabled(on):
+                _, loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[on].append(loss.item())
+    assert losses[True][-1] < losses[True][0] - 0.1  # it learns
+    torch.testing.assert_close(losses[True], losses[False], atol=1e-4, rtol=1e-4)
