@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "vecmath.h"
@@ -88,65 +89,83 @@ inline Lanes load(const float* p) {
 
 inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 
-// s[j] = scale * q . k_j for the keys of N blocks of 16, with the keys transposed in kt (D, Tp):
-// lanes run along keys, and the N blocks' sums are independent, so their multiply-adds overlap.
-template <int D, int N>
-inline void score_blocks(const float* q, const float* kt, int64_t Tp, float scale, float* s) {
-  Lanes acc[N] = {};
+// Attention works on tiles of R queries of one (sequence, head): every key or value row loaded
+// serves R queries, and the per-row loop overheads are shared by R rows. Queries past the last
+// row of a tile repeat that row and are never written.
+template <int D>
+constexpr int kTile = D <= 64 ? 4 : 2;  // R x D/16 sums in registers: 16 at most
+
+// s[r][j] = scale * q_r . k_j for R queries and the keys of N blocks of 16, with the keys
+// transposed in kt (D, Tp): lanes run along keys, and the R x N sums are independent, so their
+// multiply-adds overlap.
+template <int D, int R, int N>
+inline void score_tile_blocks(const float* const* q, const float* kt, int64_t Tp, float scale, float* s,
+                              int64_t ld) {
+  Lanes acc[R][N] = {};
   for (int d = 0; d < D; ++d) {
-    const float qd = q[d] * scale;
-    const float* row = kt + d * Tp;
+    Lanes k[N];
 #pragma GCC unroll 4
-    for (int u = 0; u < N; ++u) acc[u] += qd * load(row + u * kLane);
-  }
+    for (int u = 0; u < N; ++u) k[u] = load(kt + d * Tp + u * kLane);
 #pragma GCC unroll 4
-  for (int u = 0; u < N; ++u) store(s + u * kLane, acc[u]);
-}
-
-template <int D>
-inline void scores(const float* q, const float* kt, int64_t Tp, int64_t nb, float scale, float* s) {
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) score_blocks<D, 4>(q, kt + b * kLane, Tp, scale, s + b * kLane);
-  for (; b + 2 <= nb; b += 2) score_blocks<D, 2>(q, kt + b * kLane, Tp, scale, s + b * kLane);
-  for (; b < nb; ++b) score_blocks<D, 1>(q, kt + b * kLane, Tp, scale, s + b * kLane);
-}
-
-// o = sum_j w[j] x_j over the n rows x_j (D floats, `stride` apart), in two interleaved sums so
-// that consecutive rows' multiply-adds do not wait on each other.
-template <int D>
-inline void weighted_rows(const float* w, const float* x, int64_t stride, int64_t n, float* o) {
-  constexpr int V = D / kLane;
-  Lanes acc0[V] = {}, acc1[V] = {};
-  int64_t j = 0;
-  for (; j + 2 <= n; j += 2) {
-    const float w0 = w[j], w1 = w[j + 1];
-    const float* x0 = x + j * stride;
-    const float* x1 = x0 + stride;
-#pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) {
-      acc0[c] += w0 * load(x0 + c * kLane);
-      acc1[c] += w1 * load(x1 + c * kLane);
+    for (int r = 0; r < R; ++r) {
+      const float qd = q[r][d] * scale;
+#pragma GCC unroll 4
+      for (int u = 0; u < N; ++u) acc[r][u] += qd * k[u];
     }
   }
-  if (j < n)
-#pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) acc0[c] += w[j] * load(x + j * stride + c * kLane);
-#pragma GCC unroll 8
-  for (int c = 0; c < V; ++c) store(o + c * kLane, acc0[c] + acc1[c]);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < N; ++u) store(s + r * ld + u * kLane, acc[r][u]);
 }
 
-// y_j += w[j] x for the n rows y_j (D floats each, contiguous): the backward's key and value
-// gradients, one query's share of them.
-template <int D>
-inline void add_scaled(const float* w, const float* x, int64_t n, float* y) {
+// The scores of R queries against the keys of blocks [0, nb): s is R rows of ld floats.
+template <int D, int R>
+inline void score_tile(const float* const* q, const float* kt, int64_t Tp, int64_t nb, float scale, float* s,
+                       int64_t ld) {
+  constexpr int N = R <= 2 ? 4 : 2;
+  int64_t b = 0;
+  for (; b + N <= nb; b += N) score_tile_blocks<D, R, N>(q, kt + b * kLane, Tp, scale, s + b * kLane, ld);
+  for (; b < nb; ++b) score_tile_blocks<D, R, 1>(q, kt + b * kLane, Tp, scale, s + b * kLane, ld);
+}
+
+// o[r] = sum_{j < n} w[r][j] x_j for R rows of weights (ld apart) and the n rows x_j (D floats,
+// `stride` apart); o is R rows of D.
+template <int D, int R>
+inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t stride, int64_t n, float* o) {
   constexpr int V = D / kLane;
-  Lanes xv[V];
+  Lanes acc[R][V] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    Lanes xj[V];
 #pragma GCC unroll 8
-  for (int c = 0; c < V; ++c) xv[c] = load(x + c * kLane);
+    for (int c = 0; c < V; ++c) xj[c] = load(x + j * stride + c * kLane);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const float wr = w[r * ld + j];
+#pragma GCC unroll 8
+      for (int c = 0; c < V; ++c) acc[r][c] += wr * xj[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < V; ++c) store(o + r * D + c * kLane, acc[r][c]);
+}
+
+// y_j += sum_r w[r][j] x_r for the n rows y_j (D floats each, contiguous): one tile's share of
+// the key and value gradients.
+template <int D, int R>
+inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_t n, float* y) {
+  constexpr int V = D / kLane;
   for (int64_t j = 0; j < n; ++j) {
     float* yj = y + j * D;
+    Lanes acc[V];
 #pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) store(yj + c * kLane, load(yj + c * kLane) + w[j] * xv[c]);
+    for (int c = 0; c < V; ++c) acc[c] = load(yj + c * kLane);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const float wr = w[r * ld + j];
+#pragma GCC unroll 8
+      for (int c = 0; c < V; ++c) acc[c] += wr * load(x[r] + c * kLane);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < V; ++c) store(yj + c * kLane, acc[c]);
   }
 }
 
@@ -163,33 +182,47 @@ int64_t padded(int64_t T) { return (T + kLane - 1) / kLane * kLane; }
 template <int D>
 void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H, bool causal, float* out,
                              float* lse) {
+  constexpr int R = kTile<D>;
   const int64_t C = H * D, Tp = padded(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * Tp), s(Tp);
+    std::vector<float> kt(D * Tp), s(R * Tp), o(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* q = base + b * T * 3 * C + h * D;
       const float* k = q + C;
       const float* v = q + 2 * C;
       transpose<D>(k, 3 * C, T, Tp, kt.data());
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = causal ? i + 1 : T, nb = (n + kLane - 1) / kLane;
-        scores<D>(q + i * 3 * C, kt.data(), Tp, nb, scale, s.data());
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = vexp(s[j] - m);
-          sum += s[j];
+      for (int64_t i0 = 0; i0 < T; i0 += R) {
+        const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
+        const int64_t nb = (keys + kLane - 1) / kLane;
+        const float* qr[R];
+        for (int r = 0; r < R; ++r) qr[r] = q + std::min(i0 + r, T - 1) * 3 * C;
+        score_tile<D, R>(qr, kt.data(), Tp, nb, scale, s.data(), Tp);
+        float sum[R];
+        for (int r = 0; r < R; ++r) {
+          float* sr = s.data() + r * Tp;
+          const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
+          float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
+          float total = 0.f;
+#pragma omp simd reduction(+ : total)
+          for (int64_t j = 0; j < n; ++j) {
+            sr[j] = vexp(sr[j] - m);
+            total += sr[j];
+          }
+          std::fill(sr + n, sr + keys, 0.f);  // keys later than this query, or a padding row
+          sum[r] = total;
+          if (r < rows) lse[bh * T + i0 + r] = m + std::log(total);
         }
-        float* o = out + (b * T + i) * C + h * D;
-        weighted_rows<D>(s.data(), v, 3 * C, n, o);
-        const float inv = 1.f / sum;
+        weighted_tile<D, R>(s.data(), Tp, v, 3 * C, keys, o.data());
+        for (int r = 0; r < rows; ++r) {
+          float* dst = out + (b * T + i0 + r) * C + h * D;
+          const float inv = 1.f / sum[r];
 #pragma omp simd
-        for (int d = 0; d < D; ++d) o[d] *= inv;
-        lse[bh * T + i] = m + std::log(sum);
+          for (int d = 0; d < D; ++d) dst[d] = o[r * D + d] * inv;
+        }
       }
     }
   });
@@ -198,10 +231,11 @@ void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H,
 template <int D>
 void attention_backward_heads(const float* base, const float* dy, const float* out, const float* lse, int64_t B,
                               int64_t T, int64_t H, bool causal, float* dbase) {
+  constexpr int R = kTile<D>;
   const int64_t C = H * D, Tp = padded(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * Tp), vt(D * Tp), dk(T * D), dv(T * D), p(Tp), ds(Tp);
+    std::vector<float> kt(D * Tp), vt(D * Tp), dk(T * D), dv(T * D), p(R * Tp), ds(R * Tp), dq(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* q = base + b * T * 3 * C + h * D;
@@ -211,27 +245,44 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
       transpose<D>(v, 3 * C, T, Tp, vt.data());
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = causal ? i + 1 : T, nb = (n + kLane - 1) / kLane;
-        const float* q_i = q + i * 3 * C;
-        const float* dy_i = dy + (b * T + i) * C + h * D;
-        const float* y_i = out + (b * T + i) * C + h * D;
-        // The weights again, from the saved log-sum-exp: p_j = exp(s_j - lse_i).
-        scores<D>(q_i, kt.data(), Tp, nb, scale, p.data());
-        const float l = lse[bh * T + i];
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) p[j] = vexp(p[j] - l);
-        // dP_j = dy_i . v_j, through the transposed values.
-        scores<D>(dy_i, vt.data(), Tp, nb, 1.f, ds.data());
-        // Softmax backward: dS_j = p_j (dP_j - sum_j p_j dP_j), and that sum is dy_i . y_i.
-        float dot = 0.f;
+      for (int64_t i0 = 0; i0 < T; i0 += R) {
+        const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
+        const int64_t nb = (keys + kLane - 1) / kLane;
+        const float *qr[R], *dyr[R];
+        for (int r = 0; r < R; ++r) {
+          const int64_t i = std::min(i0 + r, T - 1);
+          qr[r] = q + i * 3 * C;
+          dyr[r] = dy + (b * T + i) * C + h * D;
+        }
+        // The weights again, from the saved log-sum-exp (p_j = exp(s_j - lse_i)), and
+        // dP_j = dy_i . v_j through the transposed values.
+        score_tile<D, R>(qr, kt.data(), Tp, nb, scale, p.data(), Tp);
+        score_tile<D, R>(dyr, vt.data(), Tp, nb, 1.f, ds.data(), Tp);
+        for (int r = 0; r < R; ++r) {
+          float* pr = p.data() + r * Tp;
+          float* dsr = ds.data() + r * Tp;
+          const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
+          if (n > 0) {
+            const float l = lse[bh * T + i0 + r];
+            // Softmax backward: dS_j = p_j (dP_j - sum_j p_j dP_j), and that sum is dy_i . y_i.
+            const float* y_i = out + (b * T + i0 + r) * C + h * D;
+            float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < D; ++d) dot += dy_i[d] * y_i[d];
+            for (int d = 0; d < D; ++d) dot += dyr[r][d] * y_i[d];
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
-        weighted_rows<D>(ds.data(), k, 3 * C, n, dbase + (b * T + i) * 3 * C + h * D);
-        add_scaled<D>(ds.data(), q_i, n, dk.data());
-        add_scaled<D>(p.data(), dy_i, n, dv.data());
+            for (int64_t j = 0; j < n; ++j) {
+              pr[j] = vexp(pr[j] - l);
+              dsr[j] = pr[j] * (dsr[j] - dot) * scale;
+            }
+          }
+          std::fill(pr + n, pr + keys, 0.f);  // later keys, or a padding row: no weight, no gradient
+          std::fill(dsr + n, dsr + keys, 0.f);
+        }
+        weighted_tile<D, R>(ds.data(), Tp, k, 3 * C, keys, dq.data());
+        for (int r = 0; r < rows; ++r)
+          std::copy(dq.begin() + r * D, dq.begin() + (r + 1) * D, dbase + (b * T + i0 + r) * 3 * C + h * D);
+        outer_tile<D, R>(ds.data(), Tp, qr, keys, dk.data());
+        outer_tile<D, R>(p.data(), Tp, dyr, keys, dv.data());
       }
       for (int64_t j = 0; j < T; ++j) {
         float* row = dbase + (b * T + j) * 3 * C + h * D;
@@ -426,6 +477,40 @@ void column_sums(const float* a, int64_t N, int64_t C, float* out) {
   });
 }
 
+// a() and b(), two independent products of the same size, each on a thread of its own where
+// there are two: a product inside a parallel region runs single-threaded, and two single-threaded
+// products keep both cores busier than two two-threaded ones in a row (the weight and the input
+// gradient of each layer of the backward).
+template <class A, class B>
+void side_by_side(const A& a, const B& b) {
+  if (at::get_num_threads() < 2 || at::in_parallel_region()) {
+    a();
+    b();
+    return;
+  }
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;  // grad mode is per thread: the worker's is on (the weights require grad)
+    for (int64_t i = begin; i < end; ++i) i == 0 ? a() : b();
+  });
+}
+
+// The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
+// and one set that stays in cache beats one set per block.
+struct Scratch {
+  std::mutex lock;
+  at::Tensor dg, dln, datt, dqkv;
+
+  static at::Tensor& fit(at::Tensor& t, int64_t rows, int64_t cols, const at::TensorOptions& o) {
+    if (!t.defined() || t.size(0) != rows || t.size(1) != cols) t = at::empty({rows, cols}, o);
+    return t;
+  }
+};
+
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+
 const float* ptr_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 float* mutable_or_null(at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 
@@ -479,6 +564,13 @@ class PreNormBlock {
     TORCH_CHECK(dy.sizes() == x_.sizes(), "dy must have the shape of x");
     const auto& p = p_;
     const int64_t B = x_.size(0), T = x_.size(1), C = x_.size(2), N = B * T, F = h_.size(1);
+    Scratch& work = scratch();
+    std::lock_guard<std::mutex> hold(work.lock);
+    const auto o = dy.options();
+    at::Tensor& dg_ = Scratch::fit(work.dg, N, F, o);
+    at::Tensor& dln_ = Scratch::fit(work.dln, N, C, o);
+    at::Tensor& datt_ = Scratch::fit(work.datt, N, C, o);
+    at::Tensor& dqkv_ = Scratch::fit(work.dqkv, N, 3 * C, o);
     std::vector<at::Tensor> grads(kParams + 1);
     auto bias_grad = [&](Param which, const at::Tensor& d, int64_t cols) {
       if (!p[which].numel()) return at::Tensor(at::empty({0}, d.options()));
@@ -488,13 +580,11 @@ class PreNormBlock {
     };
     const at::Tensor dy2d = dy.view({N, C});
     // y = x2 + g W2^T + b2
-    grads[1 + kFc2W] = at::mm(dy2d.t(), g_);
+    side_by_side([&] { grads[1 + kFc2W] = at::mm(dy2d.t(), g_); }, [&] { at::mm_out(dg_, dy2d, p[kFc2W]); });
     grads[1 + kFc2B] = bias_grad(kFc2B, dy2d, C);
-    at::mm_out(dg_, dy2d, p[kFc2W]);
     activation_backward(h_.data_ptr<float>(), dg_.data_ptr<float>(), N * F, act_);  // now dh
-    grads[1 + kFc1W] = at::mm(dg_.t(), ln2_);
+    side_by_side([&] { grads[1 + kFc1W] = at::mm(dg_.t(), ln2_); }, [&] { at::mm_out(dln_, dg_, p[kFc1W]); });
     grads[1 + kFc1B] = bias_grad(kFc1B, dg_, F);
-    at::mm_out(dln_, dg_, p[kFc1W]);
     // dx2 = dy + LN2'(dln2)
     at::Tensor dx2 = dy2d.clone();
     grads[1 + kLn2W] = at::empty({C}, dy.options());
@@ -503,13 +593,11 @@ class PreNormBlock {
                         rstd2_.data_ptr<float>(), p[kLn2W].data_ptr<float>(), N, C, dx2.data_ptr<float>(),
                         grads[1 + kLn2W].data_ptr<float>(), mutable_or_null(grads[1 + kLn2B]));
     // x2 = x + att Wo^T + bo
-    grads[1 + kOutW] = at::mm(dx2.t(), att_);
+    side_by_side([&] { grads[1 + kOutW] = at::mm(dx2.t(), att_); }, [&] { at::mm_out(datt_, dx2, p[kOutW]); });
     grads[1 + kOutB] = bias_grad(kOutB, dx2, C);
-    at::mm_out(datt_, dx2, p[kOutW]);
-    attend_backward();
-    grads[1 + kQkvW] = at::mm(dqkv_.t(), ln1_);
+    attend_backward(datt_, dqkv_);
+    side_by_side([&] { grads[1 + kQkvW] = at::mm(dqkv_.t(), ln1_); }, [&] { at::mm_out(dln_, dqkv_, p[kQkvW]); });
     grads[1 + kQkvB] = bias_grad(kQkvB, dqkv_, 3 * C);
-    at::mm_out(dln_, dqkv_, p[kQkvW]);
     // dx = dx2 + LN1'(dln1)
     at::Tensor dx = dx2;  // dx2 is not needed past here: LN1's gradient is added into it
     grads[1 + kLn1W] = at::empty({C}, dy.options());
@@ -531,9 +619,8 @@ class PreNormBlock {
     const auto o = x.options();
     ln1_ = at::empty({N, C}, o), ln2_ = at::empty({N, C}, o), x2_ = at::empty({N, C}, o), att_ = at::empty({N, C}, o);
     mean1_ = at::empty({N}, o), rstd1_ = at::empty({N}, o), mean2_ = at::empty({N}, o), rstd2_ = at::empty({N}, o);
-    qkv_ = at::empty({N, 3 * C}, o), dqkv_ = at::empty({N, 3 * C}, o), lse_ = at::empty({B, H_, T}, o);
-    h_ = at::empty({N, F}, o), g_ = at::empty({N, F}, o), dg_ = at::empty({N, F}, o);
-    dln_ = at::empty({N, C}, o), datt_ = at::empty({N, C}, o);
+    qkv_ = at::empty({N, 3 * C}, o), lse_ = at::empty({B, H_, T}, o);
+    h_ = at::empty({N, F}, o), g_ = at::empty({N, F}, o);
   }
 
   void attend() {
@@ -545,11 +632,12 @@ class PreNormBlock {
 #undef ATTNLAB_BLOCK_FORWARD
   }
 
-  void attend_backward() {
+  // dqkv = the gradient of the q/k/v from datt, that of the attention's output.
+  void attend_backward(const at::Tensor& datt, at::Tensor& dqkv) {
     const int64_t D = C_ / H_;
-#define ATTNLAB_BLOCK_BACKWARD(d)                                                                         \
-  attention_backward_heads<d>(qkv_.data_ptr<float>(), datt_.data_ptr<float>(), att_.data_ptr<float>(), \
-                              lse_.data_ptr<float>(), B_, T_, H_, causal_, dqkv_.data_ptr<float>())
+#define ATTNLAB_BLOCK_BACKWARD(d)                                                                       \
+  attention_backward_heads<d>(qkv_.data_ptr<float>(), datt.data_ptr<float>(), att_.data_ptr<float>(), \
+                              lse_.data_ptr<float>(), B_, T_, H_, causal_, dqkv.data_ptr<float>())
     ATTNLAB_HEAD_DIMS(D, ATTNLAB_BLOCK_BACKWARD)
 #undef ATTNLAB_BLOCK_BACKWARD
   }
@@ -562,7 +650,6 @@ class PreNormBlock {
   at::Tensor x_;
   std::vector<at::Tensor> p_;
   at::Tensor ln1_, mean1_, rstd1_, qkv_, att_, lse_, x2_, ln2_, mean2_, rstd2_, h_, g_;
-  at::Tensor dg_, dln_, datt_, dqkv_;
 };
 
 }  // namespace
