@@ -126,10 +126,32 @@ def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, c
     return y.detach(), [x.grad] + [p.grad for p in block.parameters()]
 
 
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("causal", [True, False])
-def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal):
+@pytest.fixture
+def two_threads():
+    """The suite runs single-threaded (conftest); the kernels split heads and rows between
+    threads, and the block's backward runs its paired products one per thread: check that too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "activation, bias, causal, threads",
+    [
+        ("gelu", True, True, 1),
+        ("gelu", False, False, 1),
+        ("gelu_tanh", True, False, 1),
+        ("gelu_tanh", False, True, 1),
+        ("relu", True, True, 1),
+        ("relu", False, False, 1),
+        ("gelu_tanh", True, True, 2),
+        ("gelu", False, False, 2),
+    ],
+)
+def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, threads, request):
+    if threads == 2:
+        request.getfixturevalue("two_threads")
     torch.manual_seed(1)
     block = TransformerBlock(64, 2, 256, activation=activation, bias=bias, norm="pre")
     for p in block.parameters():  # away from LayerNorm's 1 and 0, so a wrong parameter shows
@@ -181,7 +203,7 @@ def test_enabled_restores_the_previous_setting():
     assert not kernels.is_enabled()
 
 
-def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
+def test_gpt_training_steps_with_the_kernels_follow_the_same_losses(two_threads):
     config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64, activation="gelu_tanh")
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen)
