@@ -127,6 +127,32 @@ inline void score_tile(const float* const* q, const float* kt, int64_t Tp, int64
   for (; b < nb; ++b) score_tile_blocks<D, R, 1>(q, kt + b * kLane, Tp, scale, s + b * kLane, ld);
 }
 
+// s[j] = exp(s[j] - max) for the n scores of a row and 0 for the rest of its `width` (a multiple
+// of 16: the blocks the scores were computed in); returns their sum, and the max in m. In
+// 16-float registers throughout: a scalar max and a reduction loop around exp did not vectorize.
+inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
+  if (n == 0) {  // a padding row
+    std::fill(s, s + width, 0.f);
+    m = 0.f;
+    return 1.f;
+  }
+  std::fill(s + n, s + width, -std::numeric_limits<float>::infinity());  // exp gives 0 there
+  Lanes top = load(s);
+  for (int64_t b = kLane; b < width; b += kLane) {
+    const Lanes x = load(s + b);
+    top = x > top ? x : top;
+  }
+  m = top[0];
+  for (int l = 1; l < kLane; ++l) m = std::max(m, top[l]);
+#pragma omp simd
+  for (int64_t j = 0; j < width; ++j) s[j] = vexp(s[j] - m);
+  Lanes acc = {};
+  for (int64_t b = 0; b < width; b += kLane) acc += load(s + b);
+  float total = 0.f;
+  for (int l = 0; l < kLane; ++l) total += acc[l];
+  return total;
+}
+
 // o[r] = sum_{j < n} w[r][j] x_j for R rows of weights (ld apart) and the n rows x_j (D floats,
 // `stride` apart); o is R rows of D.
 template <int D, int R>
@@ -172,9 +198,12 @@ inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_
 // xt (D, Tp) = the T rows of x (D floats, `stride` apart) transposed; columns past T are zero.
 template <int D>
 void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, float* xt) {
-  std::fill(xt, xt + D * Tp, 0.f);
-  for (int64_t j = 0; j < T; ++j)
-    for (int d = 0; d < D; ++d) xt[d * Tp + j] = x[j * stride + d];
+  for (int d = 0; d < D; ++d) {
+    float* row = xt + d * Tp;
+#pragma omp simd
+    for (int64_t j = 0; j < T; ++j) row[j] = x[j * stride + d];
+    std::fill(row + T, row + Tp, 0.f);
+  }
 }
 
 int64_t padded(int64_t T) { return (T + kLane - 1) / kLane * kLane; }
@@ -201,20 +230,10 @@ void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H,
         score_tile<D, R>(qr, kt.data(), Tp, nb, scale, s.data(), Tp);
         float sum[R];
         for (int r = 0; r < R; ++r) {
-          float* sr = s.data() + r * Tp;
           const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
-          float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-          for (int64_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
-          float total = 0.f;
-#pragma omp simd reduction(+ : total)
-          for (int64_t j = 0; j < n; ++j) {
-            sr[j] = vexp(sr[j] - m);
-            total += sr[j];
-          }
-          std::fill(sr + n, sr + keys, 0.f);  // keys later than this query, or a padding row
-          sum[r] = total;
-          if (r < rows) lse[bh * T + i0 + r] = m + std::log(total);
+          float m;
+          sum[r] = softmax_numerators(s.data() + r * Tp, n, nb * kLane, m);
+          if (r < rows) lse[bh * T + i0 + r] = m + std::log(sum[r]);
         }
         weighted_tile<D, R>(s.data(), Tp, v, 3 * C, keys, o.data());
         for (int r = 0; r < rows; ++r) {
