@@ -129,9 +129,19 @@ def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, c
 @pytest.fixture
 def two_threads():
     """The suite runs single-threaded (conftest); the kernels split heads and rows between
-    threads, and the block's backward runs its paired products one per thread: check that too."""
+    threads, and the fused block gives each thread its own sequences and adds up their parameter
+    gradients: check that too."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def three_threads():
+    """Three parts (one sequence each, for a batch of 3): two of them in the scratch sums."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
     yield
     torch.set_num_threads(before)
 
@@ -147,11 +157,12 @@ def two_threads():
         ("relu", False, False, 1),
         ("gelu_tanh", True, True, 2),
         ("gelu", False, False, 2),
+        ("relu", True, True, 3),
     ],
 )
 def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, threads, request):
-    if threads == 2:
-        request.getfixturevalue("two_threads")
+    if threads > 1:
+        request.getfixturevalue({2: "two_threads", 3: "three_threads"}[threads])
     torch.manual_seed(1)
     block = TransformerBlock(64, 2, 256, activation=activation, bias=bias, norm="pre")
     for p in block.parameters():  # away from LayerNorm's 1 and 0, so a wrong parameter shows

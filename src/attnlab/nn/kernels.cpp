@@ -496,31 +496,15 @@ void column_sums(const float* a, int64_t N, int64_t C, float* out) {
   });
 }
 
-// a() and b(), two independent products of the same size, each on a thread of its own where
-// there are two: a product inside a parallel region runs single-threaded, and two single-threaded
-// products keep both cores busier than two two-threaded ones in a row (the weight and the input
-// gradient of each layer of the backward).
-template <class A, class B>
-void side_by_side(const A& a, const B& b) {
-  if (at::get_num_threads() < 2 || at::in_parallel_region()) {
-    a();
-    b();
-    return;
-  }
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    at::NoGradGuard no_grad;  // grad mode is per thread: the worker's is on (the weights require grad)
-    for (int64_t i = begin; i < end; ++i) i == 0 ? a() : b();
-  });
-}
-
 // The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
 // and one set that stays in cache beats one set per block.
 struct Scratch {
   std::mutex lock;
   at::Tensor dg, dln, datt, dqkv;
+  std::vector<std::vector<at::Tensor>> partial;  // parts past the first: their parameter gradients
 
-  static at::Tensor& fit(at::Tensor& t, int64_t rows, int64_t cols, const at::TensorOptions& o) {
-    if (!t.defined() || t.size(0) != rows || t.size(1) != cols) t = at::empty({rows, cols}, o);
+  static at::Tensor& fit(at::Tensor& t, at::IntArrayRef shape, const at::TensorOptions& o) {
+    if (!t.defined() || t.sizes() != shape) t = at::empty(shape, o);
     return t;
   }
 };
@@ -538,6 +522,26 @@ float* mutable_or_null(at::Tensor& t) { return t.defined() && t.numel() ? t.data
 // is an empty tensor when the block has none.
 enum Param { kLn1W, kLn1B, kQkvW, kQkvB, kOutW, kOutB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B, kParams };
 
+// f(b0, b1) over the sequences [0, B) in one part per thread, each part single-threaded (a
+// product, or an at::parallel_for, inside a parallel region runs on the calling thread). A block
+// is independent per sequence up to its parameters' gradients, so each thread takes its
+// sequences through the whole block with no synchronisation between the ~20 steps of a block's
+// backward; where every step was split between the threads, they waited on each other at every
+// one. f's third argument numbers the parts, from 0, below at::get_num_threads().
+template <class F>
+void by_sequences(int64_t B, const F& f) {
+  const int64_t threads = at::get_num_threads();
+  if (threads < 2 || B < 2 || at::in_parallel_region()) {
+    f(0, B, 0);
+    return;
+  }
+  const int64_t per = (B + threads - 1) / threads;
+  at::parallel_for(0, B, per, [&](int64_t b0, int64_t b1) {
+    at::NoGradGuard no_grad;  // grad mode is per thread: the worker's is on (the weights require grad)
+    f(b0, b1, b0 / per);  // parts are at least `per` long: distinct numbers
+  });
+}
+
 class PreNormBlock {
  public:
   PreNormBlock(int64_t n_heads, bool causal, int64_t act, double eps)
@@ -550,29 +554,13 @@ class PreNormBlock {
     TORCH_CHECK(static_cast<int64_t>(p.size()) == kParams, "expected ", kParams, " parameters");
     for (const auto& t : p)
       if (t.numel()) check_float_cpu(t, "a block parameter");
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), N = B * T, F = p[kFc1W].size(0);
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), F = p[kFc1W].size(0);
     TORCH_CHECK(C % H_ == 0, "width ", C, " is not divisible by ", H_, " heads");
     reserve(x, B, T, C, F);
     x_ = x;
     p_ = p;
-    const at::Tensor x2d = x.view({N, C});
-    layer_norm(x.data_ptr<float>(), p[kLn1W].data_ptr<float>(), ptr_or_null(p[kLn1B]), N, C, eps_,
-               ln1_.data_ptr<float>(), mean1_.data_ptr<float>(), rstd1_.data_ptr<float>());
-    at::mm_out(qkv_, ln1_, p[kQkvW].t());
-    add_rows(qkv_.data_ptr<float>(), ptr_or_null(p[kQkvB]), nullptr, N, 3 * C);
-    attend();
-    at::mm_out(x2_, att_, p[kOutW].t());
-    add_rows(x2_.data_ptr<float>(), ptr_or_null(p[kOutB]), x.data_ptr<float>(), N, C);
-    layer_norm(x2_.data_ptr<float>(), p[kLn2W].data_ptr<float>(), ptr_or_null(p[kLn2B]), N, C, eps_,
-               ln2_.data_ptr<float>(), mean2_.data_ptr<float>(), rstd2_.data_ptr<float>());
-    at::mm_out(h_, ln2_, p[kFc1W].t());
-    add_rows(h_.data_ptr<float>(), ptr_or_null(p[kFc1B]), nullptr, N, F);
-    activation_forward(h_.data_ptr<float>(), g_.data_ptr<float>(), N * F, act_);
     at::Tensor y = at::empty({B, T, C}, x.options());
-    at::Tensor y2d = y.view({N, C});
-    at::mm_out(y2d, g_, p[kFc2W].t());
-    add_rows(y.data_ptr<float>(), ptr_or_null(p[kFc2B]), x2_.data_ptr<float>(), N, C);
-    (void)x2d;
+    by_sequences(B, [&](int64_t b0, int64_t b1, int64_t) { forward_part(b0, b1, y); });
     return y;
   }
 
@@ -581,50 +569,33 @@ class PreNormBlock {
     TORCH_CHECK(x_.defined(), "backward before forward");
     check_float_cpu(dy, "dy");
     TORCH_CHECK(dy.sizes() == x_.sizes(), "dy must have the shape of x");
-    const auto& p = p_;
-    const int64_t B = x_.size(0), T = x_.size(1), C = x_.size(2), N = B * T, F = h_.size(1);
+    const int64_t N = B_ * T_;
     Scratch& work = scratch();
     std::lock_guard<std::mutex> hold(work.lock);
     const auto o = dy.options();
-    at::Tensor& dg_ = Scratch::fit(work.dg, N, F, o);
-    at::Tensor& dln_ = Scratch::fit(work.dln, N, C, o);
-    at::Tensor& datt_ = Scratch::fit(work.datt, N, C, o);
-    at::Tensor& dqkv_ = Scratch::fit(work.dqkv, N, 3 * C, o);
+    Scratch::fit(work.dg, {N, F_}, o);
+    Scratch::fit(work.dln, {N, C_}, o);
+    Scratch::fit(work.datt, {N, C_}, o);
+    Scratch::fit(work.dqkv, {N, 3 * C_}, o);
     std::vector<at::Tensor> grads(kParams + 1);
-    auto bias_grad = [&](Param which, const at::Tensor& d, int64_t cols) {
-      if (!p[which].numel()) return at::Tensor(at::empty({0}, d.options()));
-      at::Tensor g = at::empty({cols}, d.options());
-      column_sums(d.data_ptr<float>(), N, cols, g.data_ptr<float>());
-      return g;
-    };
-    const at::Tensor dy2d = dy.view({N, C});
-    // y = x2 + g W2^T + b2
-    side_by_side([&] { grads[1 + kFc2W] = at::mm(dy2d.t(), g_); }, [&] { at::mm_out(dg_, dy2d, p[kFc2W]); });
-    grads[1 + kFc2B] = bias_grad(kFc2B, dy2d, C);
-    activation_backward(h_.data_ptr<float>(), dg_.data_ptr<float>(), N * F, act_);  // now dh
-    side_by_side([&] { grads[1 + kFc1W] = at::mm(dg_.t(), ln2_); }, [&] { at::mm_out(dln_, dg_, p[kFc1W]); });
-    grads[1 + kFc1B] = bias_grad(kFc1B, dg_, F);
-    // dx2 = dy + LN2'(dln2)
-    at::Tensor dx2 = dy2d.clone();
-    grads[1 + kLn2W] = at::empty({C}, dy.options());
-    grads[1 + kLn2B] = p[kLn2B].numel() ? at::empty({C}, dy.options()) : at::empty({0}, dy.options());
-    layer_norm_backward(dln_.data_ptr<float>(), x2_.data_ptr<float>(), mean2_.data_ptr<float>(),
-                        rstd2_.data_ptr<float>(), p[kLn2W].data_ptr<float>(), N, C, dx2.data_ptr<float>(),
-                        grads[1 + kLn2W].data_ptr<float>(), mutable_or_null(grads[1 + kLn2B]));
-    // x2 = x + att Wo^T + bo
-    side_by_side([&] { grads[1 + kOutW] = at::mm(dx2.t(), att_); }, [&] { at::mm_out(datt_, dx2, p[kOutW]); });
-    grads[1 + kOutB] = bias_grad(kOutB, dx2, C);
-    attend_backward(datt_, dqkv_);
-    side_by_side([&] { grads[1 + kQkvW] = at::mm(dqkv_.t(), ln1_); }, [&] { at::mm_out(dln_, dqkv_, p[kQkvW]); });
-    grads[1 + kQkvB] = bias_grad(kQkvB, dqkv_, 3 * C);
-    // dx = dx2 + LN1'(dln1)
-    at::Tensor dx = dx2;  // dx2 is not needed past here: LN1's gradient is added into it
-    grads[1 + kLn1W] = at::empty({C}, dy.options());
-    grads[1 + kLn1B] = p[kLn1B].numel() ? at::empty({C}, dy.options()) : at::empty({0}, dy.options());
-    layer_norm_backward(dln_.data_ptr<float>(), x_.data_ptr<float>(), mean1_.data_ptr<float>(),
-                        rstd1_.data_ptr<float>(), p[kLn1W].data_ptr<float>(), N, C, dx.data_ptr<float>(),
-                        grads[1 + kLn1W].data_ptr<float>(), mutable_or_null(grads[1 + kLn1B]));
-    grads[0] = dx.view({B, T, C});
+    grads[0] = at::empty({B_, T_, C_}, o);
+    for (int i = 0; i < kParams; ++i) grads[1 + i] = at::empty(p_[i].sizes(), o);  // empty for a missing bias
+    work.partial.resize(std::max<int64_t>(at::get_num_threads() - 1, 0));
+    for (auto& set : work.partial) {
+      set.resize(kParams);
+      for (int i = 0; i < kParams; ++i) Scratch::fit(set[i], p_[i].sizes(), o);
+    }
+    std::vector<char> ran(work.partial.size() + 1, 0);
+    by_sequences(B_, [&](int64_t b0, int64_t b1, int64_t part) {
+      std::vector<at::Tensor> out(kParams);
+      for (int i = 0; i < kParams; ++i) out[i] = part == 0 ? grads[1 + i] : work.partial[part - 1][i];
+      backward_part(b0, b1, dy, work, grads[0], out);
+      ran[part] = 1;
+    });
+    for (size_t k = 1; k < ran.size(); ++k)
+      if (ran[k])
+        for (int i = 0; i < kParams; ++i)
+          if (grads[1 + i].numel()) grads[1 + i].add_(work.partial[k - 1][i]);
     x_ = at::Tensor();  // one backward per forward
     p_.clear();
     return grads;
@@ -642,21 +613,90 @@ class PreNormBlock {
     h_ = at::empty({N, F}, o), g_ = at::empty({N, F}, o);
   }
 
-  void attend() {
-    const int64_t D = C_ / H_;
-#define ATTNLAB_BLOCK_FORWARD(d)                                                                          \
-  attention_forward_heads<d>(qkv_.data_ptr<float>(), B_, T_, H_, causal_, att_.data_ptr<float>(), \
-                             lse_.data_ptr<float>())
+  // Rows [r0, r0 + rows) of a (N, k) buffer.
+  static at::Tensor part(const at::Tensor& t, int64_t r0, int64_t rows) { return t.narrow(0, r0, rows); }
+
+  static float* at_row(const at::Tensor& t, int64_t r0) { return t.data_ptr<float>() + r0 * t.size(1); }
+
+  // The forward of sequences [b0, b1).
+  void forward_part(int64_t b0, int64_t b1, at::Tensor& y) {
+    const auto& p = p_;
+    const int64_t C = C_, F = F_, r0 = b0 * T_, rows = (b1 - b0) * T_;
+    const float* x = x_.data_ptr<float>() + r0 * C;
+    layer_norm(x, p[kLn1W].data_ptr<float>(), ptr_or_null(p[kLn1B]), rows, C, eps_, at_row(ln1_, r0),
+               mean1_.data_ptr<float>() + r0, rstd1_.data_ptr<float>() + r0);
+    at::Tensor qkv = part(qkv_, r0, rows);
+    at::mm_out(qkv, part(ln1_, r0, rows), p[kQkvW].t());
+    add_rows(at_row(qkv_, r0), ptr_or_null(p[kQkvB]), nullptr, rows, 3 * C);
+    attend(b0, b1);
+    at::Tensor x2 = part(x2_, r0, rows);
+    at::mm_out(x2, part(att_, r0, rows), p[kOutW].t());
+    add_rows(at_row(x2_, r0), ptr_or_null(p[kOutB]), x, rows, C);
+    layer_norm(at_row(x2_, r0), p[kLn2W].data_ptr<float>(), ptr_or_null(p[kLn2B]), rows, C, eps_, at_row(ln2_, r0),
+               mean2_.data_ptr<float>() + r0, rstd2_.data_ptr<float>() + r0);
+    at::Tensor h = part(h_, r0, rows);
+    at::mm_out(h, part(ln2_, r0, rows), p[kFc1W].t());
+    add_rows(at_row(h_, r0), ptr_or_null(p[kFc1B]), nullptr, rows, F);
+    activation_forward(at_row(h_, r0), at_row(g_, r0), rows * F, act_);
+    at::Tensor y2d = part(y.view({B_ * T_, C}), r0, rows);
+    at::mm_out(y2d, part(g_, r0, rows), p[kFc2W].t());
+    add_rows(y2d.data_ptr<float>(), ptr_or_null(p[kFc2B]), at_row(x2_, r0), rows, C);
+  }
+
+  // The backward of sequences [b0, b1): their rows of dx, and their share of each parameter's
+  // gradient written to `out` (the gradients themselves for the first part, the scratch for the
+  // second).
+  void backward_part(int64_t b0, int64_t b1, const at::Tensor& dy, Scratch& work, at::Tensor& dx,
+                     std::vector<at::Tensor>& out) {
+    const auto& p = p_;
+    const int64_t C = C_, F = F_, r0 = b0 * T_, rows = (b1 - b0) * T_;
+    const at::Tensor dyp = part(dy.view({B_ * T_, C}), r0, rows);
+    at::Tensor dg = part(work.dg, r0, rows), dln = part(work.dln, r0, rows);
+    at::Tensor datt = part(work.datt, r0, rows), dqkv = part(work.dqkv, r0, rows);
+    at::Tensor dxp = part(dx.view({B_ * T_, C}), r0, rows);
+    // y = x2 + g W2^T + b2
+    at::mm_out(out[kFc2W], dyp.t(), part(g_, r0, rows));
+    if (out[kFc2B].numel()) column_sums(dyp.data_ptr<float>(), rows, C, out[kFc2B].data_ptr<float>());
+    at::mm_out(dg, dyp, p[kFc2W]);
+    activation_backward(at_row(h_, r0), dg.data_ptr<float>(), rows * F, act_);  // now dh
+    at::mm_out(out[kFc1W], dg.t(), part(ln2_, r0, rows));
+    if (out[kFc1B].numel()) column_sums(dg.data_ptr<float>(), rows, F, out[kFc1B].data_ptr<float>());
+    at::mm_out(dln, dg, p[kFc1W]);
+    // dx2 = dy + LN2'(dln2), in dx's rows
+    dxp.copy_(dyp);
+    layer_norm_backward(dln.data_ptr<float>(), at_row(x2_, r0), mean2_.data_ptr<float>() + r0,
+                        rstd2_.data_ptr<float>() + r0, p[kLn2W].data_ptr<float>(), rows, C, dxp.data_ptr<float>(),
+                        out[kLn2W].data_ptr<float>(), mutable_or_null(out[kLn2B]));
+    // x2 = x + att Wo^T + bo
+    at::mm_out(out[kOutW], dxp.t(), part(att_, r0, rows));
+    if (out[kOutB].numel()) column_sums(dxp.data_ptr<float>(), rows, C, out[kOutB].data_ptr<float>());
+    at::mm_out(datt, dxp, p[kOutW]);
+    attend_backward(b0, b1, datt, dqkv);
+    at::mm_out(out[kQkvW], dqkv.t(), part(ln1_, r0, rows));
+    if (out[kQkvB].numel()) column_sums(dqkv.data_ptr<float>(), rows, 3 * C, out[kQkvB].data_ptr<float>());
+    at::mm_out(dln, dqkv, p[kQkvW]);
+    // dx = dx2 + LN1'(dln1)
+    layer_norm_backward(dln.data_ptr<float>(), x_.data_ptr<float>() + r0 * C, mean1_.data_ptr<float>() + r0,
+                        rstd1_.data_ptr<float>() + r0, p[kLn1W].data_ptr<float>(), rows, C, dxp.data_ptr<float>(),
+                        out[kLn1W].data_ptr<float>(), mutable_or_null(out[kLn1B]));
+  }
+
+  void attend(int64_t b0, int64_t b1) {
+    const int64_t D = C_ / H_, r0 = b0 * T_;
+#define ATTNLAB_BLOCK_FORWARD(d)                                                                        \
+  attention_forward_heads<d>(at_row(qkv_, r0), b1 - b0, T_, H_, causal_, at_row(att_, r0), \
+                             lse_.data_ptr<float>() + b0 * H_ * T_)
     ATTNLAB_HEAD_DIMS(D, ATTNLAB_BLOCK_FORWARD)
 #undef ATTNLAB_BLOCK_FORWARD
   }
 
-  // dqkv = the gradient of the q/k/v from datt, that of the attention's output.
-  void attend_backward(const at::Tensor& datt, at::Tensor& dqkv) {
-    const int64_t D = C_ / H_;
-#define ATTNLAB_BLOCK_BACKWARD(d)                                                                       \
-  attention_backward_heads<d>(qkv_.data_ptr<float>(), datt.data_ptr<float>(), att_.data_ptr<float>(), \
-                              lse_.data_ptr<float>(), B_, T_, H_, causal_, dqkv.data_ptr<float>())
+  // dqkv (the part's rows) = the gradient of the q/k/v from datt, that of the attention's output.
+  void attend_backward(int64_t b0, int64_t b1, const at::Tensor& datt, at::Tensor& dqkv) {
+    const int64_t D = C_ / H_, r0 = b0 * T_;
+#define ATTNLAB_BLOCK_BACKWARD(d)                                                                    \
+  attention_backward_heads<d>(at_row(qkv_, r0), datt.data_ptr<float>(), at_row(att_, r0),            \
+                              lse_.data_ptr<float>() + b0 * H_ * T_, b1 - b0, T_, H_, causal_, \
+                              dqkv.data_ptr<float>())
     ATTNLAB_HEAD_DIMS(D, ATTNLAB_BLOCK_BACKWARD)
 #undef ATTNLAB_BLOCK_BACKWARD
   }
