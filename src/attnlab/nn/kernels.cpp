@@ -95,83 +95,48 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 template <int D>
 constexpr int kTile = D <= 64 ? 4 : 2;  // R x D/16 sums in registers: 16 at most
 
-// s[r][j] = scale * q_r . k_j for R queries and the keys of N blocks of 16, with the keys
-// transposed in kt (D, Tp): lanes run along keys, and the R x N sums are independent, so their
-// multiply-adds overlap.
-template <int D, int R, int N>
-inline void score_tile_blocks(const float* const* q, const float* kt, int64_t Tp, float scale, float* s,
-                              int64_t ld) {
-  Lanes acc[R][N] = {};
-  for (int d = 0; d < D; ++d) {
-    Lanes k[N];
-#pragma GCC unroll 4
-    for (int u = 0; u < N; ++u) k[u] = load(kt + d * Tp + u * kLane);
+// out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (16 V floats each,
+// `stride` apart), out's rows ld apart: a small product held in R x V registers, every loaded
+// b_t serving R rows, the R x V sums independent so that their multiply-adds overlap. The
+// attention's scores (a: queries, b: the keys transposed, lanes along keys, no horizontal sums)
+// and its weighted sums of rows (a: weights, b: values or keys) are both this.
+template <int R, int V>
+inline void tile_product(const float* const* a, const float* b, int64_t stride, int64_t K, float scale, float* out,
+                         int64_t ld) {
+  Lanes acc[R][V] = {};
+  for (int64_t t = 0; t < K; ++t) {
+    Lanes bt[V];
+#pragma GCC unroll 8
+    for (int c = 0; c < V; ++c) bt[c] = load(b + t * stride + c * kLane);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const float qd = q[r][d] * scale;
-#pragma GCC unroll 4
-      for (int u = 0; u < N; ++u) acc[r][u] += qd * k[u];
+      const float at = a[r][t] * scale;
+#pragma GCC unroll 8
+      for (int c = 0; c < V; ++c) acc[r][c] += at * bt[c];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int u = 0; u < N; ++u) store(s + r * ld + u * kLane, acc[r][u]);
+    for (int c = 0; c < V; ++c) store(out + r * ld + c * kLane, acc[r][c]);
 }
 
-// The scores of R queries against the keys of blocks [0, nb): s is R rows of ld floats.
+// s[r][j] = scale * q_r . k_j for R queries and the keys of blocks [0, nb) of 16, with the keys
+// transposed in kt (D, Tp); s is R rows of ld floats.
 template <int D, int R>
 inline void score_tile(const float* const* q, const float* kt, int64_t Tp, int64_t nb, float scale, float* s,
                        int64_t ld) {
   constexpr int N = R <= 2 ? 4 : 2;
   int64_t b = 0;
-  for (; b + N <= nb; b += N) score_tile_blocks<D, R, N>(q, kt + b * kLane, Tp, scale, s + b * kLane, ld);
-  for (; b < nb; ++b) score_tile_blocks<D, R, 1>(q, kt + b * kLane, Tp, scale, s + b * kLane, ld);
-}
-
-// s[j] = exp(s[j] - max) for the n scores of a row and 0 for the rest of its `width` (a multiple
-// of 16: the blocks the scores were computed in); returns their sum, and the max in m. In
-// 16-float registers throughout: a scalar max and a reduction loop around exp did not vectorize.
-inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
-  if (n == 0) {  // a padding row
-    std::fill(s, s + width, 0.f);
-    m = 0.f;
-    return 1.f;
-  }
-  std::fill(s + n, s + width, -std::numeric_limits<float>::infinity());  // exp gives 0 there
-  Lanes top = load(s);
-  for (int64_t b = kLane; b < width; b += kLane) {
-    const Lanes x = load(s + b);
-    top = x > top ? x : top;
-  }
-  m = top[0];
-  for (int l = 1; l < kLane; ++l) m = std::max(m, top[l]);
-#pragma omp simd
-  for (int64_t j = 0; j < width; ++j) s[j] = vexp(s[j] - m);
-  Lanes acc = {};
-  for (int64_t b = 0; b < width; b += kLane) acc += load(s + b);
-  float total = 0.f;
-  for (int l = 0; l < kLane; ++l) total += acc[l];
-  return total;
+  for (; b + N <= nb; b += N) tile_product<R, N>(q, kt + b * kLane, Tp, D, scale, s + b * kLane, ld);
+  for (; b < nb; ++b) tile_product<R, 1>(q, kt + b * kLane, Tp, D, scale, s + b * kLane, ld);
 }
 
 // o[r] = sum_{j < n} w[r][j] x_j for R rows of weights (ld apart) and the n rows x_j (D floats,
 // `stride` apart); o is R rows of D.
 template <int D, int R>
 inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t stride, int64_t n, float* o) {
-  constexpr int V = D / kLane;
-  Lanes acc[R][V] = {};
-  for (int64_t j = 0; j < n; ++j) {
-    Lanes xj[V];
-#pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) xj[c] = load(x + j * stride + c * kLane);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const float wr = w[r * ld + j];
-#pragma GCC unroll 8
-      for (int c = 0; c < V; ++c) acc[r][c] += wr * xj[c];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < V; ++c) store(o + r * D + c * kLane, acc[r][c]);
+  const float* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = w + r * ld;
+  tile_product<R, D / kLane>(rows, x, stride, n, 1.f, o, D);
 }
 
 // y_j += sum_r w[r][j] x_r for the n rows y_j (D floats each, contiguous): one tile's share of
@@ -208,6 +173,46 @@ void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, float* xt)
 
 int64_t padded(int64_t T) { return (T + kLane - 1) / kLane * kLane; }
 
+// s[j] = exp(s[j] - max) for the n scores of a row and 0 for the rest of its `width` (a multiple
+// of 16: the blocks the scores were computed in); returns their sum, and the max in m. In
+// 16-float registers throughout: a scalar max and a reduction loop around exp did not vectorize.
+inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
+  if (n == 0) {  // a padding row
+    std::fill(s, s + width, 0.f);
+    m = 0.f;
+    return 1.f;
+  }
+  std::fill(s + n, s + width, -std::numeric_limits<float>::infinity());  // exp gives 0 there
+  Lanes top = load(s);
+  for (int64_t b = kLane; b < width; b += kLane) {
+    const Lanes x = load(s + b);
+    top = x > top ? x : top;
+  }
+  m = top[0];
+  for (int l = 1; l < kLane; ++l) m = std::max(m, top[l]);
+#pragma omp simd
+  for (int64_t j = 0; j < width; ++j) s[j] = vexp(s[j] - m);
+  Lanes acc = {};
+  for (int64_t b = 0; b < width; b += kLane) acc += load(s + b);
+  float total = 0.f;
+  for (int l = 0; l < kLane; ++l) total += acc[l];
+  return total;
+}
+
+// One (sequence, head) of the fused q/k/v (B, T, 3C): where its queries, keys and values start
+// (positions 3C floats apart), and its keys transposed into kt (D, Tp).
+struct Head {
+  const float *q, *k, *v;
+};
+
+template <int D>
+Head head(const float* base, int64_t bh, int64_t T, int64_t H, int64_t Tp, float* kt) {
+  const int64_t b = bh / H, h = bh % H, C = H * D;
+  const float* q = base + b * T * 3 * C + h * D;
+  transpose<D>(q + C, 3 * C, T, Tp, kt);
+  return {q, q + C, q + 2 * C};
+}
+
 template <int D>
 void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H, bool causal, float* out,
                              float* lse) {
@@ -218,10 +223,7 @@ void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H,
     std::vector<float> kt(D * Tp), s(R * Tp), o(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float* q = base + b * T * 3 * C + h * D;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      transpose<D>(k, 3 * C, T, Tp, kt.data());
+      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, kt.data());
       for (int64_t i0 = 0; i0 < T; i0 += R) {
         const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
         const int64_t nb = (keys + kLane - 1) / kLane;
@@ -257,10 +259,7 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
     std::vector<float> kt(D * Tp), vt(D * Tp), dk(T * D), dv(T * D), p(R * Tp), ds(R * Tp), dq(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float* q = base + b * T * 3 * C + h * D;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      transpose<D>(k, 3 * C, T, Tp, kt.data());
+      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, kt.data());
       transpose<D>(v, 3 * C, T, Tp, vt.data());
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
