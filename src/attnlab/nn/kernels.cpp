@@ -464,23 +464,29 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   });
 }
 
-// out[r] += bias (may be null) and residual[r] (may be null), for the N rows of C.
-void add_rows(float* out, const float* bias, const float* residual, int64_t N, int64_t C) {
-  if (!bias && !residual) return;
+// out = a w^T + bias + residual (either may be null; residual has out's rows). out is filled with
+// bias + residual first and the product accumulated into it: MKL zero-fills the output of a
+// plain product, so adding the bias after would cost that pass and one more.
+void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, const float* bias, const float* residual) {
+  if (!bias && !residual) {
+    at::mm_out(out, a, w.t());
+    return;
+  }
+  const int64_t N = out.size(0), C = out.size(1);
+  float* o = out.data_ptr<float>();
   at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      float* o = out + r * C;
-      if (bias) {
+      float* row = o + r * C;
+      const float* x = residual ? residual + r * C : nullptr;
+      if (bias && x) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) o[c] += bias[c];
-      }
-      if (residual) {
-        const float* x = residual + r * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) o[c] += x[c];
+        for (int64_t c = 0; c < C; ++c) row[c] = bias[c] + x[c];
+      } else {
+        std::copy(bias ? bias : x, (bias ? bias : x) + C, row);
       }
     }
   });
+  at::addmm_out(out, out, a, w.t(), 1, 1);
 }
 
 // out (C,) = the sum of the N rows of a.
@@ -625,21 +631,17 @@ class PreNormBlock {
     layer_norm(x, p[kLn1W].data_ptr<float>(), ptr_or_null(p[kLn1B]), rows, C, eps_, at_row(ln1_, r0),
                mean1_.data_ptr<float>() + r0, rstd1_.data_ptr<float>() + r0);
     at::Tensor qkv = part(qkv_, r0, rows);
-    at::mm_out(qkv, part(ln1_, r0, rows), p[kQkvW].t());
-    add_rows(at_row(qkv_, r0), ptr_or_null(p[kQkvB]), nullptr, rows, 3 * C);
+    product_plus(qkv, part(ln1_, r0, rows), p[kQkvW], ptr_or_null(p[kQkvB]), nullptr);
     attend(b0, b1);
     at::Tensor x2 = part(x2_, r0, rows);
-    at::mm_out(x2, part(att_, r0, rows), p[kOutW].t());
-    add_rows(at_row(x2_, r0), ptr_or_null(p[kOutB]), x, rows, C);
+    product_plus(x2, part(att_, r0, rows), p[kOutW], ptr_or_null(p[kOutB]), x);
     layer_norm(at_row(x2_, r0), p[kLn2W].data_ptr<float>(), ptr_or_null(p[kLn2B]), rows, C, eps_, at_row(ln2_, r0),
                mean2_.data_ptr<float>() + r0, rstd2_.data_ptr<float>() + r0);
     at::Tensor h = part(h_, r0, rows);
-    at::mm_out(h, part(ln2_, r0, rows), p[kFc1W].t());
-    add_rows(at_row(h_, r0), ptr_or_null(p[kFc1B]), nullptr, rows, F);
+    product_plus(h, part(ln2_, r0, rows), p[kFc1W], ptr_or_null(p[kFc1B]), nullptr);
     activation_forward(at_row(h_, r0), at_row(g_, r0), rows * F, act_);
     at::Tensor y2d = part(y.view({B_ * T_, C}), r0, rows);
-    at::mm_out(y2d, part(g_, r0, rows), p[kFc2W].t());
-    add_rows(y2d.data_ptr<float>(), ptr_or_null(p[kFc2B]), at_row(x2_, r0), rows, C);
+    product_plus(y2d, part(g_, r0, rows), p[kFc2W], ptr_or_null(p[kFc2B]), at_row(x2_, r0));
   }
 
   // The backward of sequences [b0, b1): their rows of dx, and their share of each parameter's
