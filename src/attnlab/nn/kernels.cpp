@@ -547,6 +547,35 @@ void by_sequences(int64_t B, const F& f) {
   });
 }
 
+// grads[1 + i] += partial[k - 1][i] for each part k > 0 that ran: every parameter's gradient is the
+// sum over the parts. One pass, split by elements between the threads.
+void add_parts(std::vector<at::Tensor>& grads, const std::vector<std::vector<at::Tensor>>& partial,
+               const std::vector<char>& ran) {
+  std::vector<std::pair<float*, std::vector<const float*>>> sums;
+  std::vector<int64_t> ends;  // cumulative element counts
+  int64_t total = 0;
+  for (int i = 0; i < kParams; ++i) {
+    if (!grads[1 + i].numel()) continue;
+    std::vector<const float*> from;
+    for (size_t k = 1; k < ran.size(); ++k)
+      if (ran[k]) from.push_back(partial[k - 1][i].data_ptr<float>());
+    sums.emplace_back(grads[1 + i].data_ptr<float>(), std::move(from));
+    ends.push_back(total += grads[1 + i].numel());
+  }
+  at::parallel_for(0, total, kElementGrain, [&](int64_t begin, int64_t end) {
+    for (size_t t = 0; t < sums.size(); ++t) {
+      const int64_t start = t ? ends[t - 1] : 0, lo = std::max(begin, start), hi = std::min(end, ends[t]);
+      if (lo >= hi) continue;
+      float* g = sums[t].first - start;
+      for (const float* f : sums[t].second) {
+        f -= start;
+#pragma omp simd
+        for (int64_t e = lo; e < hi; ++e) g[e] += f[e];
+      }
+    }
+  });
+}
+
 class PreNormBlock {
  public:
   PreNormBlock(int64_t n_heads, bool causal, int64_t act, double eps)
@@ -597,10 +626,7 @@ class PreNormBlock {
       backward_part(b0, b1, dy, work, grads[0], out);
       ran[part] = 1;
     });
-    for (size_t k = 1; k < ran.size(); ++k)
-      if (ran[k])
-        for (int i = 0; i < kParams; ++i)
-          if (grads[1 + i].numel()) grads[1 + i].add_(work.partial[k - 1][i]);
+    add_parts(grads, work.partial, ran);
     x_ = at::Tensor();  // one backward per forward
     p_.clear();
     return grads;
