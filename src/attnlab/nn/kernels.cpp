@@ -144,6 +144,11 @@ inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t st
 template <int D, int R>
 inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_t n, float* y) {
   constexpr int V = D / kLane;
+  // The R rows x_r in registers for the whole loop (the compiler cannot keep them there itself:
+  // the stores to y might, as far as it knows, change them).
+  Lanes xr[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < V; ++c) xr[r][c] = load(x[r] + c * kLane);
   for (int64_t j = 0; j < n; ++j) {
     float* yj = y + j * D;
     Lanes acc[V];
@@ -153,7 +158,7 @@ inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_
     for (int r = 0; r < R; ++r) {
       const float wr = w[r * ld + j];
 #pragma GCC unroll 8
-      for (int c = 0; c < V; ++c) acc[c] += wr * load(x[r] + c * kLane);
+      for (int c = 0; c < V; ++c) acc[c] += wr * xr[r][c];
     }
 #pragma GCC unroll 8
     for (int c = 0; c < V; ++c) store(yj + c * kLane, acc[c]);
