@@ -129,6 +129,16 @@ def test_resume_log_drops_rows_written_after_the_checkpoint(tiny_toml, tmp_path)
     assert [int(r["step"]) for r in rows] == [2, 4, 6, 8]
 
 
+def test_resuming_a_finished_run_reports_its_last_evaluation(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    first = train(config(tiny_toml), run_dir, progress=False)
+    again = train(config(tiny_toml), run_dir, resume=True, progress=False)
+    assert again.step == first.step == 8
+    assert not math.isnan(first.val_loss)
+    assert again.val_loss == pytest.approx(first.val_loss, rel=1e-5)  # as recorded (6 digits)
+    assert again.metrics.keys() == first.metrics.keys()
+
+
 def test_resume_refuses_a_different_model(tiny_toml, tmp_path):
     train(config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
     with pytest.raises(CheckpointError, match=r"model config differs.*n_embd: 32 in the run, 64 asked for"):

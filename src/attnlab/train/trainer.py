@@ -150,6 +150,18 @@ class MetricsLog:
             csv.DictWriter(f, METRICS_FIELDS).writerow({k: _fmt(v) for k, v in row.items()})
 
 
+def last_evaluation(path: Path) -> dict[str, float]:
+    """The results of the last evaluation metrics.csv records (val_loss, val_bleu, ...), or {}."""
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        evals = [r for r in csv.DictReader(f) if r["kind"] == "eval"]
+    if not evals:
+        return {}
+    skip = {"step", "kind", "lr", "tokens_per_sec", "elapsed_sec", "skipped_steps"}
+    return {k: float(v) for k, v in evals[-1].items() if k not in skip and v not in ("", None)}
+
+
 def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v
 
@@ -272,7 +284,8 @@ def train(
     guard = StepGuard(tc.max_bad_steps, tc.spike_factor, log)  # skips non-finite steps, warns of spikes
     if resume:
         guard.load_state_dict(state)
-    results: dict[str, float] = {}
+    # A resumed run that has nothing left to train reports what it last measured.
+    results: dict[str, float] = last_evaluation(run_dir / "metrics.csv") if resume else {}
     if step == 0 and tc.max_iters > 0:
         results = evaluate(0)
         metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
