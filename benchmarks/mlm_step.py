@@ -1,0 +1,106 @@
+"""Where a masked-LM pre-training step of the `wikitext2-mlm` shape spends its time on this CPU.
+
+The `wikitext2-mlm` preset's model (4 post-norm layers, d_model 256, FFN 1024, a 16k vocabulary,
+128-token blocks, batch 32) takes full optimizer steps — forward with the loss at the chosen
+positions, backward, clip 1.0, AdamW — on random ids with 40% of positions chosen, as the CPU
+runs of BENCHMARKS.md do. Four variants alternate within every repeat: bf16 autocast (the
+recipe) and fp32, each with dropout 0.1 (the preset) and without (the model in eval mode, the same
+work otherwise). Then a `torch.profiler` table of the recipe's step.
+
+    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--out FILE.json]
+
+Medians over repeats. No data files: the step's cost does not depend on which ids it sees.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.models.bert import Bert, BertConfig
+from attnlab.train.optim import adamw
+
+BATCH, BLOCK, VOCAB, CHOSEN = 32, 128, 16000, 0.4
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=5, help="steps per timing")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    model = Bert(BertConfig(vocab_size=VOCAB, max_len=BLOCK, d_model=256, n_heads=4, n_layers=4, d_ff=1024))
+    optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=torch.device("cpu"))
+    ids = torch.randint(5, VOCAB, (BATCH, BLOCK))
+    chosen = torch.rand(BATCH, BLOCK) < CHOSEN
+    targets = ids[chosen]
+
+    def step(bf16: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(ids, chosen=chosen)
+            loss = F.cross_entropy(logits.float(), targets)  # as attnlab.tasks.mlm does
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    variants = {
+        "bf16, dropout 0.1": (True, True),
+        "bf16, no dropout": (True, False),
+        "fp32, dropout 0.1": (False, True),
+        "fp32, no dropout": (False, False),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for bf16, dropout in variants.values():  # warm-up
+        model.train(dropout)
+        step(bf16)
+    for _ in range(args.repeats):
+        for name, (bf16, dropout) in variants.items():
+            model.train(dropout)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step(bf16)
+            seconds[name].append((time.perf_counter() - start) / args.steps)
+    rows = {
+        name: {"ms_per_step": 1e3 * statistics.median(s), "tokens_per_sec": BATCH * BLOCK / statistics.median(s)}
+        for name, s in seconds.items()
+    }
+    print(f"masked-LM step, {BATCH}x{BLOCK} tokens, {torch.get_num_threads()} threads, medians of {args.repeats}")
+    for name, row in rows.items():
+        print(f"  {name:<20} {row['ms_per_step']:8.0f} ms/step {row['tokens_per_sec']:8,.0f} tokens/s")
+
+    model.train(True)
+    with torch.profiler.profile() as prof:
+        for _ in range(args.steps):
+            step(True)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=45)
+    print(f"\nthe recipe's step (bf16, dropout 0.1), {args.steps} steps:\n{table}")
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "date": date.today().isoformat(),
+                    "machine": platform.processor() or platform.machine(),
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "variants": rows,
+                    "profile": table,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
