@@ -192,6 +192,11 @@ def test_fused_block_declines_what_it_does_not_cover():
         odd_heads(torch.randn(2, 5, 48), causal=True)
     for block in (post, dropout, masked, odd_heads):
         assert block not in kernels._RUNNERS
+    mixed = TransformerBlock(32, 2, 64)
+    mixed.ffn.fc2.bias.data = mixed.ffn.fc2.bias.data.double()  # one parameter not float32
+    with kernels.enabled():
+        assert kernels.pre_norm_block(mixed, x, causal=True) is None
+        assert kernels.pre_norm_block(TransformerBlock(32, 2, 64), x, causal=True) is not None
 
 
 def test_fused_block_refuses_a_backward_after_another_forward():

@@ -146,11 +146,15 @@ class _PreNormBlock(torch.autograd.Function):
 
 
 def _params(block: nn.Module) -> list[torch.Tensor]:
-    """A pre-norm block's parameters in the C++ side's order; an empty tensor for a missing bias."""
-    layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
+    """A pre-norm block's parameters in the C++ side's order; an empty tensor for a missing bias.
+    (Read from the modules' dictionaries: `Module.__getattr__` made this 30 µs a call, ~1% of a
+    4×4×128 training step over its four blocks.)"""
+    mods = block._modules
+    attn, ffn = mods["attn"]._modules, mods["ffn"]._modules
     out = []
-    for layer in layers:
-        out += [layer.weight, layer.bias if layer.bias is not None else _NO_BIAS]
+    for layer in (mods["norm1"], attn["in_proj"], attn["out_proj"], mods["norm2"], ffn["fc1"], ffn["fc2"]):
+        bias = layer._parameters.get("bias")
+        out += [layer._parameters["weight"], bias if bias is not None else _NO_BIAS]
     return out
 
 
@@ -169,12 +173,14 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Ten
         or block.ffn.activation not in ACTIVATION_CODES
         or (block.training and (attn.dropout > 0 or block.dropout.p > 0 or block.ffn.dropout.p > 0))
         or norm1.eps != block.norm2.eps
-        or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in block.parameters())
     ):
+        return None
+    params = _params(block)
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params if p is not _NO_BIAS):
         return None
     key = (attn.n_heads, causal, block.ffn.activation, norm1.eps)
     runner = _RUNNERS.get(block)
     if runner is None or runner.key != key:
         kernel = extension().PreNormBlock(attn.n_heads, causal, ACTIVATION_CODES[block.ffn.activation], norm1.eps)
         runner = _RUNNERS[block] = _Runner(kernel, key)
-    return _PreNormBlock.apply(x.contiguous(), runner, *_params(block))
+    return _PreNormBlock.apply(x.contiguous(), runner, *params)
