@@ -180,12 +180,19 @@ def test_an_unknown_attention_path_is_refused():
         attention_memory_case("flash", 8)
 
 
-def test_quick_fused_decodes_with_the_fused_step(capsys, recwarn):
+def test_quick_fused_trains_with_the_kernels_and_decodes_with_the_fused_step(capsys, recwarn, monkeypatch):
     pytest.importorskip("transformers")
+    from attnlab.nn import kernels
+
+    calls = []
+    apply = kernels._PreNormBlock.apply
+    monkeypatch.setattr(kernels._PreNormBlock, "apply", lambda *a: calls.append(1) or apply(*a))
     result = bench_json(capsys, "--fused")
     assert not [w for w in recwarn if "decoding eagerly" in str(w.message)]  # no fallback to the model
     assert result["fused"] is True and result["compiled"] is False
-    assert all(row["attnlab_tokens_per_sec"] > 0 for row in result["generate"])
+    assert all(row["attnlab_tokens_per_sec"] > 0 for row in result["generate"] + result["train"])
+    if kernels.extension() is not None:
+        assert calls  # the training rows ran attnlab's blocks through the kernels
 
 
 def test_fused_is_a_cpu_step_and_not_with_compile(capsys):
