@@ -6,6 +6,7 @@ modules; a GPT's training steps with the kernels against the same steps without.
 is built once per machine (about a minute; cached by torch.utils.cpp_extension).
 """
 
+import contextlib
 import math
 
 import pytest
@@ -126,28 +127,21 @@ def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, c
     return y.detach(), [x.grad] + [p.grad for p in block.parameters()]
 
 
-@pytest.fixture
-def two_threads():
-    """The suite runs single-threaded (conftest); the kernels split heads and rows between
-    threads, and the fused block gives each thread its own sequences and adds up their parameter
-    gradients: check that too."""
+@contextlib.contextmanager
+def threads(n: int):
+    """n intra-op threads inside the block. The suite runs single-threaded (conftest); the kernels
+    split heads and rows between threads, and the fused block gives each thread its own sequences
+    and adds up their parameter gradients: check that too."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def three_threads():
-    """Three parts (one sequence each, for a batch of 3): two of them in the scratch sums."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)
-    yield
-    torch.set_num_threads(before)
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(
-    "activation, bias, causal, threads",
+    "activation, bias, causal, n_threads",
     [
         ("gelu", True, True, 1),
         ("gelu", False, False, 1),
@@ -157,12 +151,10 @@ def three_threads():
         ("relu", False, False, 1),
         ("gelu_tanh", True, True, 2),
         ("gelu", False, False, 2),
-        ("relu", True, True, 3),
+        ("relu", True, True, 3),  # three parts, one sequence each: two in the scratch sums
     ],
 )
-def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, threads, request):
-    if threads > 1:
-        request.getfixturevalue({2: "two_threads", 3: "three_threads"}[threads])
+def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, n_threads):
     torch.manual_seed(1)
     block = TransformerBlock(64, 2, 256, activation=activation, bias=bias, norm="pre")
     for p in block.parameters():  # away from LayerNorm's 1 and 0, so a wrong parameter shows
@@ -170,7 +162,8 @@ def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, thre
     x, grad = torch.randn(3, 21, 64), torch.randn(3, 21, 64)
     ref, ref_grads = _block_grads(block, x, grad, causal, on=False)
     assert block not in kernels._RUNNERS
-    got, got_grads = _block_grads(block, x, grad, causal, on=True)
+    with threads(n_threads):
+        got, got_grads = _block_grads(block, x, grad, causal, on=True)
     assert block in kernels._RUNNERS  # the fused block ran
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
     names = ["x"] + [n for n, _ in block.named_parameters()]
@@ -219,7 +212,7 @@ def test_enabled_restores_the_previous_setting():
     assert not kernels.is_enabled()
 
 
-def test_gpt_training_steps_with_the_kernels_follow_the_same_losses(two_threads):
+def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
     config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64, activation="gelu_tanh")
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen)
@@ -230,9 +223,9 @@ def test_gpt_training_steps_with_the_kernels_follow_the_same_losses(two_threads)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses[on] = []
         for _ in range(5):
-            with kernels.enabled(on):
+            with threads(2), kernels.enabled(on):
                 _, loss = model(x, y)
-            loss.backward()
+                loss.backward()
             opt.step()
             opt.zero_grad()
             losses[on].append(loss.item())

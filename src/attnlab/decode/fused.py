@@ -33,12 +33,10 @@ from torch import nn
 
 from attnlab.nn import KVCache
 from attnlab.nn.extensions import build
+from attnlab.nn.kernels import ACTIVATION_CODES
 from attnlab.nn.projection import MKLDNN, reordered_weight
 
 T = TypeVar("T")
-
-ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
-"""The C++ side's numbering of the feed-forward activations."""
 
 
 @functools.cache

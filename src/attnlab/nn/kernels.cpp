@@ -1,16 +1,17 @@
 // Training kernels for the CPU, fp32: attnlab.nn.kernels.
 //
-// Two pieces of a small Transformer's training step where PyTorch's CPU operators are far from
+// The parts of a small Transformer's training step where PyTorch's CPU operators are far from
 // what the machine can do (a profile of a 4-layer, 128-wide GPT, block 64, batch 12: the matrix
-// products near the fp32 peak, these two at ~40% of the rest of the step):
+// products near the fp32 peak, everything around them as long again):
 // - GELU and its derivative, elementwise: PyTorch's tanh-GELU runs at ~1 ns an element; here
 //   tanh, erf and exp are polynomials that vectorize (vecmath.h).
 // - Self-attention forward and backward straight from the fused q/k/v projection's output
 //   (B, T, 3C), head h the columns [h*D, (h+1)*D) of each third, to (B, T, C) with the heads
-//   side by side: no head split, no transposes, no copies. Per (sequence, head), queries one at
-//   a time against the keys in a transposed local copy, so every inner loop runs along keys or
-//   along the head dimension in 16-float lanes. The backward recomputes the weights from the
-//   forward's log-sum-exp of each query (as FlashAttention does) instead of storing (T, T).
+//   side by side: no head split, no transposes, no copies. Per (sequence, head), tiles of queries
+//   against the keys in a transposed local copy, so every inner loop runs along keys or along the
+//   head dimension in 16-float registers. The backward recomputes the weights from the forward's
+//   log-sum-exp of each query (as FlashAttention does) instead of storing (T, T).
+// - A whole pre-norm block, forward and backward, in one call each (PreNormBlock, at the end).
 
 #include <torch/extension.h>
 
@@ -24,10 +25,6 @@
 
 namespace {
 
-using attnlab::gelu;
-using attnlab::gelu_grad;
-using attnlab::gelu_tanh;
-using attnlab::gelu_tanh_grad;
 using attnlab::vexp;
 
 constexpr int64_t kElementGrain = 1 << 14;
@@ -36,43 +33,6 @@ void check_float_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-}
-
-at::Tensor gelu_forward(const at::Tensor& x, bool approximate_tanh) {
-  check_float_cpu(x, "x");
-  at::Tensor y = at::empty_like(x);
-  const float* src = x.data_ptr<float>();
-  float* dst = y.data_ptr<float>();
-  at::parallel_for(0, x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    if (approximate_tanh) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dst[i] = gelu_tanh(src[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dst[i] = gelu(src[i]);
-    }
-  });
-  return y;
-}
-
-at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x, bool approximate_tanh) {
-  check_float_cpu(grad, "grad");
-  check_float_cpu(x, "x");
-  TORCH_CHECK(grad.sizes() == x.sizes(), "grad and x must have the same shape");
-  at::Tensor dx = at::empty_like(x);
-  const float* g = grad.data_ptr<float>();
-  const float* src = x.data_ptr<float>();
-  float* dst = dx.data_ptr<float>();
-  at::parallel_for(0, x.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
-    if (approximate_tanh) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dst[i] = g[i] * gelu_tanh_grad(src[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dst[i] = g[i] * gelu_grad(src[i]);
-    }
-  });
-  return dx;
 }
 
 constexpr int kLane = 16;  // floats in one vector
@@ -367,38 +327,36 @@ at::Tensor attention_backward(const at::Tensor& grad_y, const at::Tensor& qkv, c
 
 constexpr int64_t kRowGrain = 16;
 
-// Activation codes, as in attnlab/decode/fused.py.
-enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2 };
-
+// g = act(h) for n elements, split between the threads.
 void activation_forward(const float* h, float* g, int64_t n, int64_t act) {
+  at::parallel_for(0, n, kElementGrain,
+                   [&](int64_t begin, int64_t end) { attnlab::activate(h + begin, g + begin, end - begin, act); });
+}
+
+// dh = dg * act'(h) for n elements (dh may be dg), split between the threads.
+void activation_backward(const float* h, const float* dg, float* dh, int64_t n, int64_t act) {
   at::parallel_for(0, n, kElementGrain, [&](int64_t begin, int64_t end) {
-    if (act == kGelu) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) g[i] = gelu(h[i]);
-    } else if (act == kGeluTanh) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) g[i] = gelu_tanh(h[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) g[i] = h[i] > 0.f ? h[i] : 0.f;
-    }
+    attnlab::activate_backward(h + begin, dg + begin, dh + begin, end - begin, act);
   });
 }
 
-// dh = dg * act'(h), in place in dg.
-void activation_backward(const float* h, float* dg, int64_t n, int64_t act) {
-  at::parallel_for(0, n, kElementGrain, [&](int64_t begin, int64_t end) {
-    if (act == kGelu) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dg[i] *= gelu_grad(h[i]);
-    } else if (act == kGeluTanh) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dg[i] *= gelu_tanh_grad(h[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dg[i] = h[i] > 0.f ? dg[i] : 0.f;
-    }
-  });
+// GELU of x, and its backward, for attnlab.nn.kernels.gelu.
+at::Tensor gelu_forward(const at::Tensor& x, bool approximate_tanh) {
+  check_float_cpu(x, "x");
+  at::Tensor y = at::empty_like(x);
+  activation_forward(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(),
+                     approximate_tanh ? attnlab::kGeluTanh : attnlab::kGelu);
+  return y;
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x, bool approximate_tanh) {
+  check_float_cpu(grad, "grad");
+  check_float_cpu(x, "x");
+  TORCH_CHECK(grad.sizes() == x.sizes(), "grad and x must have the same shape");
+  at::Tensor dx = at::empty_like(x);
+  activation_backward(x.data_ptr<float>(), grad.data_ptr<float>(), dx.data_ptr<float>(), x.numel(),
+                      approximate_tanh ? attnlab::kGeluTanh : attnlab::kGelu);
+  return dx;
 }
 
 // y = LN(x) * w + b over rows of C, keeping each row's mean and 1/std.
@@ -690,7 +648,7 @@ class PreNormBlock {
     at::mm_out(out[kFc2W], dyp.t(), part(g_, r0, rows));
     if (out[kFc2B].numel()) column_sums(dyp.data_ptr<float>(), rows, C, out[kFc2B].data_ptr<float>());
     at::mm_out(dg, dyp, p[kFc2W]);
-    activation_backward(at_row(h_, r0), dg.data_ptr<float>(), rows * F, act_);  // now dh
+    activation_backward(at_row(h_, r0), dg.data_ptr<float>(), dg.data_ptr<float>(), rows * F, act_);  // now dh
     at::mm_out(out[kFc1W], dg.t(), part(ln2_, r0, rows));
     if (out[kFc1B].numel()) column_sums(dg.data_ptr<float>(), rows, F, out[kFc1B].data_ptr<float>());
     at::mm_out(dln, dg, p[kFc1W]);

@@ -112,7 +112,8 @@ def self_attention(qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tenso
 
 
 ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
-"""The C++ side's numbering of the feed-forward activations (as the fused decoding steps')."""
+"""The C++ side's numbering of the feed-forward activations (`attnlab::Activation` in vecmath.h),
+for these kernels and the fused decoding steps."""
 
 
 class _Runner:

@@ -1,6 +1,7 @@
-// Elementwise functions written so that a `#pragma omp simd` loop calling them vectorizes: the
-// C library's tanhf, erff and expf are one scalar call per element. Shared by the training
-// kernels (attnlab/nn/kernels.cpp) and the fused decoding steps (attnlab/decode/fused_step.cpp).
+// Elementwise functions written so that a `#pragma omp simd` loop calling them vectorizes (the
+// C library's tanhf, erff and expf are one scalar call per element), and the activation loops
+// built on them. Shared by the training kernels (attnlab/nn/kernels.cpp) and the fused decoding
+// steps (attnlab/decode/fused_step.cpp).
 #pragma once
 
 #include <algorithm>
@@ -102,6 +103,37 @@ ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
   const float e = vexp(-2.f * std::fabs(u)), r = 1.f / (1.f + e);
   const float t = std::copysign((1.f - e) * r, u), sech2 = 4.f * e * r * r;
   return 0.5f * (1.f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
+}
+
+// The feed-forward activations, numbered as attnlab.nn.kernels.ACTIVATION_CODES.
+enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2 };
+
+// g = act(h) for n elements (g may be h).
+inline void activate(const float* h, float* g, int64_t n, int64_t act) {
+  if (act == kGelu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) g[i] = gelu(h[i]);
+  } else if (act == kGeluTanh) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) g[i] = gelu_tanh(h[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) g[i] = h[i] > 0.f ? h[i] : 0.f;
+  }
+}
+
+// dh = dg * act'(h) for n elements (dh may be dg).
+inline void activate_backward(const float* h, const float* dg, float* dh, int64_t n, int64_t act) {
+  if (act == kGelu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dh[i] = dg[i] * gelu_grad(h[i]);
+  } else if (act == kGeluTanh) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dh[i] = dg[i] * gelu_tanh_grad(h[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dh[i] = h[i] > 0.f ? dg[i] : 0.f;
+  }
 }
 
 }  // namespace attnlab
