@@ -387,6 +387,18 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t N, int64
   });
 }
 
+// out (C,) = the sum of the N rows of a.
+void column_sums(const float* a, int64_t N, int64_t C, float* out) {
+  at::parallel_for(0, C, kLane, [&](int64_t begin, int64_t end) {
+    std::fill(out + begin, out + end, 0.f);
+    for (int64_t r = 0; r < N; ++r) {
+      const float* ar = a + r * C;
+#pragma omp simd
+      for (int64_t c = begin; c < end; ++c) out[c] += ar[c];
+    }
+  });
+}
+
 // dx += the gradient through LN of dy; dw, db (db may be null) = its parameters' gradients.
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w,
                          int64_t N, int64_t C, float* dx, float* dw, float* db) {
@@ -412,19 +424,15 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   // The parameters' gradients are sums down the columns: each thread takes whole columns.
   at::parallel_for(0, C, kLane, [&](int64_t begin, int64_t end) {
     std::fill(dw + begin, dw + end, 0.f);
-    if (db) std::fill(db + begin, db + end, 0.f);
     for (int64_t r = 0; r < N; ++r) {
       const float* dyr = dy + r * C;
       const float* xr = x + r * C;
       const float m = mean[r], s = rstd[r];
 #pragma omp simd
       for (int64_t c = begin; c < end; ++c) dw[c] += dyr[c] * (xr[c] - m) * s;
-      if (db) {
-#pragma omp simd
-        for (int64_t c = begin; c < end; ++c) db[c] += dyr[c];
-      }
     }
   });
+  if (db) column_sums(dy, N, C, db);
 }
 
 // out = a w^T + bias + residual (either may be null; residual has out's rows). out is filled with
@@ -450,18 +458,6 @@ void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, con
     }
   });
   at::addmm_out(out, out, a, w.t(), 1, 1);
-}
-
-// out (C,) = the sum of the N rows of a.
-void column_sums(const float* a, int64_t N, int64_t C, float* out) {
-  at::parallel_for(0, C, kLane, [&](int64_t begin, int64_t end) {
-    std::fill(out + begin, out + end, 0.f);
-    for (int64_t r = 0; r < N; ++r) {
-      const float* ar = a + r * C;
-#pragma omp simd
-      for (int64_t c = begin; c < end; ++c) out[c] += ar[c];
-    }
-  });
 }
 
 // The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
@@ -635,7 +631,7 @@ class PreNormBlock {
 
   // The backward of sequences [b0, b1): their rows of dx, and their share of each parameter's
   // gradient written to `out` (the gradients themselves for the first part, the scratch for the
-  // second).
+  // others).
   void backward_part(int64_t b0, int64_t b1, const at::Tensor& dy, Scratch& work, at::Tensor& dx,
                      std::vector<at::Tensor>& out) {
     const auto& p = p_;

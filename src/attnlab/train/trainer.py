@@ -150,7 +150,7 @@ class MetricsLog:
             csv.DictWriter(f, METRICS_FIELDS).writerow({k: _fmt(v) for k, v in row.items()})
 
 
-def last_evaluation(path: Path) -> dict[str, float]:
+def _last_evaluation(path: Path) -> dict[str, float]:
     """The results of the last evaluation metrics.csv records (val_loss, val_bleu, ...), or {}."""
     if not path.exists():
         return {}
@@ -285,7 +285,7 @@ def train(
     if resume:
         guard.load_state_dict(state)
     # A resumed run that has nothing left to train reports what it last measured.
-    results: dict[str, float] = last_evaluation(run_dir / "metrics.csv") if resume else {}
+    results: dict[str, float] = _last_evaluation(run_dir / "metrics.csv") if resume else {}
     if step == 0 and tc.max_iters > 0:
         results = evaluate(0)
         metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
