@@ -21,9 +21,11 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.device import autocast
 from attnlab.models.bert import Bert, BertConfig
+from attnlab.tasks.mlm import masked_lm_loss
 from attnlab.train.optim import adamw
 
 BATCH, BLOCK, VOCAB, CHOSEN = 32, 128, 16000, 0.4
@@ -38,15 +40,14 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = Bert(BertConfig(vocab_size=VOCAB, max_len=BLOCK, d_model=256, n_heads=4, n_layers=4, d_ff=1024))
-    optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=torch.device("cpu"))
+    cpu = torch.device("cpu")
+    optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu)
     ids = torch.randint(5, VOCAB, (BATCH, BLOCK))
-    chosen = torch.rand(BATCH, BLOCK) < CHOSEN
-    targets = ids[chosen]
+    labels = torch.where(torch.rand(BATCH, BLOCK) < CHOSEN, ids, IGNORE_INDEX)
 
     def step(bf16: bool) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids, chosen=chosen)
-            loss = F.cross_entropy(logits.float(), targets)  # as attnlab.tasks.mlm does
+        with autocast(cpu, "bfloat16" if bf16 else "float32"):  # as the trainer's train.dtype
+            loss = masked_lm_loss(model, ids, labels)  # the trainer's loss for the mlm task
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

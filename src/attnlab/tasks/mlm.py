@@ -164,9 +164,7 @@ class MaskedLM:
 
     def loss(self, model: Bert, batch, device: torch.device, label_smoothing: float = 0.0) -> torch.Tensor:
         inputs, labels = (t.to(device, non_blocking=True) for t in batch)
-        chosen = labels != IGNORE_INDEX
-        logits = self._logits(model, inputs, chosen)
-        return F.cross_entropy(logits.float(), labels[chosen], label_smoothing=label_smoothing)
+        return masked_lm_loss(model, inputs, labels, label_smoothing)
 
     @torch.no_grad()
     def _metrics(self, model: Bert, device: torch.device, split: str, n_blocks: int | None) -> dict[str, float]:
@@ -201,3 +199,13 @@ class MaskedLM:
             f"{split}_ppl": m["ppl"],
             "masked_tokens": m["tokens"],
         }
+
+
+def masked_lm_loss(
+    model: Bert, inputs: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """The pre-training loss: mean cross-entropy at the chosen positions of inputs `(B, T)`, those
+    whose labels `(B, T)` are not IGNORE_INDEX (the vocabulary projection at those alone)."""
+    chosen = labels != IGNORE_INDEX
+    logits = MaskedLM._logits(model, inputs, chosen)
+    return F.cross_entropy(logits.float(), labels[chosen], label_smoothing=label_smoothing)
