@@ -1,10 +1,13 @@
 """Helpers shared by test modules (importable because pyproject puts tests/ on pytest's pythonpath)."""
 
+import csv
 import re
 from html.parser import HTMLParser
 from pathlib import Path
 
 from attnlab.cli import main
+from attnlab.config import merge, parse_overrides, read_toml
+from attnlab.train import RunConfig, resolve
 
 FIXTURE = Path(__file__).parent / "fixtures" / "multi30k"
 SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr")
@@ -18,6 +21,18 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_config(toml: Path, *overrides: str) -> RunConfig:
+    """The run configuration of a TOML file with `section.key=value` overrides, as `attnlab train`
+    builds it."""
+    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
+
+
+def losses(run_dir: Path) -> list[tuple[str, str]]:
+    """(train_loss, val_loss) of each metrics.csv row of a run, as written ("" where a row has none)."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [(r["train_loss"], r["val_loss"]) for r in csv.DictReader(f)]
 
 
 def assert_user_error(result: tuple[int, str, str], *fragments: str) -> None:

@@ -32,30 +32,30 @@ from attnlab.train.checkpoint import (
     read_manifest,
     step_dir,
 )
-from helpers import SST2, assert_user_error, cli, encoder_doc
+from helpers import SST2, assert_user_error, cli, encoder_doc, run_config
 
 FORMAT1 = Path(__file__).parents[1] / "fixtures" / "run-format1"
 
 
-def config(toml: Path, *overrides: str):
-    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
-
-
 def test_keep_last_prunes_the_step_folders_and_the_top_level_is_the_newest(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=8", "train.eval_interval=2", "train.keep_last=2"), run_dir, progress=False)
+    train(
+        run_config(tiny_toml, "train.max_iters=8", "train.eval_interval=2", "train.keep_last=2"),
+        run_dir,
+        progress=False,
+    )
     assert complete_steps(run_dir) == [6, 8]
     assert sorted(p.name for p in (run_dir / CHECKPOINTS).iterdir()) == ["step-000006", "step-000008"]
     assert read_manifest(run_dir) == read_manifest(step_dir(run_dir, 8))
     for name in (WEIGHTS, TRAIN_STATE):  # the same file, not a copy
         assert os.path.samefile(run_dir / name, step_dir(run_dir, 8) / name)
     with pytest.raises(ConfigError, match="keep_last must be >= 1"):
-        config(tiny_toml, "train.keep_last=0")
+        run_config(tiny_toml, "train.keep_last=0")
 
 
 def test_corrupt_weights_in_a_step_folder_are_detected(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=4"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=4"), run_dir, progress=False)
     (run_dir / MANIFEST).unlink()  # so the step folder is what is read
     path = step_dir(run_dir, 4) / WEIGHTS
     data = bytearray(path.read_bytes())
@@ -124,7 +124,7 @@ class Payload:
 @pytest.mark.parametrize("container", ["torch.save", "raw pickle"])
 def test_a_crafted_pickle_in_the_run_folder_is_refused_unrun(tiny_toml, tmp_path, capsys, container):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
-    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
     # The attacker replaces the training state and fixes up both manifests, so checksums pass.
     evil = tmp_path / "evil.pt"
     state = {"step": 2, "optimizer": Payload(marker)}
@@ -149,10 +149,10 @@ def test_a_crafted_pickle_in_the_run_folder_is_refused_unrun(tiny_toml, tmp_path
 def test_resume_before_the_first_checkpoint_starts_over(tiny_toml, tmp_path, capsys):
     """Killed before its first checkpoint, a run has nothing to lose: --resume trains from step 0."""
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=0"), run_dir, progress=False)  # config.toml, no checkpoint
+    train(run_config(tiny_toml, "train.max_iters=0"), run_dir, progress=False)  # config.toml, no checkpoint
     assert (run_dir / "config.toml").exists() and not complete_steps(run_dir)
-    train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
     assert "no complete checkpoint yet" in capsys.readouterr().err
-    train(config(tiny_toml, "train.max_iters=4"), tmp_path / "straight", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=4"), tmp_path / "straight", progress=False)
     a, b = (torch.load(d / TRAIN_STATE, weights_only=True)["optimizer"] for d in (run_dir, tmp_path / "straight"))
     assert all(torch.equal(a["state"][i]["exp_avg"], b["state"][i]["exp_avg"]) for i in a["state"])

@@ -1,23 +1,11 @@
 """The optional torch.compile path of the trainer: it runs where it can, says which path ran, and
 falls back to eager training, with the same result, where compilation is unavailable or breaks."""
 
-import csv
-from pathlib import Path
-
 import pytest
 import torch
 
-from attnlab.config import merge, parse_overrides, read_toml
-from attnlab.train import resolve, train
-
-
-def config(toml: Path, *overrides: str):
-    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
-
-
-def losses(run_dir: Path) -> list[tuple[str, str]]:
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [(r["train_loss"], r["val_loss"]) for r in csv.DictReader(f)]
+from attnlab.train import train
+from helpers import losses, run_config
 
 
 class BrokenCompile(torch.nn.Module):
@@ -33,8 +21,8 @@ class BrokenCompile(torch.nn.Module):
 
 
 def test_compile_runs_and_learns_like_eager(tiny_toml, tmp_path, capsys):
-    result = train(config(tiny_toml, "train.compile=true"), tmp_path / "compiled", progress=False)
-    eager = train(config(tiny_toml), tmp_path / "eager", progress=False)
+    result = train(run_config(tiny_toml, "train.compile=true"), tmp_path / "compiled", progress=False)
+    eager = train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     assert result.compiled and not eager.compiled
     assert "torch.compile: on" in capsys.readouterr().err
     # Fused kernels round differently; the runs must still agree closely.
@@ -43,9 +31,9 @@ def test_compile_runs_and_learns_like_eager(tiny_toml, tmp_path, capsys):
 
 
 def test_a_compiler_failure_falls_back_to_eager_with_the_same_losses(tiny_toml, tmp_path, monkeypatch, capsys):
-    eager = train(config(tiny_toml), tmp_path / "eager", progress=False)
+    eager = train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     monkeypatch.setattr(torch, "compile", BrokenCompile)
-    result = train(config(tiny_toml, "train.compile=true"), tmp_path / "fallback", progress=False)
+    result = train(run_config(tiny_toml, "train.compile=true"), tmp_path / "fallback", progress=False)
     err = capsys.readouterr().err
     assert (
         "torch.compile failed (RuntimeError: backend compiler failed: no C++ compiler found); training without it"
@@ -61,7 +49,7 @@ def test_no_compile_at_all_is_said_once(tiny_toml, tmp_path, monkeypatch, capsys
         raise RuntimeError("Python 3.14+ is not supported by torch.compile")
 
     monkeypatch.setattr(torch, "compile", unavailable)
-    result = train(config(tiny_toml, "train.compile=true"), tmp_path / "run", progress=False)
+    result = train(run_config(tiny_toml, "train.compile=true"), tmp_path / "run", progress=False)
     assert capsys.readouterr().err.count("torch.compile: not available here; training without it") == 1
     assert not result.compiled and result.step > 0
 
@@ -74,4 +62,4 @@ def test_a_real_error_is_not_hidden_by_the_fallback(tiny_toml, tmp_path, monkeyp
 
     monkeypatch.setattr(LanguageModeling, "loss", staticmethod(bad_loss))
     with pytest.raises(ValueError, match="do not match"):
-        train(config(tiny_toml, "train.compile=true"), tmp_path / "run", progress=False)
+        train(run_config(tiny_toml, "train.compile=true"), tmp_path / "run", progress=False)

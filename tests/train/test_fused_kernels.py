@@ -2,24 +2,11 @@
 says so, and trains as without them; where they cannot be built it says that and trains with
 PyTorch's operators."""
 
-import csv
-from pathlib import Path
-
 import pytest
 
-from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.nn import kernels
-from attnlab.train import resolve, train
-
-
-def config(toml: Path, *overrides: str):
-    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
-
-
-def losses(run_dir: Path) -> list[tuple[str, str]]:
-    """(train_loss, val_loss) of each metrics row, as written ("" where a row has none)."""
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [(r["train_loss"], r["val_loss"]) for r in csv.DictReader(f)]
+from attnlab.train import train
+from helpers import losses, run_config
 
 
 @pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
@@ -27,8 +14,8 @@ def test_fused_kernels_train_like_pytorchs_operators(tiny_toml, tmp_path, monkey
     calls = []
     apply = kernels._PreNormBlock.apply
     monkeypatch.setattr(kernels._PreNormBlock, "apply", lambda *a: calls.append(1) or apply(*a))
-    fused = train(config(tiny_toml, "train.fused_kernels=true"), tmp_path / "fused", progress=False)
-    eager = train(config(tiny_toml), tmp_path / "eager", progress=False)
+    fused = train(run_config(tiny_toml, "train.fused_kernels=true"), tmp_path / "fused", progress=False)
+    eager = train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     assert fused.fused_kernels and not eager.fused_kernels
     assert "attnlab's C++ kernels: on" in capsys.readouterr().err
     assert len(calls) == 2 * 8  # both blocks, every training step (evaluation runs PyTorch's)
@@ -39,9 +26,9 @@ def test_fused_kernels_train_like_pytorchs_operators(tiny_toml, tmp_path, monkey
 
 
 def test_without_a_build_the_trainer_says_so_and_uses_pytorch(tiny_toml, tmp_path, monkeypatch, capsys):
-    train(config(tiny_toml), tmp_path / "eager", progress=False)
+    train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     monkeypatch.setattr(kernels, "extension", lambda: None)
-    result = train(config(tiny_toml, "train.fused_kernels=true"), tmp_path / "unbuilt", progress=False)
+    result = train(run_config(tiny_toml, "train.fused_kernels=true"), tmp_path / "unbuilt", progress=False)
     assert capsys.readouterr().err.count("attnlab's C++ kernels: not built here; PyTorch's operators instead") == 1
     assert not result.fused_kernels
     assert losses(tmp_path / "unbuilt") == losses(tmp_path / "eager")

@@ -7,17 +7,13 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
-from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.errors import CheckpointError, UserError
 from attnlab.models import GPT, GPTConfig
-from attnlab.train import resolve, train
+from attnlab.train import train
 from attnlab.train.checkpoint import BEST_WEIGHTS, TRAIN_STATE, WEIGHTS
 from attnlab.train.optim import param_groups
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
-
-
-def config(toml: Path, *overrides: str):
-    return resolve(merge(read_toml(toml), parse_overrides(list(overrides))))
+from helpers import run_config
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -66,7 +62,9 @@ def test_weight_decay_only_on_linear_matrices():
 
 
 def test_training_lowers_the_loss_and_writes_a_complete_run(tiny_toml, tmp_path):
-    result = train(config(tiny_toml, "train.max_iters=30", "train.eval_interval=10"), tmp_path / "run", progress=False)
+    result = train(
+        run_config(tiny_toml, "train.max_iters=30", "train.eval_interval=10"), tmp_path / "run", progress=False
+    )
     run_dir = tmp_path / "run"
     for name in (
         "config.toml",
@@ -88,8 +86,8 @@ def test_training_lowers_the_loss_and_writes_a_complete_run(tiny_toml, tmp_path)
 
 
 def test_same_config_twice_gives_the_same_losses(tiny_toml, tmp_path):
-    train(config(tiny_toml), tmp_path / "a", progress=False)
-    train(config(tiny_toml), tmp_path / "b", progress=False)
+    train(run_config(tiny_toml), tmp_path / "a", progress=False)
+    train(run_config(tiny_toml), tmp_path / "b", progress=False)
     losses = [[(r["train_loss"], r["val_loss"]) for r in metric_rows(tmp_path / d)] for d in ("a", "b")]
     assert losses[0] == losses[1]
     for name, t in weights(tmp_path / "a").items():
@@ -99,9 +97,9 @@ def test_same_config_twice_gives_the_same_losses(tiny_toml, tmp_path):
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_resume_is_bit_identical_to_training_straight_through(tiny_toml, tmp_path, dropout):
     common = [f"model.dropout={dropout}", "train.lr_decay_iters=16", "train.gradient_accumulation_steps=2"]
-    train(config(tiny_toml, "train.max_iters=16", *common), tmp_path / "straight", progress=False)
-    train(config(tiny_toml, "train.max_iters=8", *common), tmp_path / "split", progress=False)
-    train(config(tiny_toml, "train.max_iters=16", *common), tmp_path / "split", resume=True, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=16", *common), tmp_path / "straight", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=8", *common), tmp_path / "split", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=16", *common), tmp_path / "split", resume=True, progress=False)
     straight, split = weights(tmp_path / "straight"), weights(tmp_path / "split")
     assert straight.keys() == split.keys()
     for name in straight:
@@ -112,18 +110,18 @@ def test_resume_is_bit_identical_to_training_straight_through(tiny_toml, tmp_pat
 
 
 def test_max_iters_does_not_change_the_schedule_when_lr_decay_iters_is_set(tiny_toml, tmp_path):
-    train(config(tiny_toml, "train.max_iters=4", "train.lr_decay_iters=8"), tmp_path / "short", progress=False)
-    train(config(tiny_toml, "train.max_iters=8", "train.lr_decay_iters=8"), tmp_path / "long", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=4", "train.lr_decay_iters=8"), tmp_path / "short", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=8", "train.lr_decay_iters=8"), tmp_path / "long", progress=False)
     lr = {d: {r["step"]: r["lr"] for r in metric_rows(tmp_path / d) if r["kind"] == "train"} for d in ("short", "long")}
     assert lr["short"] == {k: v for k, v in lr["long"].items() if int(k) <= 4}
 
 
 def test_resume_log_drops_rows_written_after_the_checkpoint(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=4"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=4"), run_dir, progress=False)
     with open(run_dir / "metrics.csv", "a", newline="") as f:
         f.write("6,train,9.9,,0.001,1,1\n")  # as if the run died after logging step 6
-    train(config(tiny_toml, "train.max_iters=8"), run_dir, resume=True, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=8"), run_dir, resume=True, progress=False)
     rows = [r for r in metric_rows(run_dir) if r["kind"] == "train"]
     assert "9.9" not in [r["train_loss"] for r in rows]
     assert [int(r["step"]) for r in rows] == [2, 4, 6, 8]
@@ -131,8 +129,8 @@ def test_resume_log_drops_rows_written_after_the_checkpoint(tiny_toml, tmp_path)
 
 def test_resuming_a_finished_run_reports_its_last_evaluation(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    first = train(config(tiny_toml), run_dir, progress=False)
-    again = train(config(tiny_toml), run_dir, resume=True, progress=False)
+    first = train(run_config(tiny_toml), run_dir, progress=False)
+    again = train(run_config(tiny_toml), run_dir, resume=True, progress=False)
     assert again.step == first.step == 8
     assert not math.isnan(first.val_loss)
     assert again.val_loss == pytest.approx(first.val_loss, rel=1e-5)  # as recorded (6 digits)
@@ -140,54 +138,54 @@ def test_resuming_a_finished_run_reports_its_last_evaluation(tiny_toml, tmp_path
 
 
 def test_resume_refuses_a_different_model(tiny_toml, tmp_path):
-    train(config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
     with pytest.raises(CheckpointError, match=r"model config differs.*n_embd: 32 in the run, 64 asked for"):
-        train(config(tiny_toml, "model.n_embd=64"), tmp_path / "run", resume=True, progress=False)
+        train(run_config(tiny_toml, "model.n_embd=64"), tmp_path / "run", resume=True, progress=False)
 
 
 def test_fresh_run_refuses_an_existing_run_folder(tiny_toml, tmp_path):
-    train(config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
     before = (tmp_path / "run" / WEIGHTS).read_bytes()
     with pytest.raises(UserError, match="already holds a run; pass --resume"):
-        train(config(tiny_toml), tmp_path / "run", progress=False)
+        train(run_config(tiny_toml), tmp_path / "run", progress=False)
     assert (tmp_path / "run" / WEIGHTS).read_bytes() == before
 
 
 def test_resume_without_a_run_is_an_error(tiny_toml, tmp_path):
     with pytest.raises(CheckpointError, match="holds no run"):
-        train(config(tiny_toml), tmp_path / "empty", resume=True, progress=False)
+        train(run_config(tiny_toml), tmp_path / "empty", resume=True, progress=False)
 
 
 def test_corrupt_weights_are_detected(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
     data = bytearray((run_dir / WEIGHTS).read_bytes())
     data[-10] ^= 0xFF
     (run_dir / WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
         load(run_dir)
     with pytest.raises(CheckpointError, match="corrupt"):
-        train(config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
+        train(run_config(tiny_toml, "train.max_iters=4"), run_dir, resume=True, progress=False)
 
 
 def test_language_model_runs_keep_no_best_checkpoint(tiny_toml, tmp_path):
     """The LM's in-training loss is an estimate on random batches: too noisy to pick a "best" by."""
     run_dir = tmp_path / "run"
-    result = train(config(tiny_toml, "train.max_iters=12"), run_dir, progress=False)
+    result = train(run_config(tiny_toml, "train.max_iters=12"), run_dir, progress=False)
     assert not (run_dir / BEST_WEIGHTS).exists() and result.best is None
     assert load(run_dir).step == 12 == load(run_dir, checkpoint="last").step
 
 
 def test_train_state_holds_only_tensors_and_plain_containers(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
     state = torch.load(run_dir / TRAIN_STATE, weights_only=True)
     assert state["step"] == 2 and set(state) >= {"optimizer", "batch_rng", "torch_rng"}
 
 
 def test_saved_and_loaded_model_give_identical_logits(tiny_toml, tmp_path):
     run_dir = tmp_path / "run"
-    train(config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
+    train(run_config(tiny_toml, "train.max_iters=2"), run_dir, progress=False)
     run = load(run_dir)
     again = load(run_dir)
     idx = torch.randint(0, run.config.model.vocab_size, (2, 16))
@@ -200,12 +198,12 @@ def test_short_corpus_is_a_clear_error(tmp_path, tiny_toml):
     short = tmp_path / "short.txt"
     short.write_text("To be, or not to be: that is the question.\n" * 2)
     with pytest.raises(UserError, match="fewer than one block"):
-        train(config(tiny_toml, f'data.path="{short.as_posix()}"'), tmp_path / "run", progress=False)
+        train(run_config(tiny_toml, f'data.path="{short.as_posix()}"'), tmp_path / "run", progress=False)
 
 
 def test_bpe_corpus_trains(tiny_toml, tmp_path):
     result = train(
-        config(tiny_toml, 'data.tokenizer="bpe"', "data.vocab_size=300", "train.max_iters=2"),
+        run_config(tiny_toml, 'data.tokenizer="bpe"', "data.vocab_size=300", "train.max_iters=2"),
         tmp_path / "run",
         progress=False,
     )
