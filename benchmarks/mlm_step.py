@@ -5,9 +5,11 @@ The `wikitext2-mlm` preset's model (4 post-norm layers, d_model 256, FFN 1024, a
 positions, backward, clip 1.0, AdamW — on random ids with 40% of positions chosen, as the CPU
 runs of BENCHMARKS.md do. Four variants alternate within every repeat: bf16 autocast (the
 recipe) and fp32, each with dropout 0.1 (the preset) and without (the model in eval mode, the same
-work otherwise). Then a `torch.profiler` table of the recipe's step.
+work otherwise). With --compile, a fifth: bf16 without dropout through torch.compile, as the
+trainer's train.compile runs it (compiled at the warm-up step, untimed). Then a `torch.profiler`
+table of the recipe's step.
 
-    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--out FILE.json]
+    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--compile] [--out FILE.json]
 
 Medians over repeats. No data files: the step's cost does not depend on which ids it sees.
 """
@@ -35,6 +37,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="steps per timing")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="add bf16 without dropout through torch.compile")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
 
@@ -45,9 +48,11 @@ def main() -> None:
     ids = torch.randint(5, VOCAB, (BATCH, BLOCK))
     labels = torch.where(torch.rand(BATCH, BLOCK) < CHOSEN, ids, IGNORE_INDEX)
 
-    def step(bf16: bool) -> None:
+    compiled = torch.compile(model) if args.compile else model  # shares the parameters
+
+    def step(bf16: bool, compile: bool = False) -> None:
         with autocast(cpu, "bfloat16" if bf16 else "float32"):  # as the trainer's train.dtype
-            loss = masked_lm_loss(model, ids, labels)  # the trainer's loss for the mlm task
+            loss = masked_lm_loss(compiled if compile else model, ids, labels)  # the trainer's mlm loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -59,16 +64,18 @@ def main() -> None:
         "fp32, dropout 0.1": (False, True),
         "fp32, no dropout": (False, False),
     }
+    if args.compile:
+        variants["bf16, no dropout, compiled"] = (True, False, True)
     seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for bf16, dropout in variants.values():  # warm-up
+    for bf16, dropout, *compile in variants.values():  # warm-up (and compilation)
         model.train(dropout)
-        step(bf16)
+        step(bf16, *compile)
     for _ in range(args.repeats):
-        for name, (bf16, dropout) in variants.items():
+        for name, (bf16, dropout, *compile) in variants.items():
             model.train(dropout)
             start = time.perf_counter()
             for _ in range(args.steps):
-                step(bf16)
+                step(bf16, *compile)
             seconds[name].append((time.perf_counter() - start) / args.steps)
     rows = {
         name: {"ms_per_step": 1e3 * statistics.median(s), "tokens_per_sec": BATCH * BLOCK / statistics.median(s)}
@@ -94,6 +101,7 @@ def main() -> None:
                     "torch": torch.__version__,
                     "steps": args.steps,
                     "repeats": args.repeats,
+                    "compile": args.compile,
                     "variants": rows,
                     "profile": table,
                 },
