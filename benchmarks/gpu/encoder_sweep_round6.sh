@@ -3,18 +3,12 @@
 # steps) at the step counts a CPU hour holds (3,000 - 4,000), a second seed, a higher peak rate;
 # SST-2 fine-tuned gently (lr 2e-4, 2,000 steps: 0.845 - 0.847 in round 5) from each, and from
 # scratch with the same budget. Results in $RES (default /tmp/sweep6).
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-D=$PWD/.gpu/data; R=/tmp/runs6; RES=${RES:-/tmp/sweep6}; L=$RES/logs; mkdir -p $R $L
-T0=$(date +%s); stamp() { echo "$1 at $(( $(date +%s) - T0 )) s" >> $RES/progress.txt; }
-A() { timeout 600 python3 -m attnlab "$@" --quiet --set 'train.dtype="bfloat16"' --set 'train.device="cuda"'; }
-E() { python3 -m attnlab eval "$1" --split $2 --json --device cuda > $L/$(basename $1).test.json 2>>$L/$(basename $1).log; }
+R=/tmp/runs6; RES=${RES:-/tmp/sweep6}; RUN_LIMIT=600
+source benchmarks/gpu/sweep_common.sh
+SST+=(--set train.max_iters=2000 --set train.learning_rate=2e-4)
+export OMP_NUM_THREADS=1
 mlm() { n=$1; s=$2; shift 2; A train wikitext2-mlm --data-dir $D/wikitext-2 --out $R/$n --set train.max_iters=$s \
   --set train.eval_interval=500 --set data.mask_prob=0.4 --set model.dropout=0.0 "$@" > $L/$n.log 2>&1; }
-UD=(--data-dir $D/ud-english-ewt --set train.eval_interval=200)
-ud() { n=$1; shift; A train ud-pos "${UD[@]}" --out $R/$n "$@" > $L/$n.log 2>&1; E $R/$n test; }
-SST=(--data-dir $D/sst2 --set train.eval_interval=200 --set train.warmup_iters=100 --set train.max_iters=2000 --set train.learning_rate=2e-4)
-sst() { n=$1; shift; A train sst2 "${SST[@]}" --out $R/$n "$@" > $L/$n.log 2>&1; E $R/$n dev; }
 LR1=(--set train.learning_rate=1e-3)
 mlm n3k 3000 "${LR1[@]}" &
 mlm n3500 3500 "${LR1[@]}" &
@@ -33,5 +27,4 @@ done
 ud u-n4k-ft2 --init-from $R/n4k --set train.seed=2 &
 sst s-n4k-ft2 --init-from $R/n4k --set train.seed=2 &
 wait; stamp "fine-tuning done"
-for r in $R/*; do cp $r/metrics.csv $L/$(basename $r).metrics.csv 2>/dev/null; done
-stamp done; touch $RES/done
+finish

@@ -2,16 +2,10 @@
 # Issue 4, round 7: fine-tuning settings on the new preset's encoder (4,000 steps, no dropout, peak
 # 1e-3; UD 0.9443 - 0.9454 with the table's fine-tuning in rounds 5-6), two seeds each; SST-2 from
 # scratch at the rate the CPU chain uses (5e-4, 2,000 steps). Results in $RES (default /tmp/sweep7).
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-D=$PWD/.gpu/data; R=/tmp/runs7; RES=${RES:-/tmp/sweep7}; L=$RES/logs; mkdir -p $R $L
-T0=$(date +%s); stamp() { echo "$1 at $(( $(date +%s) - T0 )) s" >> $RES/progress.txt; }
-A() { timeout 500 python3 -m attnlab "$@" --quiet --set 'train.dtype="bfloat16"' --set 'train.device="cuda"'; }
-E() { python3 -m attnlab eval "$1" --split $2 --json --device cuda > $L/$(basename $1).test.json 2>>$L/$(basename $1).log; }
-UD=(--data-dir $D/ud-english-ewt --set train.eval_interval=200)
-ud() { n=$1; shift; A train ud-pos "${UD[@]}" --out $R/$n "$@" > $L/$n.log 2>&1; E $R/$n test; }
-SST=(--data-dir $D/sst2 --set train.eval_interval=200 --set train.warmup_iters=100 --set train.max_iters=2000)
-sst() { n=$1; shift; A train sst2 "${SST[@]}" --out $R/$n "$@" > $L/$n.log 2>&1; E $R/$n dev; }
+R=/tmp/runs7; RES=${RES:-/tmp/sweep7}; RUN_LIMIT=500
+source benchmarks/gpu/sweep_common.sh
+SST+=(--set train.max_iters=2000)
+export OMP_NUM_THREADS=1
 A train wikitext2-mlm --data-dir $D/wikitext-2 --out $R/p > $L/p.log 2>&1 &   # the preset as it is now
 for s in 1 2; do
   sst s-scratch-lr5e-4-s$s --set train.seed=$s &
@@ -33,5 +27,4 @@ for s in 1 2; do
   sst s-lr1e-4-s$s "${I[@]}" "${S[@]}" --set train.learning_rate=1e-4 &
 done
 wait; stamp "fine-tuning done"
-for r in $R/*; do cp $r/metrics.csv $L/$(basename $r).metrics.csv 2>/dev/null; done
-stamp done; touch $RES/done
+finish
