@@ -9,7 +9,10 @@ work otherwise). With --compile, a fifth: bf16 without dropout through torch.com
 trainer's train.compile runs it (compiled at the warm-up step, untimed). Then a `torch.profiler`
 table of the recipe's step.
 
-    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--compile] [--out FILE.json]
+    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--compile] [--vocab 16000] [--out FILE.json]
+
+--vocab sets the vocabulary size (the preset's 16k by default): the masked-LM head's products and
+log-softmax scale with it.
 
 Medians over repeats. No data files: the step's cost does not depend on which ids it sees.
 """
@@ -30,22 +33,23 @@ from attnlab.models.bert import Bert, BertConfig
 from attnlab.tasks.mlm import masked_lm_loss
 from attnlab.train.optim import adamw
 
-BATCH, BLOCK, VOCAB, CHOSEN = 32, 128, 16000, 0.4
+BATCH, BLOCK, CHOSEN = 32, 128, 0.4
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="steps per timing")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--vocab", type=int, default=16000, help="vocabulary size (the preset's: 16000)")
     p.add_argument("--compile", action="store_true", help="add bf16 without dropout through torch.compile")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
 
     torch.manual_seed(0)
-    model = Bert(BertConfig(vocab_size=VOCAB, max_len=BLOCK, d_model=256, n_heads=4, n_layers=4, d_ff=1024))
+    model = Bert(BertConfig(vocab_size=args.vocab, max_len=BLOCK, d_model=256, n_heads=4, n_layers=4, d_ff=1024))
     cpu = torch.device("cpu")
     optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu)
-    ids = torch.randint(5, VOCAB, (BATCH, BLOCK))
+    ids = torch.randint(5, args.vocab, (BATCH, BLOCK))
     labels = torch.where(torch.rand(BATCH, BLOCK) < CHOSEN, ids, IGNORE_INDEX)
 
     compiled = torch.compile(model) if args.compile else model  # shares the parameters
@@ -102,6 +106,7 @@ def main() -> None:
                     "steps": args.steps,
                     "repeats": args.repeats,
                     "compile": args.compile,
+                    "vocab": args.vocab,
                     "variants": rows,
                     "profile": table,
                 },

@@ -1,0 +1,83 @@
+"""Where attnlab's GPT training step of `attnlab bench` spends its time on this CPU.
+
+The bench's training case (shape, block, batch: 4x4x128, 64, 12 by default) as `attnlab bench`
+steps it (forward with the loss, backward, clip 1.0, AdamW), optionally through attnlab's C++
+kernels (`--fused`, as `attnlab bench --fused`). Prints ms per step (the median of a few timed
+runs) and a `torch.profiler` table, and with --out writes both as JSON, with the step split into
+the matrix products, the C++ blocks' own loops, and everything else.
+
+    python benchmarks/train_step_profile.py [--shape 4x4x128] [--block 64] [--batch 12] [--fused] [--out FILE.json]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from attnlab import bench
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")
+BLOCK_KERNELS = ("_PreNormBlock", "_PreNormBlockBackward")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="4x4x128", choices=sorted(bench.SHAPES))
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--fused", action="store_true", help="through attnlab's C++ kernels")
+    p.add_argument("--steps", type=int, default=20, help="steps per timing and in the profile")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args()
+
+    cpu = torch.device("cpu")
+    case = bench.TrainCase(args.shape, args.block, args.batch)
+    model = bench.build_models(args.shape, args.block, cpu, None)["attnlab"]
+    step = bench._train_step("attnlab", model, case, cpu, fused=args.fused)
+    for _ in range(5):  # warm-up: the kernels' build or load, allocator growth
+        step()
+    timings = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        timings.append((time.perf_counter() - start) / args.steps)
+    ms = 1e3 * statistics.median(timings)
+
+    with torch.profiler.profile() as prof:
+        for _ in range(args.steps):
+            step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+
+    def share(names: tuple[str, ...]) -> float:
+        return sum(e.self_cpu_time_total for e in events if e.key in names) / total
+
+    split = {"products": share(PRODUCTS), "block_kernels": share(BLOCK_KERNELS)}
+    split["rest"] = 1.0 - split["products"] - split["block_kernels"]
+    table = events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=45)
+    print(f"{args.shape} block {args.block} batch {args.batch}, fused={args.fused}, {torch.get_num_threads()} threads")
+    print(f"{ms:.2f} ms/step (median of 5 x {args.steps})")
+    print("share of the profiled CPU time: " + ", ".join(f"{k} {v:.1%}" for k, v in split.items()))
+    print(table)
+    if args.out:
+        result = {
+            "date": date.today().isoformat(),
+            "machine": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "case": vars(args) | {"out": str(args.out)},
+            "ms_per_step": ms,
+            "split": split,
+            "profile": table,
+        }
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
