@@ -13,7 +13,7 @@ from attnlab.train import train
 from attnlab.train.checkpoint import BEST_WEIGHTS, TRAIN_STATE, WEIGHTS
 from attnlab.train.optim import param_groups
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
-from helpers import run_config
+from helpers import losses, run_config
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -88,8 +88,7 @@ def test_training_lowers_the_loss_and_writes_a_complete_run(tiny_toml, tmp_path)
 def test_same_config_twice_gives_the_same_losses(tiny_toml, tmp_path):
     train(run_config(tiny_toml), tmp_path / "a", progress=False)
     train(run_config(tiny_toml), tmp_path / "b", progress=False)
-    losses = [[(r["train_loss"], r["val_loss"]) for r in metric_rows(tmp_path / d)] for d in ("a", "b")]
-    assert losses[0] == losses[1]
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
     for name, t in weights(tmp_path / "a").items():
         assert torch.equal(t, weights(tmp_path / "b")[name]), name
 
