@@ -9,10 +9,11 @@
 # SKIP_MLM=1 runs stage 2 alone, on a finished runs/wikitext2-mlm; UD_SCRATCH=0 leaves out the
 # from-scratch tagger (its recipe has not changed since the table's run).
 # NORM=pre: every encoder pre-norm (model.norm = "pre"; BERT's own order is the default, post),
-# run folders and logs suffixed -prenorm. MLM_STEPS: pre-training steps (default: the preset's 4000).
+# run folders and logs suffixed -prenorm. MLM_STEPS: pre-training steps (default: the preset's).
 set -euo pipefail
 DATA=${1:-../shared/data}; RUNS=${2:-runs}; LOGS=${3:-logs}
-NORM=${NORM:-post}; MLM_STEPS=${MLM_STEPS:-4000}
+NORM=${NORM:-post}
+STEPS=(); [ -n "${MLM_STEPS:-}" ] && STEPS=(--set train.max_iters="$MLM_STEPS")
 SUFFIX=""; ARCH=()
 if [ "$NORM" = pre ]; then SUFFIX=-prenorm; ARCH=(--set 'model.norm="pre"'); fi
 mkdir -p "$RUNS" "$LOGS"
@@ -25,8 +26,7 @@ SST=(--data-dir "$DATA/sst2" --set train.max_iters=2000 --set train.eval_interva
 
 if [ "${SKIP_MLM:-}" != 1 ]; then
 OMP_NUM_THREADS=2 "${NICE[@]}" attnlab train wikitext2-mlm --data-dir "$DATA/wikitext-2" --out "$RUNS/wikitext2-mlm$SUFFIX" \
-  --set train.max_iters="$MLM_STEPS" --quiet "${BF16[@]}" \
-  "${ARCH[@]}" > "$LOGS/encoders-mlm$SUFFIX.log" 2>&1
+  "${STEPS[@]}" --quiet "${BF16[@]}" "${ARCH[@]}" > "$LOGS/encoders-mlm$SUFFIX.log" 2>&1
 fi
 
 export OMP_NUM_THREADS=1
