@@ -13,7 +13,6 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from datetime import date
 from pathlib import Path
 
@@ -41,13 +40,7 @@ def main() -> None:
     step = bench._train_step("attnlab", model, case, cpu, fused=args.fused)
     for _ in range(5):  # warm-up: the kernels' build or load, allocator growth
         step()
-    timings = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        timings.append((time.perf_counter() - start) / args.steps)
-    ms = 1e3 * statistics.median(timings)
+    ms = 1e3 * statistics.median(bench._seconds_per_call(step, args.steps, cpu) for _ in range(5))  # as the bench times
 
     with torch.profiler.profile() as prof:
         for _ in range(args.steps):
