@@ -1,9 +1,12 @@
 """Helpers shared by test modules (importable because pyproject puts tests/ on pytest's pythonpath)."""
 
+import contextlib
 import csv
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+
+import torch
 
 from attnlab.cli import main
 from attnlab.config import merge, parse_overrides, read_toml
@@ -299,3 +302,17 @@ def read_page(path) -> Page:
     assert page.doctype.lower() == "doctype html"
     assert EXTERNAL.search(text) is None, EXTERNAL.search(text)
     return page
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """n intra-op threads inside the block. The suite runs single-threaded (conftest); attnlab's C++
+    kernels share their work between threads (the fused block gives each thread its own sequences
+    and adds up their parameter gradients; the optimizer step, chunks of the parameters): tests
+    check that too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

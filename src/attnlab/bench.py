@@ -43,6 +43,7 @@ from attnlab.decode import greedy
 from attnlab.device import autocast
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn import causal_mask, kernels, scaled_dot_product_attention
+from attnlab.train.guards import grad_norm
 from attnlab.train.optim import adamw
 
 SHAPES = {
@@ -276,8 +277,10 @@ def _train_step(
     """One full optimizer step on a fixed random batch: forward, backward, clip, AdamW; attnlab's
     forward through torch.compile with `compile` (the trainer's train.compile), or its blocks
     through attnlab's C++ kernels with `fused` (train.fused_kernels)."""
-    # The trainer's optimizer for both peers (fused AdamW where this build has the kernel).
-    opt = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device)
+    # The trainer's optimizer for both peers: PyTorch's fused AdamW (where this build has it), or
+    # with `fused` attnlab's ClippingAdamW for attnlab, as train.fused_kernels runs it.
+    kernel = fused and name == "attnlab"
+    opt = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device, kernel=kernel)
     x = torch.randint(0, VOCAB, (case.batch, case.block), device=device)
     y = torch.randint(0, VOCAB, (case.batch, case.block), device=device)
     precision = "bfloat16" if device.type == "cuda" else "float32"
@@ -285,13 +288,13 @@ def _train_step(
     forward = torch.compile(model) if compile and name == "attnlab" else model
 
     def step() -> None:
-        with autocast(device, precision), kernels.enabled(fused and name == "attnlab"):
+        with autocast(device, precision), kernels.enabled(kernel):
             if name == "attnlab":
                 _, loss = forward(x, y)
             else:
                 loss = model(input_ids=x, labels=y).loss  # shifts the labels inside: same work per token
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        grad_norm(model, 1.0, opt)  # torch.nn.utils.clip_grad_norm_ but for ClippingAdamW
         opt.step()
         opt.zero_grad(set_to_none=True)
 

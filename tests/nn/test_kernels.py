@@ -6,7 +6,6 @@ modules; a GPT's training steps with the kernels against the same steps without.
 is built once per machine (about a minute; cached by torch.utils.cpp_extension).
 """
 
-import contextlib
 import math
 
 import pytest
@@ -17,6 +16,7 @@ from attnlab.models import GPT, GPTConfig
 from attnlab.nn import TransformerBlock, kernels
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
+from helpers import threads
 
 pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
 
@@ -125,19 +125,6 @@ def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, c
         y, _ = block(x, causal=causal)
     y.backward(grad)
     return y.detach(), [x.grad] + [p.grad for p in block.parameters()]
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    """n intra-op threads inside the block. The suite runs single-threaded (conftest); the kernels
-    split heads and rows between threads, and the fused block gives each thread its own sequences
-    and adds up their parameter gradients: check that too."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(

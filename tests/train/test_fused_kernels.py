@@ -1,6 +1,6 @@
-"""train.fused_kernels: the trainer runs its Transformer blocks through attnlab's C++ kernels,
-says so, and trains as without them; where they cannot be built it says that and trains with
-PyTorch's operators."""
+"""train.fused_kernels: the trainer runs its Transformer blocks and its optimizer step through
+attnlab's C++ kernels, says so, and trains as without them; where they cannot be built it says
+that and trains with PyTorch's operators."""
 
 import pytest
 
@@ -14,11 +14,15 @@ def test_fused_kernels_train_like_pytorchs_operators(tiny_toml, tmp_path, monkey
     calls = []
     apply = kernels._PreNormBlock.apply
     monkeypatch.setattr(kernels._PreNormBlock, "apply", lambda *a: calls.append(1) or apply(*a))
+    steps = []
+    adamw_step = kernels.extension().adamw_step
+    monkeypatch.setattr(kernels.extension(), "adamw_step", lambda *a: steps.append(a[-1]) or adamw_step(*a))
     fused = train(run_config(tiny_toml, "train.fused_kernels=true"), tmp_path / "fused", progress=False)
     eager = train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     assert fused.fused_kernels and not eager.fused_kernels
     assert "attnlab's C++ kernels: on" in capsys.readouterr().err
     assert len(calls) == 2 * 8  # both blocks, every training step (evaluation runs PyTorch's)
+    assert len(steps) == 8  # the clipping and AdamW step: ClippingAdamW's kernel
     for got, want in zip(losses(tmp_path / "fused"), losses(tmp_path / "eager"), strict=True):
         for g, w in zip(got, want, strict=True):
             assert (g == w == "") or float(g) == pytest.approx(float(w), abs=1e-3)

@@ -697,6 +697,113 @@ class PreNormBlock {
   at::Tensor ln1_, mean1_, rstd1_, qkv_, att_, lse_, x2_, ln2_, mean2_, rstd2_, h_, g_;
 };
 
+
+// ---- The optimizer step: the gradients' global norm, then AdamW with the clipping folded in ----
+//
+// PyTorch's clip_grad_norm_ and fused AdamW take a small model's parameters one tensor at a time
+// (a 4-layer, 128-wide GPT has 52), each a parallel region of its own: ~2.4 ms a step for 0.8M
+// parameters, where one pass over them all takes a fraction of that. Here every tensor is cut into
+// fixed chunks, and the threads share out the chunks of all tensors at once.
+
+constexpr int64_t kChunk = 1 << 13;
+
+struct Chunk {
+  int64_t tensor, begin, end;
+};
+
+std::vector<Chunk> chunks_of(const std::vector<at::Tensor>& ts) {
+  std::vector<Chunk> out;
+  for (int64_t i = 0; i < static_cast<int64_t>(ts.size()); ++i)
+    for (int64_t b = 0; b < ts[i].numel(); b += kChunk) out.push_back({i, b, std::min(b + kChunk, ts[i].numel())});
+  return out;
+}
+
+// sqrt of the sum of the squares of every element of every tensor. Each chunk's sum is a double
+// and the chunks are added in order, so the result does not depend on the number of threads.
+double global_norm(const std::vector<at::Tensor>& grads) {
+  for (const auto& g : grads) check_float_cpu(g, "gradient");
+  const std::vector<Chunk> work = chunks_of(grads);
+  std::vector<double> sums(work.size());
+  at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* g = grads[work[c].tensor].data_ptr<float>();
+      Lanes acc = {};
+      int64_t i = work[c].begin;
+      for (; i + kLane <= work[c].end; i += kLane) {
+        const Lanes v = load(g + i);
+        acc += v * v;
+      }
+      double s = 0;
+      for (int l = 0; l < kLane; ++l) s += acc[l];
+      for (; i < work[c].end; ++i) s += static_cast<double>(g[i]) * g[i];
+      sums[c] = s;
+    }
+  });
+  double total = 0;
+  for (double s : sums) total += s;
+  return std::sqrt(total);
+}
+
+// One AdamW step (Loshchilov & Hutter 2019) of every parameter, in place: the arithmetic of
+// torch.optim.AdamW(fused=True) with amsgrad and maximize off, on the gradients times
+// grad_factor (the clipping factor). Per tensor i, with its group's settings (lr, weight decay
+// wd, b1, b2, eps at index i), its step count t (a float32 scalar, as PyTorch keeps it) goes up by
+// one, then
+//   p *= 1 - lr wd;  m += (1 - b1) (g - m);  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+void adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                const std::vector<at::Tensor>& steps, const std::vector<double>& lr,
+                const std::vector<double>& weight_decay, const std::vector<double>& beta1,
+                const std::vector<double>& beta2, const std::vector<double>& eps, double grad_factor) {
+  const size_t n = params.size();
+  for (const auto* v : {&lr, &weight_decay, &beta1, &beta2, &eps}) TORCH_CHECK(v->size() == n, "one setting per parameter");
+  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n,
+              "one gradient and state per parameter");
+  struct Setting {
+    float decay, step_size, inv_bc2_sqrt, b1, b2, eps;
+  };
+  std::vector<Setting> settings(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto* t : {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]}) check_float_cpu(*t, "AdamW tensor");
+    TORCH_CHECK(grads[i].numel() == params[i].numel() && exp_avgs[i].numel() == params[i].numel() &&
+                    exp_avg_sqs[i].numel() == params[i].numel(),
+                "a gradient or state of another size than its parameter");
+    TORCH_CHECK(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat && steps[i].device().is_cpu(),
+                "a step count must be a float32 scalar on the CPU");
+    float* step = steps[i].data_ptr<float>();
+    *step += 1;
+    const double bc1 = 1 - std::pow(beta1[i], static_cast<double>(*step));
+    const double bc2 = 1 - std::pow(beta2[i], static_cast<double>(*step));
+    settings[i] = {static_cast<float>(1 - lr[i] * weight_decay[i]),
+                   static_cast<float>(lr[i] / bc1),
+                   static_cast<float>(1 / std::sqrt(bc2)),
+                   static_cast<float>(beta1[i]),
+                   static_cast<float>(beta2[i]),
+                   static_cast<float>(eps[i])};
+  }
+  const float factor = grad_factor;
+  const std::vector<Chunk> work = chunks_of(params);
+  at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t t = work[c].tensor;
+      const Setting s = settings[t];
+      float* p = params[t].data_ptr<float>();
+      const float* g = grads[t].data_ptr<float>();
+      float* m = exp_avgs[t].data_ptr<float>();
+      float* v = exp_avg_sqs[t].data_ptr<float>();
+#pragma omp simd
+      for (int64_t i = work[c].begin; i < work[c].end; ++i) {
+        const float gi = g[i] * factor;
+        const float mi = m[i] + (1 - s.b1) * (gi - m[i]);
+        const float vi = s.b2 * v[i] + (1 - s.b2) * gi * gi;
+        m[i] = mi, v[i] = vi;
+        p[i] = p[i] * s.decay - s.step_size * mi / (std::sqrt(vi) * s.inv_bc2_sqrt + s.eps);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -708,4 +815,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, bool, int64_t, double>())
       .def("forward", &PreNormBlock::forward)
       .def("backward", &PreNormBlock::backward);
+  m.def("global_norm", &global_norm, "the L2 norm of all the tensors' elements together");
+  m.def("adamw_step", &adamw_step, "one AdamW step of every parameter, gradients times grad_factor");
 }

@@ -61,9 +61,10 @@ class TrainConfig:
     """Run the training forward pass through torch.compile. Where compilation is unavailable or
     fails, training goes on without it and says so; the result reports which path ran."""
     fused_kernels: bool = False
-    """Run the training steps' Transformer blocks through attnlab's C++ kernels (fp32 on a CPU:
-    `attnlab.nn.kernels`, built on first use); blocks they do not cover, and every step where they
-    cannot be built, use PyTorch's operators. The result reports whether they were on."""
+    """Run the training steps' Transformer blocks, and the gradient clipping with the AdamW step
+    (`attnlab.train.optim.ClippingAdamW`), through attnlab's C++ kernels (fp32 on a CPU:
+    `attnlab.nn.kernels`, built on first use); what they do not cover, and every step where they
+    cannot be built, uses PyTorch's operators. The result reports whether they were on."""
     keep_last: int = 2
     """Checkpoints kept in the run folder's checkpoints/ (the newest K; best.safetensors is kept apart)."""
     max_bad_steps: int = 5

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.errors import UserError
+from attnlab.train.optim import ClippingAdamW
 
 
 class TrainingDiverged(UserError):
@@ -77,9 +78,11 @@ class StepGuard:
         self.skipped, self.streak = state.get("skipped_steps", 0), state.get("bad_streak", 0)
 
 
-def grad_norm(model: torch.nn.Module, clip: float) -> torch.Tensor:
+def grad_norm(model: torch.nn.Module, clip: float, optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
     """The global L2 norm of the gradients (a 0-dim tensor, no host sync), clipping them to `clip`
-    first when `clip` > 0."""
+    first when `clip` > 0 (a `ClippingAdamW` optimizer clips them in its next step)."""
+    if isinstance(optimizer, ClippingAdamW):
+        return optimizer.clip_grad_norm_(clip)
     params = [p for p in model.parameters() if p.grad is not None]
     if clip > 0:
         return torch.nn.utils.clip_grad_norm_(params, clip)

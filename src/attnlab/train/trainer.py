@@ -226,7 +226,12 @@ def train(
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
     step_loss = ddp.wrap(lambda m, batch: task.loss(m, batch, device, tc.label_smoothing), model, step_model)
     optimizer = adamw(
-        model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay, device=device
+        model,
+        lr=tc.learning_rate,
+        betas=(tc.beta1, tc.beta2),
+        weight_decay=tc.weight_decay,
+        device=device,
+        kernel=tc.fused_kernels,  # the clipping and AdamW step as well as the blocks
     )
     batches = torch.Generator().manual_seed(tc.seed)
     selection = task.selection  # (metric, "min" | "max") that picks the best checkpoint, or None
@@ -338,7 +343,7 @@ def train(
         # asked); the gradients are all-reduced already. So every rank takes the same decisions.
         asked = float(stop is not None and stop.signal_name is not None)
         shared = ddp.mean(torch.stack([loss_sum, loss_sum.new_tensor(asked)]))
-        loss_value, stop_votes, norm = torch.cat([shared, grad_norm(model, tc.grad_clip)[None]]).tolist()
+        loss_value, stop_votes, norm = torch.cat([shared, grad_norm(model, tc.grad_clip, optimizer)[None]]).tolist()
         # fp16 overflow: the scaler skips that update and lowers its scale; that is how fp16 training
         # finds its scale, not a sign of divergence, so the guard neither sees nor counts it.
         if (precision.scaling and not math.isfinite(norm)) or guard.admit(step + 1, loss_value, norm):

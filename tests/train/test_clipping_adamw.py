@@ -1,0 +1,184 @@
+"""ClippingAdamW: the gradient clipping and the AdamW step through attnlab's C++ kernel, against
+PyTorch's own `clip_grad_norm_` and `torch.optim.AdamW` on the same parameters and gradients."""
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.nn import kernels
+from attnlab.train.guards import grad_norm
+from attnlab.train.optim import ClippingAdamW, adamw
+from helpers import threads
+
+built = pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
+
+
+def _model() -> nn.Module:
+    """Tensors of every kind the kernel meets: an embedding, weights across several 8192-element
+    chunks, sizes that are not multiples of 16, 1-element biases."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(37, 24), nn.Linear(24, 700), nn.GELU(), nn.Linear(700, 13), nn.Linear(13, 1))
+
+
+def _groups(model: nn.Module) -> list[dict]:
+    """Two groups that differ in every setting the kernel takes per tensor."""
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and not n.startswith("0.")]
+    rest = [p for n, p in model.named_parameters() if not (n.endswith("weight") and not n.startswith("0."))]
+    return [
+        {"params": decay, "weight_decay": 0.1, "lr": 3e-3, "betas": (0.9, 0.99), "eps": 1e-8},
+        {"params": rest, "weight_decay": 0.0, "lr": 1e-3, "betas": (0.8, 0.95), "eps": 1e-6},
+    ]
+
+
+def _gradients(model: nn.Module, step: int) -> list[torch.Tensor]:
+    """Step `step`'s gradients: large in the even steps (clipped to 1.0), small in the odd ones (not)."""
+    g = torch.Generator().manual_seed(step)
+    size = 0.003 if step % 2 else 0.05  # global norms ~8 and ~0.5
+    return [torch.randn(p.shape, generator=g) * size for p in model.parameters()]
+
+
+def _run(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, clip: float) -> list[float]:
+    norms = []
+    for step in steps:
+        for p, g in zip(model.parameters(), _gradients(model, step), strict=True):
+            p.grad = g.to(p.dtype)
+        norms.append(float(grad_norm(model, clip, optimizer)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return norms
+
+
+def _assert_same(got: nn.Module, want: nn.Module, got_opt, want_opt) -> None:
+    for p, q in zip(got.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        s, t = got_opt.state[p], want_opt.state[q]
+        assert s["step"].dtype == t["step"].dtype == torch.float32 and float(s["step"]) == float(t["step"])
+        torch.testing.assert_close(s["exp_avg"], t["exp_avg"], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(s["exp_avg_sq"], t["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+
+
+@built
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_steps_match_pytorchs_clipping_and_adamw(n_threads, clip):
+    want = _model()
+    got = copy.deepcopy(want)
+    want_opt = torch.optim.AdamW(_groups(want), fused=True)
+    got_opt = ClippingAdamW(_groups(got), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)  # the groups' own settings
+    with threads(n_threads):
+        got_norms = _run(got, got_opt, range(6), clip)
+    want_norms = []
+    for step in range(6):
+        for p, g in zip(want.parameters(), _gradients(want, step), strict=True):
+            p.grad = g.clone()
+        if clip > 0:
+            want_norms.append(float(torch.nn.utils.clip_grad_norm_(want.parameters(), clip)))
+        else:
+            want_norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in want.parameters()])))
+        want_opt.step()
+        want_opt.zero_grad(set_to_none=True)
+    assert got_norms == pytest.approx(want_norms, rel=1e-6)
+    if clip > 0:
+        assert min(got_norms[::2]) > clip > max(got_norms[1::2])  # both branches of the clipping ran
+    _assert_same(got, want, got_opt, want_opt)
+
+
+@built
+def test_the_clipping_leaves_the_gradients_to_the_step(monkeypatch):
+    model = _model()
+    optimizer = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=torch.device("cpu"), kernel=True)
+    calls = []
+    step = kernels.extension().adamw_step
+    monkeypatch.setattr(kernels.extension(), "adamw_step", lambda *a: calls.append(a[-1]) or step(*a))
+    for p, g in zip(model.parameters(), _gradients(model, 0), strict=True):
+        p.grad = g.clone()
+    before = [p.grad.clone() for p in model.parameters()]
+    norm = float(optimizer.clip_grad_norm_(1.0))
+    assert norm > 1.0
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before, strict=True))
+    optimizer.step()
+    assert calls == [pytest.approx(1.0 / (norm + 1e-6), rel=1e-6)]
+
+
+@built
+def test_global_norm_does_not_depend_on_the_threads():
+    grads = _gradients(_model(), 0)
+    with threads(1):
+        one = kernels.extension().global_norm(grads)
+    with threads(2):
+        two = kernels.extension().global_norm(grads)
+    assert one == two  # the chunks' sums are added in order
+    # squares summed in float32 lanes, each chunk's lanes then in double
+    assert one == pytest.approx(torch.cat([g.flatten() for g in grads]).double().norm().item(), rel=1e-6)
+
+
+@built
+def test_a_skipped_step_forgets_its_clipping():
+    model = _model()
+    optimizer = ClippingAdamW(_groups(model), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(_groups(reference), fused=True)
+    for p, g in zip(model.parameters(), _gradients(model, 0), strict=True):
+        p.grad = g.clone()
+    optimizer.clip_grad_norm_(1e-3)  # a factor far below 1, then the step is skipped, as the guard does
+    optimizer.zero_grad(set_to_none=True)
+    for m in (model, reference):
+        for p, g in zip(m.parameters(), _gradients(m, 1), strict=True):
+            p.grad = g.clone()
+    optimizer.step()  # without a clipping of its own: the gradients as they are
+    ref_opt.step()
+    _assert_same(model, reference, optimizer, ref_opt)
+
+
+@pytest.mark.parametrize("why", ["float64", "unbuilt"])
+def test_where_the_kernel_does_not_apply_it_is_pytorchs_clipping_and_step(why, monkeypatch):
+    want = _model()
+    if why == "float64":
+        want = want.double()
+    else:
+        monkeypatch.setattr(kernels, "extension", lambda: None)
+    got = copy.deepcopy(want)
+    got_opt = ClippingAdamW(_groups(got), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    want_opt = torch.optim.AdamW(_groups(want), fused=True)
+    got_norms = _run(got, got_opt, range(4), 1.0)
+    want_norms = []
+    for step in range(4):
+        for p, g in zip(want.parameters(), _gradients(want, step), strict=True):
+            p.grad = g.clone().to(p.dtype)
+        want_norms.append(float(torch.nn.utils.clip_grad_norm_(want.parameters(), 1.0)))
+        want_opt.step()
+        want_opt.zero_grad(set_to_none=True)
+    # the same operators, on the parameters in the groups' order rather than the model's
+    torch.testing.assert_close(torch.tensor(got_norms), torch.tensor(want_norms))
+    for p, q in zip(got.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+
+
+def _saved(optimizer: torch.optim.Optimizer) -> dict:
+    """The state dict as a checkpoint gives it back (load_state_dict alone would share its tensors)."""
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@built
+def test_a_state_dict_moves_between_the_kernel_and_pytorch():
+    """A run resumed with or without train.fused_kernels continues the same optimizer state."""
+    first = _model()
+    first_opt = ClippingAdamW(_groups(first), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    _run(first, first_opt, range(3), 1.0)
+    plain = copy.deepcopy(first)
+    plain_opt = torch.optim.AdamW(_groups(plain), fused=True)
+    plain_opt.load_state_dict(_saved(first_opt))
+    again = copy.deepcopy(first)
+    again_opt = ClippingAdamW(_groups(again), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    again_opt.load_state_dict(_saved(plain_opt))
+    _run(first, first_opt, range(3, 6), 1.0)
+    _run(plain, plain_opt, range(3, 6), 1.0)
+    _run(again, again_opt, range(3, 6), 1.0)
+    _assert_same(first, plain, first_opt, plain_opt)
+    _assert_same(again, plain, again_opt, plain_opt)
