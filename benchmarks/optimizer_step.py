@@ -1,0 +1,115 @@
+"""What attnlab's ClippingAdamW saves in the bench's fused GPT training step on this CPU.
+
+Two copies of the bench's attnlab model (shape, block, batch: 4x4x128, 64, 12 by default), both
+training through attnlab's C++ block kernels, alternate within every round: one clips with
+`torch.nn.utils.clip_grad_norm_` and steps PyTorch's fused AdamW (the bench's step before
+ClippingAdamW, and the peer's optimizer), the other steps as `attnlab bench --fused` and
+`train.fused_kernels` do now (`ClippingAdamW`: one C++ call for the global norm, one for the
+update). Prints the median ms per step of each and the median of the per-round ratios, and the
+clipping plus optimizer step alone, timed the same way on fixed gradients.
+
+    python benchmarks/optimizer_step.py [--shape 4x4x128] [--rounds 40] [--out FILE.json]
+"""
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from attnlab import bench
+from attnlab.train.optim import adamw
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="4x4x128", choices=sorted(bench.SHAPES))
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=40, help="rounds of 10 steps, the two variants alternating")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = p.parse_args()
+
+    cpu = torch.device("cpu")
+    case = bench.TrainCase(args.shape, args.block, args.batch)
+    model = bench.build_models(args.shape, args.block, cpu, None)["attnlab"]
+    pytorch_model = copy.deepcopy(model)
+    steps = {
+        "clip_grad_norm_ + torch AdamW": _pytorch_optimizer_step(pytorch_model, case, cpu),
+        "ClippingAdamW": bench._train_step("attnlab", model, case, cpu, fused=True),
+    }
+    optimizers = {
+        "clip_grad_norm_ + torch AdamW": _optimizer_alone(copy.deepcopy(model), cpu, kernel=False),
+        "ClippingAdamW": _optimizer_alone(copy.deepcopy(model), cpu, kernel=True),
+    }
+    results = {}
+    for what, fns in (("full step", steps), ("clip + optimizer step", optimizers)):
+        for fn in fns.values():
+            for _ in range(5):  # warm-up: the kernels' build or load, the optimizer's state
+                fn()
+        ms: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(args.rounds):
+            for name, fn in fns.items():
+                ms[name].append(1e3 * bench._seconds_per_call(fn, 10, cpu))
+        old, new = ms["clip_grad_norm_ + torch AdamW"], ms["ClippingAdamW"]
+        results[what] = {name: statistics.median(v) for name, v in ms.items()} | {
+            "per_round_ratio_median": statistics.median(n / o for n, o in zip(new, old, strict=True))
+        }
+        print(
+            f"{what}: " + ", ".join(f"{name} {statistics.median(v):.3f} ms" for name, v in ms.items()),
+            f"(ClippingAdamW / PyTorch per round: median {results[what]['per_round_ratio_median']:.3f})",
+        )
+    if args.out:
+        meta = {
+            "date": date.today().isoformat(),
+            "machine": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "case": vars(args) | {"out": str(args.out)},
+        }
+        args.out.write_text(json.dumps(meta | results, indent=1) + "\n")
+
+
+def _pytorch_optimizer_step(model: torch.nn.Module, case: bench.TrainCase, device: torch.device):
+    """The bench's fused attnlab step with PyTorch's clipping and fused AdamW instead of ClippingAdamW."""
+    from attnlab.nn import kernels
+
+    optimizer = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device)
+    x = torch.randint(0, bench.VOCAB, (case.batch, case.block))
+    y = torch.randint(0, bench.VOCAB, (case.batch, case.block))
+
+    def step() -> None:
+        with kernels.enabled():
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _optimizer_alone(model: torch.nn.Module, device: torch.device, kernel: bool):
+    """Clip to 1.0 and step on fixed random gradients (set again before every call)."""
+    optimizer = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device, kernel=kernel)
+    params = list(model.parameters())
+    grads = [torch.randn_like(p) for p in params]
+
+    def step() -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        if kernel:
+            optimizer.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    return step
+
+
+if __name__ == "__main__":
+    main()
