@@ -72,7 +72,11 @@ class ClippingAdamW(torch.optim.AdamW):
     """
 
     def __init__(self, params, *, lr: float, betas: tuple[float, float], weight_decay: float) -> None:
-        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        params = list(params)
+        try:  # PyTorch's own steps, where the kernel does not apply: fused where the device has it
+            super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        except (RuntimeError, TypeError):
+            super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
         self._factor = 1.0  # the clipping factor the next kernel step applies
 
     def _with_grads(self) -> list[tuple[torch.Tensor, dict]]:
