@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.errors import UserError
-from attnlab.train.optim import ClippingAdamW
+from attnlab.train.optim import ClippingAdamW, clip_grad_norm
 
 
 class TrainingDiverged(UserError):
@@ -83,7 +83,4 @@ def grad_norm(model: torch.nn.Module, clip: float, optimizer: torch.optim.Optimi
     first when `clip` > 0 (a `ClippingAdamW` optimizer clips them in its next step)."""
     if isinstance(optimizer, ClippingAdamW):
         return optimizer.clip_grad_norm_(clip)
-    params = [p for p in model.parameters() if p.grad is not None]
-    if clip > 0:
-        return torch.nn.utils.clip_grad_norm_(params, clip)
-    return torch.nn.utils.get_total_norm([p.grad for p in params])
+    return clip_grad_norm([p for p in model.parameters() if p.grad is not None], clip)

@@ -53,6 +53,14 @@ def adamw(
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """PyTorch's global L2 norm of the gradients of `params` (each has one; a 0-dim tensor, no host
+    sync), clipping them in place to `max_norm` first when it is above 0."""
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
 class ClippingAdamW(torch.optim.AdamW):
     """`torch.optim.AdamW` that takes the gradient clipping into its step, one C++ call each for a
     CPU model's fp32 parameters (attnlab's training kernels).
@@ -103,10 +111,7 @@ class ClippingAdamW(torch.optim.AdamW):
         extension = self._kernel(pairs)
         if extension is None:
             self._factor = 1.0
-            grads = [p.grad for p, _ in pairs]
-            if max_norm > 0:
-                return torch.nn.utils.clip_grad_norm_([p for p, _ in pairs], max_norm)
-            return torch.nn.utils.get_total_norm(grads)
+            return clip_grad_norm([p for p, _ in pairs], max_norm)
         norm = extension.global_norm([p.grad for p, _ in pairs])
         self._factor = min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
         return torch.tensor(norm, dtype=torch.float32)
