@@ -51,6 +51,26 @@ def _run(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, clip:
     return norms
 
 
+def _reference(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range, clip: float) -> list[float]:
+    """`_run` written with PyTorch's own calls: clip_grad_norm_ (or the norm alone) and step."""
+    norms = []
+    for step in steps:
+        for p, g in zip(model.parameters(), _gradients(model, step), strict=True):
+            p.grad = g.to(p.dtype)
+        if clip > 0:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        else:
+            norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return norms
+
+
+def _clipping_adamw(model: nn.Module) -> ClippingAdamW:
+    """ClippingAdamW on `_groups(model)`, whose own settings override the defaults given here."""
+    return ClippingAdamW(_groups(model), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+
+
 def _assert_same(got: nn.Module, want: nn.Module, got_opt, want_opt) -> None:
     for p, q in zip(got.parameters(), want.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
@@ -67,19 +87,10 @@ def test_steps_match_pytorchs_clipping_and_adamw(n_threads, clip):
     want = _model()
     got = copy.deepcopy(want)
     want_opt = torch.optim.AdamW(_groups(want), fused=True)
-    got_opt = ClippingAdamW(_groups(got), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)  # the groups' own settings
+    got_opt = _clipping_adamw(got)
     with threads(n_threads):
         got_norms = _run(got, got_opt, range(6), clip)
-    want_norms = []
-    for step in range(6):
-        for p, g in zip(want.parameters(), _gradients(want, step), strict=True):
-            p.grad = g.clone()
-        if clip > 0:
-            want_norms.append(float(torch.nn.utils.clip_grad_norm_(want.parameters(), clip)))
-        else:
-            want_norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in want.parameters()])))
-        want_opt.step()
-        want_opt.zero_grad(set_to_none=True)
+    want_norms = _reference(want, want_opt, range(6), clip)
     assert got_norms == pytest.approx(want_norms, rel=1e-6)
     if clip > 0:
         assert min(got_norms[::2]) > clip > max(got_norms[1::2])  # both branches of the clipping ran
@@ -118,7 +129,7 @@ def test_global_norm_does_not_depend_on_the_threads():
 @built
 def test_a_skipped_step_forgets_its_clipping():
     model = _model()
-    optimizer = ClippingAdamW(_groups(model), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    optimizer = _clipping_adamw(model)
     reference = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(_groups(reference), fused=True)
     for p, g in zip(model.parameters(), _gradients(model, 0), strict=True):
@@ -141,16 +152,10 @@ def test_where_the_kernel_does_not_apply_it_is_pytorchs_clipping_and_step(why, m
     else:
         monkeypatch.setattr(kernels, "extension", lambda: None)
     got = copy.deepcopy(want)
-    got_opt = ClippingAdamW(_groups(got), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    got_opt = _clipping_adamw(got)
     want_opt = torch.optim.AdamW(_groups(want), fused=True)
     got_norms = _run(got, got_opt, range(4), 1.0)
-    want_norms = []
-    for step in range(4):
-        for p, g in zip(want.parameters(), _gradients(want, step), strict=True):
-            p.grad = g.clone().to(p.dtype)
-        want_norms.append(float(torch.nn.utils.clip_grad_norm_(want.parameters(), 1.0)))
-        want_opt.step()
-        want_opt.zero_grad(set_to_none=True)
+    want_norms = _reference(want, want_opt, range(4), 1.0)
     # the same operators, on the parameters in the groups' order rather than the model's
     torch.testing.assert_close(torch.tensor(got_norms), torch.tensor(want_norms))
     for p, q in zip(got.parameters(), want.parameters(), strict=True):
@@ -169,13 +174,13 @@ def _saved(optimizer: torch.optim.Optimizer) -> dict:
 def test_a_state_dict_moves_between_the_kernel_and_pytorch():
     """A run resumed with or without train.fused_kernels continues the same optimizer state."""
     first = _model()
-    first_opt = ClippingAdamW(_groups(first), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    first_opt = _clipping_adamw(first)
     _run(first, first_opt, range(3), 1.0)
     plain = copy.deepcopy(first)
     plain_opt = torch.optim.AdamW(_groups(plain), fused=True)
     plain_opt.load_state_dict(_saved(first_opt))
     again = copy.deepcopy(first)
-    again_opt = ClippingAdamW(_groups(again), lr=0.0, betas=(0.0, 0.0), weight_decay=0.0)
+    again_opt = _clipping_adamw(again)
     again_opt.load_state_dict(_saved(plain_opt))
     _run(first, first_opt, range(3, 6), 1.0)
     _run(plain, plain_opt, range(3, 6), 1.0)
