@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from attnlab import bench
+from attnlab.nn import kernels
 from attnlab.train.optim import adamw
 
 
@@ -76,8 +77,6 @@ def main() -> None:
 
 def _pytorch_optimizer_step(model: torch.nn.Module, case: bench.TrainCase, device: torch.device):
     """The bench's fused attnlab step with PyTorch's clipping and fused AdamW instead of ClippingAdamW."""
-    from attnlab.nn import kernels
-
     optimizer = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=device)
     x = torch.randint(0, bench.VOCAB, (case.batch, case.block))
     y = torch.randint(0, bench.VOCAB, (case.batch, case.block))
