@@ -2,6 +2,10 @@
 CLI ask for a device."""
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
+import sys
 
 import torch
 
@@ -30,3 +34,28 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_KEEP_BYTES = 1 << 30
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Have the C allocator keep freed blocks of up to 1 GiB for reuse instead of handing them back
+    to the system; True where it could (Linux with glibc), False elsewhere. Once per process.
+
+    glibc serves blocks over 32 MiB from fresh pages and returns them when freed, so a training
+    step on the CPU that allocates large tensors (a masked-LM head's 26M logits and their
+    gradient) takes a page fault for every 4 KiB of them, every step: 12 - 15% of such a step
+    here (BENCHMARKS.md). PyTorch's performance guide suggests jemalloc or tcmalloc for the same
+    reason; this is glibc's own switch, with nothing to install. The process then keeps its peak
+    heap until it exits, which a training run reaches anyway."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

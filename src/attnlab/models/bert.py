@@ -204,6 +204,11 @@ class Bert(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states `(B, T, C)` of the last block and, when asked for, each block's weights."""
         mask = padding_mask_from_ids(ids, self.config.pad_id)  # (B, 1, 1, T): padding is never a key
+        if ids.device.type == "cpu" and bool(mask.all()):
+            # Nothing to hide (masked-LM blocks are never padded): no mask spares the attention two
+            # passes over its (B, H, T, T) weights and lets it take an unmasked kernel. Only on the
+            # CPU, where the check costs nothing: on a GPU it would wait for the device.
+            mask = None
         x = self.embeddings(ids, segments)  # (B, T, C)
         weights = []
         for block in self.blocks:

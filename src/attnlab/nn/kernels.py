@@ -185,3 +185,42 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Ten
         kernel = extension().PreNormBlock(attn.n_heads, causal, ACTIVATION_CODES[block.ffn.activation], norm1.eps)
         runner = _RUNNERS[block] = _Runner(kernel, key)
     return _PreNormBlock.apply(x.contiguous(), runner, *params)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float) -> torch.Tensor:
+        losses, lse = extension().cross_entropy_forward(logits, target, ignore_index, smoothing)
+        ctx.save_for_backward(logits, target, lse)
+        ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        logits, target, lse = ctx.saved_tensors
+        dx = extension().cross_entropy_backward(
+            grad.float().contiguous(), logits, target, lse, ctx.ignore_index, ctx.smoothing
+        )
+        return dx, None, None, None
+
+
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, *, label_smoothing: float = 0.0, ignore_index: int = -100
+) -> torch.Tensor:
+    """The mean cross-entropy of logits `(N, V)` against target `(N,)` long, computed in fp32
+    whatever the logits' dtype: `F.cross_entropy(logits.float(), target, ...)`, through the
+    kernel for fp32 or bf16 CPU logits where the kernels are on (the gradient comes back in the
+    logits' dtype, rounded once). Rows whose target is `ignore_index` do not count; with none
+    left the mean is NaN, as PyTorch's."""
+    kernel = (
+        _on
+        and logits.device.type == "cpu"
+        and logits.dim() == 2
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+    )
+    if not kernel:
+        return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing, ignore_index=ignore_index)
+    losses = _CrossEntropy.apply(logits.contiguous(), target.contiguous(), ignore_index, float(label_smoothing))
+    return losses.sum() / (target != ignore_index).sum()

@@ -24,6 +24,7 @@ from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
 from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
+from attnlab.nn import kernels
 
 SPLIT_FILES = {"train": "train.txt", "val": "valid.txt", "test": "test.txt"}
 EVAL_SEED = 20_190_524  # the validation blocks are masked identically at every evaluation
@@ -207,5 +208,6 @@ def masked_lm_loss(
     """The pre-training loss: mean cross-entropy at the chosen positions of inputs `(B, T)`, those
     whose labels `(B, T)` are not IGNORE_INDEX (the vocabulary projection at those alone)."""
     chosen = labels != IGNORE_INDEX
-    logits = MaskedLM._logits(model, inputs, chosen)
-    return F.cross_entropy(logits.float(), labels[chosen], label_smoothing=label_smoothing)
+    logits = MaskedLM._logits(model, inputs, chosen)  # (N, V), bf16 under autocast
+    # fp32 arithmetic either way; attnlab's kernel (train.fused_kernels) never writes fp32 copies.
+    return kernels.cross_entropy(logits, labels[chosen], label_smoothing=label_smoothing)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from attnlab.device import autocast, resolve_device
+from attnlab.device import autocast, keep_freed_memory, resolve_device
 from attnlab.errors import CheckpointError, UserError
 from attnlab.nn import kernels
 from attnlab.tasks import TASKS
@@ -186,6 +186,8 @@ def train(
     # Killed before its first checkpoint: the folder has a config but nothing to resume from.
     restart = resume and (run_dir / CONFIG).exists() and not has_checkpoint(run_dir)
     device = resolve_device(tc.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # large activations reused, not page-faulted in again at every step
     preflight(config, ddp.world_size, device)
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     precision = Precision(device, tc.dtype)
