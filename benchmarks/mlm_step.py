@@ -3,37 +3,58 @@
 The `wikitext2-mlm` preset's model (4 post-norm layers, d_model 256, FFN 1024, a 16k vocabulary,
 128-token blocks, batch 32) takes full optimizer steps — forward with the loss at the chosen
 positions, backward, clip 1.0, AdamW — on random ids with 40% of positions chosen, as the CPU
-runs of BENCHMARKS.md do. Four variants alternate within every repeat: bf16 autocast (the
-recipe) and fp32, each with dropout 0.1 (BERT's, and the preset's until it dropped it) and without
-(the model in eval mode, the same work otherwise; the preset's now). With --compile, a fifth:
-bf16 without dropout through torch.compile, as the trainer's train.compile runs it (compiled at
-the warm-up step, untimed). Then a `torch.profiler` table of the bf16 step with dropout.
+runs of BENCHMARKS.md do. The variants alternate within every repeat:
+- "bf16, fused attention, PyTorch's loss": the step as the preset ran it until 2026-11-24 (bf16
+  autocast, no dropout, PyTorch's fused attention kernel, PyTorch's loss of the logits' fp32 copy);
+- "bf16, PyTorch's loss": the same with the attention formula that bf16 training on a CPU now
+  takes at <= 128 keys (attnlab.nn.attention.FORMULA_MAX_KEYS);
+- "bf16, attnlab's kernels": the preset's step now (train.fused_kernels: the loss through attnlab's
+  cross-entropy kernel over the bf16 logits, and ClippingAdamW);
+- "fp32" (PyTorch's loss) and, with --dropout, "bf16, dropout 0.1" (BERT's, the preset's until
+  2026-11-23); with --compile, the kernels' step through torch.compile (compiled at the warm-up
+  step, untimed).
+Then a `torch.profiler` table of the kernels' step.
 
-    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--compile] [--vocab 16000] [--out FILE.json]
+    python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--dropout] [--compile] [--vocab 16000]
+        [--no-keep-freed-memory] [--out FILE.json]
 
 --vocab sets the vocabulary size (the preset's 16k by default): the masked-LM head's products and
-log-softmax scale with it.
+log-softmax scale with it. The trainer has glibc keep freed blocks (attnlab.device.keep_freed_memory)
+and so does this script, unless --no-keep-freed-memory: run it both ways to see what that is worth
+(a process-wide switch, so two processes).
 
 Medians over repeats. No data files: the step's cost does not depend on which ids it sees.
 """
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import time
 from datetime import date
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
+import attnlab.nn.attention
 from attnlab.data.mlm import IGNORE_INDEX
-from attnlab.device import autocast
+from attnlab.device import autocast, keep_freed_memory
 from attnlab.models.bert import Bert, BertConfig
+from attnlab.nn import kernels
 from attnlab.tasks.mlm import masked_lm_loss
 from attnlab.train.optim import adamw
 
 BATCH, BLOCK, CHOSEN = 32, 128, 0.4
+
+
+class Variant(NamedTuple):
+    bf16: bool
+    dropout: bool = False
+    kernels: bool = False
+    fused_attention: bool = False
+    compiled: bool = False
 
 
 def main() -> None:
@@ -41,60 +62,76 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timing")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vocab", type=int, default=16000, help="vocabulary size (the preset's: 16000)")
-    p.add_argument("--compile", action="store_true", help="add bf16 without dropout through torch.compile")
+    p.add_argument("--dropout", action="store_true", help="add bf16 with dropout 0.1")
+    p.add_argument("--compile", action="store_true", help="add the kernels' step through torch.compile")
+    p.add_argument("--no-keep-freed-memory", action="store_true", help="leave glibc's allocator as it is")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
+    kept = False if args.no_keep_freed_memory else keep_freed_memory()
 
     torch.manual_seed(0)
     model = Bert(BertConfig(vocab_size=args.vocab, max_len=BLOCK, d_model=256, n_heads=4, n_layers=4, d_ff=1024))
     cpu = torch.device("cpu")
-    optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu)
     ids = torch.randint(5, args.vocab, (BATCH, BLOCK))
     labels = torch.where(torch.rand(BATCH, BLOCK) < CHOSEN, ids, IGNORE_INDEX)
-
     compiled = torch.compile(model) if args.compile else model  # shares the parameters
+    optimizers = {  # the trainer's: ClippingAdamW where the kernels are on
+        on: adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu, kernel=on) for on in (False, True)
+    }
 
-    def step(bf16: bool, compile: bool) -> None:
-        with autocast(cpu, "bfloat16" if bf16 else "float32"):  # as the trainer's train.dtype
-            loss = masked_lm_loss(compiled if compile else model, ids, labels)  # the trainer's mlm loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    def step(v: Variant) -> None:
+        model.train(v.dropout)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(kernels.enabled(v.kernels))
+            if v.fused_attention:
+                stack.enter_context(_fused_attention())
+            with autocast(cpu, "bfloat16" if v.bf16 else "float32"):  # as the trainer's train.dtype
+                loss = masked_lm_loss(compiled if v.compiled else model, ids, labels)  # the trainer's loss
+            loss.backward()
+        optimizer = optimizers[v.kernels]
+        if hasattr(optimizer, "clip_grad_norm_"):
+            optimizer.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    variants = {  # (bf16, dropout, compiled)
-        "bf16, dropout 0.1": (True, True, False),
-        "bf16, no dropout": (True, False, False),
-        "fp32, dropout 0.1": (False, True, False),
-        "fp32, no dropout": (False, False, False),
+    variants = {
+        "bf16, fused attention, PyTorch's loss": Variant(True, fused_attention=True),
+        "bf16, PyTorch's loss": Variant(True),
+        "bf16, attnlab's kernels": Variant(True, kernels=True),
+        "fp32": Variant(False),
     }
+    if args.dropout:
+        variants["bf16, dropout 0.1"] = Variant(True, dropout=True)
     if args.compile:
-        variants["bf16, no dropout, compiled"] = (True, False, True)
+        variants["bf16, attnlab's kernels, compiled"] = Variant(True, kernels=True, compiled=True)
     seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for bf16, dropout, compile in variants.values():  # warm-up (and compilation)
-        model.train(dropout)
-        step(bf16, compile)
+    for v in variants.values():  # warm-up (and compilation)
+        step(v)
     for _ in range(args.repeats):
-        for name, (bf16, dropout, compile) in variants.items():
-            model.train(dropout)
+        for name, v in variants.items():
             start = time.perf_counter()
             for _ in range(args.steps):
-                step(bf16, compile)
+                step(v)
             seconds[name].append((time.perf_counter() - start) / args.steps)
     rows = {
         name: {"ms_per_step": 1e3 * statistics.median(s), "tokens_per_sec": BATCH * BLOCK / statistics.median(s)}
         for name, s in seconds.items()
     }
-    print(f"masked-LM step, {BATCH}x{BLOCK} tokens, {torch.get_num_threads()} threads, medians of {args.repeats}")
+    width = max(map(len, rows))
+    print(
+        f"masked-LM step, {BATCH}x{BLOCK} tokens, vocabulary {args.vocab}, {torch.get_num_threads()} threads, "
+        f"glibc keeps freed blocks: {kept}, medians of {args.repeats}"
+    )
     for name, row in rows.items():
-        print(f"  {name:<20} {row['ms_per_step']:8.0f} ms/step {row['tokens_per_sec']:8,.0f} tokens/s")
+        print(f"  {name:<{width}} {row['ms_per_step']:8.0f} ms/step {row['tokens_per_sec']:8,.0f} tokens/s")
 
-    model.train(True)
     with torch.profiler.profile() as prof:
         for _ in range(args.steps):
-            step(True, False)
+            step(variants["bf16, attnlab's kernels"])
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=45)
-    print(f"\nthe bf16 step with dropout 0.1, {args.steps} steps:\n{table}")
+    print(f"\nthe kernels' bf16 step, {args.steps} steps:\n{table}")
     if args.out:
         args.out.write_text(
             json.dumps(
@@ -105,8 +142,8 @@ def main() -> None:
                     "torch": torch.__version__,
                     "steps": args.steps,
                     "repeats": args.repeats,
-                    "compile": args.compile,
                     "vocab": args.vocab,
+                    "keep_freed_memory": kept,
                     "variants": rows,
                     "profile": table,
                 },
@@ -114,6 +151,17 @@ def main() -> None:
             )
             + "\n"
         )
+
+
+@contextlib.contextmanager
+def _fused_attention():
+    """PyTorch's fused attention kernel at every length, as before the formula's rule."""
+    before = attnlab.nn.attention.FORMULA_MAX_KEYS
+    attnlab.nn.attention.FORMULA_MAX_KEYS = 0
+    try:
+        yield
+    finally:
+        attnlab.nn.attention.FORMULA_MAX_KEYS = before
 
 
 if __name__ == "__main__":

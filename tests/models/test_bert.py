@@ -107,6 +107,36 @@ def test_padding_is_never_attended_to():
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
 
 
+def test_an_unpadded_batch_on_the_cpu_attends_without_a_mask_and_computes_the_same(monkeypatch):
+    """No padding, nothing to hide: the blocks get no mask (a cheaper attention path), and the
+    states are those of the same blocks given the all-True mask; a padded batch keeps its mask."""
+    from attnlab.nn.attention import MultiHeadAttention
+
+    model = tiny_bert(head="none")
+    ids = random_ids(2, 9)
+    masks = []
+    forward = MultiHeadAttention.forward
+
+    def spy(self, x, *args, **kwargs):
+        masks.append(kwargs.get("mask"))
+        return forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", spy)
+    with torch.no_grad():
+        unmasked = model.encode(ids)
+        padded = ids.clone()
+        padded[1, 7:] = PAD
+        model.encode(padded)
+    assert masks[:2] == [None, None] and all(m is not None for m in masks[2:])
+    monkeypatch.setattr(MultiHeadAttention, "forward", forward)
+    all_true = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    with torch.no_grad():
+        x = model.embeddings(ids)
+        for block in model.blocks:
+            x, _ = block(x, mask=all_true)
+    torch.testing.assert_close(unmasked, x, rtol=0, atol=1e-6)
+
+
 def test_head_shapes():
     ids = random_ids(3, 7)
     with torch.no_grad():

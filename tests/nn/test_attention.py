@@ -437,3 +437,50 @@ def test_cache_select_reorders_the_filled_rows_and_leaves_room_to_append():
     torch.testing.assert_close(cache.k[:, :, :2], k[[1]])
     all_k, _ = cache.append(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
     assert all_k.shape == (1, 2, 3, 4) and torch.all(all_k[:, :, 2] == 1)
+
+
+def _bf16_mha_step(mha: MultiHeadAttention, x: torch.Tensor, **kwargs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Output and the gradients of x and the weights, one training step of the module in bf16."""
+    mha.zero_grad()
+    x = x.detach().requires_grad_()
+    out, _ = mha(x, **kwargs)
+    out.float().square().sum().backward()
+    return out.float(), [x.grad.float()] + [p.grad.float() for p in mha.parameters()]
+
+
+@pytest.mark.parametrize("case", MASK_CASES)
+def test_bf16_training_on_the_cpu_takes_the_formula_and_computes_the_same(monkeypatch, case):
+    """At <= 128 keys, bf16 training on a CPU runs the formula (PyTorch's fused kernel is slower
+    there): the same outputs and gradients as the fused kernel, and the float64 module's to bf16
+    precision."""
+    import attnlab.nn.attention as attention
+
+    mha = make_mha().train()
+    torch.manual_seed(2)
+    x = torch.randn(3, attention.FORMULA_MAX_KEYS, C)
+    kwargs = mask_case(case, [128, 100, 7], attention.FORMULA_MAX_KEYS)
+    out64, grads64 = _bf16_mha_step(make_mha().double().train(), x.double(), **kwargs)
+    fused = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("fused kernel ran"))
+    mha_bf16 = mha.to(torch.bfloat16)
+    out, grads = _bf16_mha_step(mha_bf16, x.bfloat16(), **kwargs)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", fused)
+    monkeypatch.setattr(attention, "FORMULA_MAX_KEYS", 0)  # the fused kernel, for comparison
+    out_fused, grads_fused = _bf16_mha_step(mha_bf16, x.bfloat16(), **kwargs)
+    torch.testing.assert_close(out, out64.float(), atol=0.1, rtol=0.02)
+    torch.testing.assert_close(out, out_fused, atol=0.1, rtol=0.02)
+    for g, g64, g_fused in zip(grads, grads64, grads_fused, strict=True):
+        scale = g64.abs().max().item()
+        assert (g - g64.float()).abs().max().item() < 0.03 * scale
+        assert (g - g_fused).abs().max().item() < 0.03 * scale
+
+
+def test_the_formula_is_only_for_bf16_training_of_short_sequences_on_the_cpu():
+    from attnlab.nn.attention import FORMULA_MAX_KEYS, _formula_trains_faster
+
+    q = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
+    assert _formula_trains_faster(q, FORMULA_MAX_KEYS)
+    assert not _formula_trains_faster(q, FORMULA_MAX_KEYS + 1)  # longer: the fused kernel's memory
+    assert not _formula_trains_faster(q.float(), 16)  # fp32: the fused kernel is faster
+    with torch.no_grad():
+        assert not _formula_trains_faster(q, 16)  # forward alone: the fused kernel is faster

@@ -218,3 +218,61 @@ def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
             losses[on].append(loss.item())
     assert losses[True][-1] < losses[True][0] - 0.1  # it learns
     torch.testing.assert_close(losses[True], losses[False], atol=1e-4, rtol=1e-4)
+
+
+def _cross_entropy_case(n: int, v: int, dtype: torch.dtype, seed: int = 0):
+    """Logits `(n, v)` in `dtype` spread like a trained head's (a few large, most small), targets
+    with every third row ignored (-100), and the loss's float64 reference on the same values."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(n, v, generator=gen) * 3).to(dtype).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=gen)
+    target[::3] = -100
+    return logits, target
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_cross_entropy_and_its_gradient_match_pytorch_in_float64(dtype, smoothing, n_threads):
+    logits, target = _cross_entropy_case(37, 1000, dtype)
+    with threads(n_threads), kernels.enabled():
+        loss = kernels.cross_entropy(logits, target, label_smoothing=smoothing)
+        (loss * 2.5).backward()
+    x64 = logits.detach().double().requires_grad_()
+    ref = F.cross_entropy(x64, target, label_smoothing=smoothing)
+    (ref * 2.5).backward()
+    assert loss.dtype == torch.float32 and logits.grad.dtype == dtype
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-5, rtol=1e-6)
+    # The kernel computes in fp32 and rounds the gradient once to the logits' dtype.
+    tol = {"atol": 2e-8, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-7, "rtol": 2**-8}
+    torch.testing.assert_close(logits.grad.double(), x64.grad, **tol)
+    assert not logits.grad[::3].any()  # ignored rows get no gradient
+
+
+def test_cross_entropy_of_a_large_vocabulary_in_bf16_matches_pytorchs_fp32_loss():
+    """The masked-LM head's shape (a 16k vocabulary), against what the task computed before the
+    kernel: PyTorch's loss of the logits copied to fp32."""
+    logits, target = _cross_entropy_case(64, 16000, torch.bfloat16, seed=3)
+    with kernels.enabled():
+        loss = kernels.cross_entropy(logits, target)
+        loss.backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    ref = F.cross_entropy(logits.float(), target)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(got.float(), logits.grad.float(), atol=1e-9, rtol=2**-7)
+
+
+def test_cross_entropy_refuses_a_target_outside_the_vocabulary():
+    logits = torch.randn(3, 10)
+    with kernels.enabled(), pytest.raises(RuntimeError, match="target 10 is outside"):
+        kernels.cross_entropy(logits, torch.tensor([1, 10, 2]))
+
+
+def test_cross_entropy_outside_the_context_is_pytorchs(monkeypatch):
+    monkeypatch.setattr(kernels._CrossEntropy, "apply", lambda *a: pytest.fail("kernel used outside kernels.enabled()"))
+    logits, target = torch.randn(6, 11), torch.randint(0, 11, (6,))
+    torch.testing.assert_close(kernels.cross_entropy(logits, target), F.cross_entropy(logits, target))
+    with kernels.enabled():
+        kernels.cross_entropy(logits.double(), target)  # float64: PyTorch's

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab import load
 from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.nn import kernels
 from attnlab.tasks import MaskedLM
 from attnlab.train import resolve
 from helpers import WIKITEXT, cli, encoder_doc, shared
@@ -70,6 +72,26 @@ def test_the_loss_runs_through_forward_so_a_compiled_model_covers_it(mlm_run):
     with torch.no_grad():  # the same number as scoring every position and keeping the chosen ones
         expected = torch.nn.functional.cross_entropy(run.model(inputs)[chosen].float(), labels[chosen])
     torch.testing.assert_close(loss.detach(), expected)
+
+
+@pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
+def test_the_loss_through_the_kernel_under_bf16_autocast_is_the_fp32_loss_of_the_logits(mlm_run, monkeypatch):
+    """train.fused_kernels with train.dtype bfloat16, as the preset trains: the kernel scores the
+    bf16 logits in fp32, as PyTorch's loss of their fp32 copy does, gradients included."""
+    run, task = load(mlm_run), reopen(mlm_run)
+    batch = task.train_batch(0, torch.Generator().manual_seed(3))
+    results = {}
+    for on in (False, True):
+        if on:  # and it really is the kernel that runs
+            monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: pytest.fail("PyTorch's loss ran"))
+        run.model.zero_grad()
+        with kernels.enabled(on), torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = task.loss(run.model, batch, torch.device("cpu"), label_smoothing=0.1)
+        loss.backward()
+        results[on] = loss.detach(), [p.grad.clone() for p in run.model.parameters() if p.grad is not None]
+    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-6)
+    for with_kernel, without in zip(results[True][1], results[False][1], strict=True):
+        torch.testing.assert_close(with_kernel, without, atol=1e-6, rtol=2e-2)
 
 
 def test_train_batch_depends_only_on_the_generator_seed_and_the_index(mlm_run):

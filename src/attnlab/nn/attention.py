@@ -229,18 +229,19 @@ class MultiHeadAttention(nn.Module):
         t_k = k.size(2)
 
         dropout_p = self.dropout if self.training else 0.0
-        # A square causal problem has a dedicated flag in the fused kernel; anything else needs
-        # the mask written out.
-        fused_causal = causal and mask is None and t_q == t_k and not need_weights
-        if causal and not fused_causal and t_q > 1:
-            look_ahead = causal_mask(t_q, t_k, device=x.device)
-            mask = look_ahead if mask is None else mask & look_ahead
-
         # In a compiled one-query step the formula's few operators fuse into the kernels around
         # them, where the fused kernel is one more call with its fixed cost: compiled greedy
         # decoding 1.17-1.36x faster at 4x4x128; at 6x6x384, 0.85-0.96x, within that machine's
         # noise (benchmarks/decode_ab.py attention).
-        if need_weights or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k):
+        formula = need_weights or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
+        # A square causal problem has a dedicated flag in the fused kernel; anything else needs
+        # the mask written out.
+        fused_causal = causal and mask is None and t_q == t_k and not formula
+        if causal and not fused_causal and t_q > 1:
+            look_ahead = causal_mask(t_q, t_k, device=x.device)
+            mask = look_ahead if mask is None else mask & look_ahead
+
+        if formula:
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
             weights = weights if need_weights else None
         else:
