@@ -12,15 +12,14 @@ the weights written out). Both peers alternate within each repeat; medians.
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from run_info import run_info
 
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.nn.masks import causal_mask
@@ -97,10 +96,7 @@ def main() -> None:
                     )
     if args.out:
         meta = {
-            "date": date.today().isoformat(),
-            "machine": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
+            **run_info(),
             "repeats": args.repeats,
             "steps": args.steps,
         }

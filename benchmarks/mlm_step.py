@@ -29,14 +29,13 @@ Medians over repeats. No data files: the step's cost does not depend on which id
 import argparse
 import contextlib
 import json
-import platform
 import statistics
 import time
-from datetime import date
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from run_info import run_info
 
 import attnlab.nn.attention
 from attnlab.data.mlm import IGNORE_INDEX
@@ -136,10 +135,7 @@ def main() -> None:
         args.out.write_text(
             json.dumps(
                 {
-                    "date": date.today().isoformat(),
-                    "machine": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(),
-                    "torch": torch.__version__,
+                    **run_info(),
                     "steps": args.steps,
                     "repeats": args.repeats,
                     "vocab": args.vocab,

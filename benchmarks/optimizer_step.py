@@ -14,12 +14,11 @@ clipping plus optimizer step alone, timed the same way on fixed gradients.
 import argparse
 import copy
 import json
-import platform
 import statistics
-from datetime import date
 from pathlib import Path
 
 import torch
+from run_info import run_info
 
 from attnlab import bench
 from attnlab.nn import kernels
@@ -66,10 +65,7 @@ def main() -> None:
         )
     if args.out:
         meta = {
-            "date": date.today().isoformat(),
-            "machine": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
+            **run_info(),
             "case": vars(args) | {"out": str(args.out)},
         }
         args.out.write_text(json.dumps(meta | results, indent=1) + "\n")

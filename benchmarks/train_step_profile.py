@@ -11,12 +11,11 @@ the matrix products, the C++ blocks' own loops, and everything else.
 
 import argparse
 import json
-import platform
 import statistics
-from datetime import date
 from pathlib import Path
 
 import torch
+from run_info import run_info
 
 from attnlab import bench
 
@@ -60,10 +59,7 @@ def main() -> None:
     print(table)
     if args.out:
         result = {
-            "date": date.today().isoformat(),
-            "machine": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
+            **run_info(),
             "case": vars(args) | {"out": str(args.out)},
             "ms_per_step": ms,
             "split": split,
