@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 # In a fresh interpreter: whether a 64 MiB block is served from fresh mapped pages (hblkhd, the
 # bytes glibc holds in mmap'ed blocks, grows while it is held) before and after the switch.
@@ -46,3 +47,26 @@ def test_keep_freed_memory_serves_large_blocks_from_the_heap():
     # Before: glibc maps a 64 MiB block afresh (and hands it back on free). After: from the heap,
     # kept for the next step. The second call is cached and says the same.
     assert out == ["True", "True", "False", "True"]
+
+
+def test_bf16_training_on_a_cpu_without_bf16_kernels_is_warned_of(monkeypatch):
+    from attnlab import device
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(device, "cpu_has_bf16_matmul", lambda: False)
+    note = device.slow_dtype_note(cpu, "bfloat16")
+    assert note is not None and "float32" in note and "\n" not in note  # one line that names the fix
+    assert device.slow_dtype_note(cpu, "float32") is None
+    assert device.slow_dtype_note(cuda, "bfloat16") is None  # GPUs have their own bf16 units
+    monkeypatch.setattr(device, "cpu_has_bf16_matmul", lambda: True)
+    assert device.slow_dtype_note(cpu, "bfloat16") is None
+
+
+def test_the_bf16_check_agrees_with_the_cpus_instruction_sets():
+    from attnlab.device import cpu_has_bf16_matmul
+
+    # oneDNN's bf16 products need AVX-512; where PyTorch reports no AVX-512 there are none.
+    if not torch.cpu._is_avx512_supported():
+        assert not cpu_has_bf16_matmul()
+    if torch.cpu._is_avx512_bf16_supported():
+        assert cpu_has_bf16_matmul()

@@ -59,3 +59,25 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+@functools.cache
+def cpu_has_bf16_matmul() -> bool:
+    """Whether PyTorch multiplies bf16 matrices on this CPU with oneDNN's kernels, which need AVX-512
+    (native bf16 instructions where the CPU has AVX512-BF16 or AMX). Without them, as on CPUs with
+    AVX2 alone, bf16 products take PyTorch's reference loop: a masked-LM step of the wikitext2-mlm
+    preset took 47 s under bf16 autocast against 1.1 s in fp32 on a 2-core AMD EPYC (BENCHMARKS.md)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # PyTorch's own test for that dispatch
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def slow_dtype_note(device: torch.device, dtype: str) -> str | None:
+    """A one-line warning where `dtype` would make training on `device` far slower than fp32, else None."""
+    if device.type == "cpu" and dtype == "bfloat16" and not cpu_has_bf16_matmul():
+        return (
+            "warning: train.dtype = 'bfloat16' on a CPU without bf16 matrix kernels (they need AVX-512): "
+            "products run ~40x slower than in float32 here; use --set train.dtype=float32"
+        )
+    return None

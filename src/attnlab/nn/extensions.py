@@ -7,6 +7,7 @@ warning, where it cannot be built (no compiler, no ninja).
 
 import hashlib
 import os
+import platform
 import sysconfig
 import warnings
 from pathlib import Path
@@ -23,9 +24,11 @@ def build(name: str, source: Path, *, what: str, fallback: str) -> ModuleType | 
     scripts = sysconfig.get_path("scripts")
     if scripts and scripts not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
-    # PyTorch rebuilds when the source or the flags change, not when a header does: the headers'
-    # digest goes into the flags.
+    # PyTorch rebuilds when the source or the flags change, not when a header does, nor when the
+    # cache folder is reached from another CPU, on which -march=native code can die of an illegal
+    # instruction: the headers' and the CPU's digest go into the flags.
     headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(source.parent.parent.glob("*/*.h"))))
+    headers.update(cpu_identity())
     try:
         return cpp_extension.load(
             name=name,
@@ -35,7 +38,12 @@ def build(name: str, source: Path, *, what: str, fallback: str) -> ModuleType | 
                 "-march=native",
                 "-fopenmp",
                 "-fno-math-errno",
-                f"-DATTNLAB_HEADERS={headers.hexdigest()[:16]}",
+                # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a
+                # select (a division among them). Without AVX-512's masked instructions it
+                # vectorizes no loop with a branch otherwise: the activations and the softmax ran
+                # scalar on AVX2 CPUs, 3x slower than PyTorch (BENCHMARKS.md).
+                "-fno-trapping-math",
+                f"-DATTNLAB_BUILD={headers.hexdigest()[:16]}",
             ],
             extra_ldflags=["-fopenmp"],
             verbose=False,
@@ -43,3 +51,15 @@ def build(name: str, source: Path, *, what: str, fallback: str) -> ModuleType | 
     except Exception as e:  # no compiler, no ninja, a build error: the caller uses PyTorch instead
         warnings.warn(f"the {what} could not be built ({type(e).__name__}: {e}); {fallback}", stacklevel=3)
         return None
+
+
+def cpu_identity() -> bytes:
+    """The CPU's model and instruction-set flags as the system lists them (Linux's /proc/cpuinfo),
+    or the machine's architecture where it lists none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.machine().encode()
+    keys = ("model name", "flags", "Features", "CPU part")  # x86, and Arm's names
+    lines = dict.fromkeys(line for line in text.splitlines() if line.startswith(keys))  # once each, in order
+    return "\n".join(lines).encode() or platform.machine().encode()

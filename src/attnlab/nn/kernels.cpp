@@ -9,7 +9,7 @@
 //   (B, T, 3C), head h the columns [h*D, (h+1)*D) of each third, to (B, T, C) with the heads
 //   side by side: no head split, no transposes, no copies. Per (sequence, head), tiles of queries
 //   against the keys in a transposed local copy, so every inner loop runs along keys or along the
-//   head dimension in 16-float registers. The backward recomputes the weights from the forward's
+//   head dimension in vector registers. The backward recomputes the weights from the forward's
 //   log-sum-exp of each query (as FlashAttention does) instead of storing (T, T).
 // - A whole pre-norm block, forward and backward, in one call each (PreNormBlock, at the end).
 
@@ -35,11 +35,23 @@ void check_float_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
-constexpr int kLane = 16;  // floats in one vector
+// One vector of the widest registers the build's CPU has (-march=native): 16 floats with AVX-512,
+// 8 with AVX2, 4 on SSE or NEON. A wider vector type than the registers is no help: on AVX2 GCC
+// keeps a 16-float one on the stack and assembles it from 64-bit pieces, which made attention
+// 10x slower than PyTorch's kernel there (BENCHMARKS.md).
+#if defined(__AVX512F__)
+constexpr int kLane = 16;
+#elif defined(__AVX__)
+constexpr int kLane = 8;
+#else
+constexpr int kLane = 4;
+#endif
+// Independent sums a tile keeps: 16 vectors, all the AVX-512 tile needs. With AVX2's 16 registers
+// some go through the stack, and that is still faster than smaller tiles (8 sums: attention at
+// T = 256, D = 64 took 1.5x as long, forward and backward; ad hoc).
+constexpr int kSums = 16;
 
-// 16 floats as one value: GCC and Clang keep it in a register (AVX-512) or two (AVX2), where a
-// float[16] accumulator in a loop goes through memory at every step.
-typedef float Lanes __attribute__((vector_size(64)));
+typedef float Lanes __attribute__((vector_size(kLane * sizeof(float))));
 
 inline Lanes load(const float* p) {
   Lanes v;
@@ -53,7 +65,7 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 // serves R queries, and the per-row loop overheads are shared by R rows. Queries past the last
 // row of a tile repeat that row and are never written.
 template <int D>
-constexpr int kTile = D <= 64 ? 4 : 2;  // R x D/16 sums in registers: 16 at most
+constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane sums in registers
 
 // out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (16 V floats each,
 // `stride` apart), out's rows ld apart: a small product held in R x V registers, every loaded
@@ -79,7 +91,7 @@ inline void tile_product(const float* const* a, const float* b, int64_t stride, 
     for (int c = 0; c < V; ++c) store(out + r * ld + c * kLane, acc[r][c]);
 }
 
-// s[r][j] = scale * q_r . k_j for R queries and the keys of blocks [0, nb) of 16, with the keys
+// s[r][j] = scale * q_r . k_j for R queries and the keys of blocks [0, nb) of kLane, with the keys
 // transposed in kt (D, Tp); s is R rows of ld floats.
 template <int D, int R>
 inline void score_tile(const float* const* q, const float* kt, int64_t Tp, int64_t nb, float scale, float* s,
@@ -139,8 +151,8 @@ void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, float* xt)
 int64_t padded(int64_t T) { return (T + kLane - 1) / kLane * kLane; }
 
 // s[j] = exp(s[j] - max) for the n scores of a row and 0 for the rest of its `width` (a multiple
-// of 16: the blocks the scores were computed in); returns their sum, and the max in m. In
-// 16-float registers throughout: a scalar max and a reduction loop around exp did not vectorize.
+// of kLane: the blocks the scores were computed in); returns their sum, and the max in m. In
+// vector registers throughout: a scalar max and a reduction loop around exp did not vectorize.
 inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
   if (n == 0) {  // a padding row
     std::fill(s, s + width, 0.f);

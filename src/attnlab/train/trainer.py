@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from attnlab.device import autocast, keep_freed_memory, resolve_device
+from attnlab.device import autocast, keep_freed_memory, resolve_device, slow_dtype_note
 from attnlab.errors import CheckpointError, UserError
 from attnlab.nn import kernels
 from attnlab.tasks import TASKS
@@ -284,6 +284,8 @@ def train(
             save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
 
     write = sys.stderr.write if ddp.is_main else _silent
+    if note := slow_dtype_note(device, tc.dtype):
+        write(note + "\n")
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
     show_bar = progress and ddp.is_main and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
