@@ -18,7 +18,10 @@ SUFFIX=""; ARCH=()
 if [ "$NORM" = pre ]; then SUFFIX=-prenorm; ARCH=(--set 'model.norm="pre"'); fi
 mkdir -p "$RUNS" "$LOGS"
 NICE=(); [ "$(id -u)" = 0 ] && NICE=(nice -n -15)
+# bf16 autocast where the CPU has bf16 matrix kernels (AVX-512); fp32 elsewhere, where bf16
+# products take ~40x as long (BENCHMARKS.md).
 BF16=(--set 'train.dtype="bfloat16"')
+python -c 'import sys; from attnlab.device import cpu_has_bf16_matmul; sys.exit(not cpu_has_bf16_matmul())' || BF16=()
 UD=(--data-dir "$DATA/ud-english-ewt")
 # SST-2: 2,000 steps for both; the pre-trained encoder fine-tuned gently (peak 2e-4; GPU sweep
 # round 5: 0.845 - 0.847 dev against 0.82 at the preset's 5e-4), from scratch at the preset's rate.

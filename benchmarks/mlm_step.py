@@ -10,13 +10,16 @@ runs of BENCHMARKS.md do. The variants alternate within every repeat:
   takes at <= 128 keys (attnlab.nn.attention.FORMULA_MAX_KEYS);
 - "bf16, attnlab's kernels": the preset's step now (train.fused_kernels: the loss through attnlab's
   cross-entropy kernel over the bf16 logits, and ClippingAdamW);
-- "fp32" (PyTorch's loss) and, with --dropout, "bf16, dropout 0.1" (BERT's, the preset's until
-  2026-11-23); with --compile, the kernels' step through torch.compile (compiled at the warm-up
-  step, untimed).
+- "fp32" (PyTorch's loss), "fp32, attnlab's kernels" and, with --dropout, "bf16, dropout 0.1"
+  (BERT's, the preset's until 2026-11-23); with --compile, the kernels' step through torch.compile
+  (compiled at the warm-up step, untimed).
 Then a `torch.profiler` table of the kernels' step.
 
     python benchmarks/mlm_step.py [--steps 5] [--repeats 3] [--dropout] [--compile] [--vocab 16000]
-        [--no-keep-freed-memory] [--out FILE.json]
+        [--no-keep-freed-memory] [--bf16-anyway] [--out FILE.json]
+
+On a CPU without bf16 matrix kernels (AVX2 alone: a bf16 step takes ~40x as long as fp32) the bf16
+variants are left out unless --bf16-anyway.
 
 --vocab sets the vocabulary size (the preset's 16k by default): the masked-LM head's products and
 log-softmax scale with it. The trainer has glibc keep freed blocks (attnlab.device.keep_freed_memory)
@@ -39,7 +42,7 @@ from run_info import run_info
 
 import attnlab.nn.attention
 from attnlab.data.mlm import IGNORE_INDEX
-from attnlab.device import autocast, keep_freed_memory
+from attnlab.device import autocast, cpu_description, cpu_has_bf16_matmul, keep_freed_memory
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.nn import kernels
 from attnlab.tasks.mlm import masked_lm_loss
@@ -64,6 +67,7 @@ def main() -> None:
     p.add_argument("--dropout", action="store_true", help="add bf16 with dropout 0.1")
     p.add_argument("--compile", action="store_true", help="add the kernels' step through torch.compile")
     p.add_argument("--no-keep-freed-memory", action="store_true", help="leave glibc's allocator as it is")
+    p.add_argument("--bf16-anyway", action="store_true", help="time bf16 on a CPU without bf16 matrix kernels too")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
     kept = False if args.no_keep_freed_memory else keep_freed_memory()
@@ -100,11 +104,16 @@ def main() -> None:
         "bf16, PyTorch's loss": Variant(True),
         "bf16, attnlab's kernels": Variant(True, kernels=True),
         "fp32": Variant(False),
+        "fp32, attnlab's kernels": Variant(False, kernels=True),
     }
     if args.dropout:
         variants["bf16, dropout 0.1"] = Variant(True, dropout=True)
     if args.compile:
         variants["bf16, attnlab's kernels, compiled"] = Variant(True, kernels=True, compiled=True)
+    if not (cpu_has_bf16_matmul() or args.bf16_anyway):
+        print(f"{cpu_description()}: no bf16 matrix kernels on this CPU (~40x slower than fp32), fp32 variants only")
+        variants = {name: v for name, v in variants.items() if not v.bf16}
+    profiled = "bf16, attnlab's kernels" if "bf16, attnlab's kernels" in variants else "fp32, attnlab's kernels"
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     for v in variants.values():  # warm-up (and compilation)
         step(v)
@@ -128,9 +137,9 @@ def main() -> None:
 
     with torch.profiler.profile() as prof:
         for _ in range(args.steps):
-            step(variants["bf16, attnlab's kernels"])
+            step(variants[profiled])
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=45)
-    print(f"\nthe kernels' bf16 step, {args.steps} steps:\n{table}")
+    print(f"\n{profiled}, {args.steps} steps:\n{table}")
     if args.out:
         args.out.write_text(
             json.dumps(
@@ -141,6 +150,7 @@ def main() -> None:
                     "vocab": args.vocab,
                     "keep_freed_memory": kept,
                     "variants": rows,
+                    "profiled": profiled,
                     "profile": table,
                 },
                 indent=1,

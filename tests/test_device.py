@@ -70,3 +70,11 @@ def test_the_bf16_check_agrees_with_the_cpus_instruction_sets():
         assert not cpu_has_bf16_matmul()
     if torch.cpu._is_avx512_bf16_supported():
         assert cpu_has_bf16_matmul()
+
+
+def test_the_cpu_description_names_the_vector_instructions_pytorch_uses():
+    from attnlab.device import cpu_description
+
+    name, _, isa = cpu_description().rpartition(", ")
+    assert name  # a model name, or at least the architecture
+    assert isa == torch.backends.cpu.get_cpu_capability()

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.decode import greedy
-from attnlab.device import autocast
+from attnlab.device import autocast, cpu_description
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn import causal_mask, kernels, scaled_dot_product_attention
 from attnlab.train.guards import grad_norm
@@ -469,7 +469,7 @@ def attention_memory(device: torch.device, lengths: tuple[int, ...]) -> list[Mem
 def _machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, {platform.machine()} host"
-    return f"{platform.machine()} {platform.processor()}".strip()
+    return f"{platform.machine()}: {cpu_description()}"
 
 
 def run_benchmarks(

@@ -5,7 +5,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import platform
 import sys
+from pathlib import Path
 
 import torch
 
@@ -81,3 +83,18 @@ def slow_dtype_note(device: torch.device, dtype: str) -> str | None:
             "products run ~40x slower than in float32 here; use --set train.dtype=float32"
         )
     return None
+
+
+@functools.cache
+def cpu_description() -> str:
+    """The CPU's model, where the system names it, and the widest vector instructions PyTorch uses
+    on it, e.g. "AMD EPYC, AVX2": CPU timings depend on both (bf16 products, kernel widths)."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.partition(":")[2].strip() or name
+                break
+    except OSError:  # not Linux
+        pass
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
