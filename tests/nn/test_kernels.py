@@ -276,3 +276,37 @@ def test_cross_entropy_outside_the_context_is_pytorchs(monkeypatch):
     torch.testing.assert_close(kernels.cross_entropy(logits, target), F.cross_entropy(logits, target))
     with kernels.enabled():
         kernels.cross_entropy(logits.double(), target)  # float64: PyTorch's
+
+
+@pytest.fixture(scope="module")
+def narrow_build():
+    """The kernels built for SSE4.2 (x86-64-v2: 4-float vectors), beside this CPU's own build (8
+    floats with AVX2, 16 with AVX-512): the vector width is a compile-time choice, so the other
+    widths' code is only tested where it is built."""
+    import platform
+    from pathlib import Path
+
+    from attnlab.nn.extensions import build
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("an x86-64 instruction set")
+    ext = build(
+        "attnlab_kernels_x86_64_v2",
+        Path(kernels.__file__).with_name("kernels.cpp"),
+        what="SSE4.2 kernels",
+        fallback="skipped",
+        march="x86-64-v2",
+    )
+    if ext is None:
+        pytest.skip("the SSE4.2 build failed")
+    return ext
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t, heads, head_dim", [(37, 2, 16), (20, 3, 64), (5, 1, 128)])
+def test_the_4_float_build_matches_the_formula_too(narrow_build, monkeypatch, causal, t, heads, head_dim):
+    used = []
+    monkeypatch.setattr(kernels, "extension", lambda: used.append(1) or narrow_build)
+    test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim)
+    test_gelu_and_its_gradient_match_pytorch_in_float64("tanh")
+    assert used  # the narrow build ran, not this CPU's

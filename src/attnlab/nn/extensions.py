@@ -14,9 +14,10 @@ from pathlib import Path
 from types import ModuleType
 
 
-def build(name: str, source: Path, *, what: str, fallback: str) -> ModuleType | None:
-    """The extension `name` compiled from `source` (and the headers beside it), or None with a
-    warning "the {what} could not be built (...); {fallback}"."""
+def build(name: str, source: Path, *, what: str, fallback: str, march: str = "native") -> ModuleType | None:
+    """The extension `name` compiled from `source` (and the headers beside it) for the instruction
+    set `march` (GCC's -march: this CPU's by default), or None with a warning "the {what} could
+    not be built (...); {fallback}"."""
     from torch.utils import cpp_extension
 
     # The build runs `ninja`, which the `ninja` package installs beside this interpreter: on PATH
@@ -35,7 +36,7 @@ def build(name: str, source: Path, *, what: str, fallback: str) -> ModuleType | 
             sources=[str(source)],
             extra_cflags=[
                 "-O3",
-                "-march=native",
+                f"-march={march}",
                 "-fopenmp",
                 "-fno-math-errno",
                 # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a
