@@ -107,6 +107,27 @@ def test_float16_on_cpu_is_a_config_error_naming_bfloat16(tiny_toml, tmp_path):
         train(resolve(doc), tmp_path / "run", progress=False)
 
 
+@pytest.mark.parametrize("fast_bf16", [False, True])
+def test_bf16_on_a_cpu_without_bf16_kernels_trains_with_a_one_line_warning(tiny_toml, tmp_path, capsys, fast_bf16):
+    import attnlab.device
+
+    attnlab.device.cpu_has_bf16_matmul.cache_clear()
+    original = torch.ops.mkldnn._is_mkldnn_bf16_supported
+    try:
+        torch.ops.mkldnn._is_mkldnn_bf16_supported = lambda: fast_bf16  # what PyTorch's dispatch asks
+        doc = merge(read_toml(tiny_toml), parse_overrides(["train.dtype=bfloat16", "train.max_iters=2"]))
+        train(resolve(doc), tmp_path / "run", progress=False)
+    finally:
+        torch.ops.mkldnn._is_mkldnn_bf16_supported = original
+        attnlab.device.cpu_has_bf16_matmul.cache_clear()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "bfloat16" in line]
+    if fast_bf16:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and "train.dtype=float32" in warnings[0]
+    assert (tmp_path / "run" / WEIGHTS).exists()  # a warning, not a refusal: the run trained
+
+
 def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves(tiny_toml, tmp_path):
     """`attnlab train --nproc 2` sent SIGTERM: the workers finish the same step, rank 0 saves, the
     job exits 0 with one line naming the resume command (no torchrun traceback)."""
