@@ -85,16 +85,20 @@ def slow_dtype_note(device: torch.device, dtype: str) -> str | None:
     return None
 
 
+def cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
+    """The lines of Linux's /proc/cpuinfo that start with one of `keys`, each once, in order (the
+    file repeats them per core); [] where the system has no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(line for line in text.splitlines() if line.startswith(keys)))
+
+
 @functools.cache
 def cpu_description() -> str:
     """The CPU's model, where the system names it, and the widest vector instructions PyTorch uses
     on it, e.g. "AMD EPYC, AVX2": CPU timings depend on both (bf16 products, kernel widths)."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                name = line.partition(":")[2].strip() or name
-                break
-    except OSError:  # not Linux
-        pass
+    names = [line.partition(":")[2].strip() for line in cpuinfo_lines(("model name",))]
+    name = next((n for n in names if n), platform.processor() or platform.machine())
     return f"{name}, {torch.backends.cpu.get_cpu_capability()}"

@@ -13,6 +13,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+from attnlab.device import cpuinfo_lines
+
 
 def build(name: str, source: Path, *, what: str, fallback: str, march: str = "native") -> ModuleType | None:
     """The extension `name` compiled from `source` (and the headers beside it) for the instruction
@@ -57,10 +59,5 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
 def cpu_identity() -> bytes:
     """The CPU's model and instruction-set flags as the system lists them (Linux's /proc/cpuinfo),
     or the machine's architecture where it lists none."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.machine().encode()
-    keys = ("model name", "flags", "Features", "CPU part")  # x86, and Arm's names
-    lines = dict.fromkeys(line for line in text.splitlines() if line.startswith(keys))  # once each, in order
+    lines = cpuinfo_lines(("model name", "flags", "Features", "CPU part"))  # x86's names, and Arm's
     return "\n".join(lines).encode() or platform.machine().encode()
