@@ -45,9 +45,11 @@ def _peers(B: int, T: int, C: int, H: int) -> dict[str, tuple[Callable[[], objec
     dy = torch.randn_like(y)
     leaf = qkv.clone().requires_grad_()
 
+    def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, 3C) -> q, k, v stacked, (3, B, H, T, D)
+        return t.view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+
     def torch_attention() -> None:
-        q, k, v = leaf.view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dy.view(B, T, H, C // H).transpose(1, 2))
+        F.scaled_dot_product_attention(*heads(leaf), is_causal=True).backward(dy.view(B, T, H, C // H).transpose(1, 2))
 
     def attnlab_attention() -> None:
         out, saved = ext.attention_forward(qkv, H, True)
@@ -61,9 +63,7 @@ def _peers(B: int, T: int, C: int, H: int) -> dict[str, tuple[Callable[[], objec
         ),
         "attention forward": (
             lambda: ext.attention_forward(qkv, H, True),
-            lambda: F.scaled_dot_product_attention(
-                *qkv.view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4), is_causal=True
-            ),
+            lambda: F.scaled_dot_product_attention(*heads(qkv), is_causal=True),
         ),
         "attention forward + backward": (attnlab_attention, torch_attention),
     }

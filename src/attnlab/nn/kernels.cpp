@@ -67,7 +67,7 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 template <int D>
 constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane sums in registers
 
-// out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (16 V floats each,
+// out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (kLane V floats each,
 // `stride` apart), out's rows ld apart: a small product held in R x V registers, every loaded
 // b_t serving R rows, the R x V sums independent so that their multiply-adds overlap. The
 // attention's scores (a: queries, b: the keys transposed, lanes along keys, no horizontal sums)
