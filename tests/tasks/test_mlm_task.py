@@ -1,6 +1,7 @@
 """Masked-LM pre-training on the WikiText fixture: real WordPiece, real blocks, the real trainer."""
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,7 @@ from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.nn import kernels
 from attnlab.tasks import MaskedLM
 from attnlab.train import resolve
-from helpers import WIKITEXT, cli, encoder_doc, shared
+from helpers import UD, WIKITEXT, cli, conllu_words, encoder_doc, shared
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,55 @@ def test_bpe_vocabulary_option(tmp_path):
     assert task.blocks["train"].shape[1] == task.model_config.max_len
     with pytest.raises(Exception, match="wordpiece"):
         resolve(encoder_doc("mlm", WIKITEXT, data={"tokenizer": "sentencepiece"}))
+
+
+def test_a_treebank_folder_is_read_as_the_words_of_its_sentences(tmp_path):
+    config = resolve(encoder_doc("mlm", UD, data={"vocab_size": 300}))
+    task = MaskedLM(config.data, config.model, tmp_path, batch_size=4, splits=("train", "val", "test"))
+    tok = task.tokenizer
+    width = task.model_config.max_len - 2
+    for split, name in (("train", "train"), ("val", "dev"), ("test", "test")):
+        sentences = conllu_words(UD / f"en_ewt-ud-{name}.conllu")
+        stream = [i for fields in sentences for i in tok.encode(" ".join(f[1] for f in fields))]
+        n = len(stream) // width
+        assert n >= 1 and task.blocks[split].shape == (n, width + 2), split
+        assert task.blocks[split][:, 1:-1].flatten().tolist() == stream[: n * width], split
+
+
+def test_continued_pre_training_takes_the_source_vocabulary_shape_and_every_weight(mlm_run, tmp_path):
+    source = load(mlm_run)
+    doc = encoder_doc("mlm", UD, data={"init_from": str(mlm_run), "vocab_size": 150})
+    doc["model"].update(d_model=48, n_heads=4, dropout=0.2)  # the shape is the source's; dropout this run's
+    config = resolve(doc)
+    task = MaskedLM(config.data, config.model, tmp_path, batch_size=4)
+    assert task.tokenizer.tokenizer.get_vocab() == source.tokenizer.tokenizer.get_vocab()
+    assert task.model_config == dataclasses.replace(source.config.model, dropout=0.2)
+    model = task.build_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    task.initialize(model)
+    ours, theirs = model.state_dict(), source.model.state_dict()
+    assert ours.keys() == theirs.keys() and any(k.startswith("head.dense") for k in ours)
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
+    assert not torch.equal(before["head.dense.weight"], ours["head.dense.weight"])
+    assert model.head.decoder.weight is model.embeddings.token.weight  # still tied
+
+
+def test_continued_pre_training_from_the_cli_starts_at_the_source_and_resumes(mlm_run, tmp_path, capsys):
+    out = tmp_path / "continued"
+    flags = ["--set=train.batch_size=4", "--set=train.eval_iters=1", "--set=train.eval_interval=2", "--quiet"]
+    args = ["train", "wikitext2-mlm", "--data-dir", UD, "--init-from", mlm_run, "--out", out, *flags]
+    code, _, err = cli(capsys, *args, "--set=train.max_iters=2", "--set=train.device=cpu")
+    assert code == 0, err
+    run = load(out)
+    assert run.config.model.d_model == load(mlm_run).config.model.d_model  # not the preset's 256
+    with open(out / "metrics.csv", newline="") as f:
+        first = next(r for r in csv.DictReader(f) if r["kind"] == "eval")
+    assert first["step"] == "0"
+    # Step 0 is the source model itself, scored on the treebank's dev text.
+    task = MaskedLM(run.config.data, run.config.model, out, resume=True, batch_size=4)
+    expected = task.evaluate_during_training(load(mlm_run).model, torch.device("cpu"), eval_iters=1)
+    assert float(first["val_loss"]) == pytest.approx(expected["val_loss"], rel=1e-4)
+    code, _, err = cli(capsys, *args, "--resume", "--set=train.max_iters=4", "--set=train.device=cpu")
+    assert code == 0, err
+    assert load(out, checkpoint="last").step == 4

@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init-from",
         metavar="FOLDER",
-        help="fine-tune from a pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder "
-        "(sets data.init_from; classification and tagging)",
+        help="start from a pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder "
+        "(sets data.init_from; classification and tagging fine-tune it, masked-LM pre-training continues it)",
     )
     p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
     p.add_argument(
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from:
         if not hasattr(config.data, "init_from"):
             raise UserError(
-                f"--init-from is for fine-tuning tasks (classification, tagging), not a {config.task!r} run"
+                f"--init-from is for encoder tasks (classification, tagging, masked-LM), not a {config.task!r} run"
             )
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))

@@ -175,7 +175,7 @@ class EncoderTask:
         if self.pretrained is not None:
             wanted = fine_tune_config(self.pretrained.config, wanted)
         elif data.init_from and (run_dir / "config.toml").exists():
-            wanted = fine_tune_config(_saved_model_config(run_dir), wanted)
+            wanted = fine_tune_config(saved_model_config(run_dir), wanted)
         self.model_config = wanted
         self.max_len = min(data.max_len, wanted.max_len) if isinstance(wanted, BertConfig) else data.max_len
 
@@ -278,7 +278,7 @@ class EncoderTask:
         return len(self.ids[split])
 
 
-def _saved_model_config(run_dir: Path) -> BertConfig:
+def saved_model_config(run_dir: Path) -> BertConfig:
     """The encoder shape a fine-tuning run took from its pre-trained model, as its config.toml says."""
     doc = read_toml(run_dir / "config.toml")
     return build(BertConfig, doc.get("model", {}), "model")

@@ -1,8 +1,10 @@
 """Masked-language-model pre-training (BERT, Devlin et al. 2019 §3.1) on a plain text corpus.
 
-Which model: a BERT encoder with the masked-LM head. Which data: a corpus folder with
-`train.txt` and `valid.txt` (optionally `test.txt`), the WikiText layout; a WordPiece vocabulary
-is trained on train.txt. The text is one token stream cut into full blocks of `max_len` tokens
+Which model: a BERT encoder with the masked-LM head, new or taken from a pre-trained run
+(`data.init_from`: continued pre-training, e.g. on a task's own text; Gururangan et al. 2020).
+Which data: a corpus folder with `train.txt` and `valid.txt` (optionally `test.txt`), the WikiText
+layout, or a UD treebank folder (the words of its sentences); a WordPiece vocabulary is trained on
+the training text unless the run starts from a pre-trained one. The text is one token stream cut into full blocks of `max_len` tokens
 ([CLS] ... [SEP]), so no position is padding (RoBERTa's "full-sentences" packing; no next-sentence
 objective). Which loss: cross-entropy at the 15% chosen positions. Which metric: masked-token
 accuracy and perplexity on validation blocks masked the same way every time.
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.data.conllu import read_conllu
 from attnlab.data.mlm import IGNORE_INDEX, mask_tokens
 from attnlab.data.parallel import read_lines
 from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
@@ -25,6 +28,8 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.nn import kernels
+from attnlab.tasks.encoder import load_pretrained, saved_model_config
+from attnlab.tasks.tagging import find_split_file
 
 SPLIT_FILES = {"train": "train.txt", "val": "valid.txt", "test": "test.txt"}
 EVAL_SEED = 20_190_524  # the validation blocks are masked identically at every evaluation
@@ -35,7 +40,12 @@ class MLMDataConfig:
     """Where the text comes from and how it becomes masked blocks."""
 
     data_dir: str = ""
-    """Folder with train.txt and valid.txt (optionally test.txt), e.g. WikiText-2."""
+    """Folder with train.txt and valid.txt (optionally test.txt), e.g. WikiText-2; or a UD treebank
+    folder (*-ud-train.conllu, *-ud-dev.conllu, *-ud-test.conllu), read as its sentences' words."""
+    init_from: str = ""
+    """Continue pre-training this encoder (an attnlab run folder or a Hugging Face BERT folder): its
+    vocabulary, architecture and weights, the masked-LM head too where it has one. vocab_size,
+    tokenizer and lowercase are then the source's."""
     tokenizer: str = "wordpiece"
     """Subword algorithm of the vocabulary trained on train.txt: "wordpiece" (BERT's) or "bpe"."""
     vocab_size: int = 16000
@@ -90,16 +100,26 @@ class MaskedLM:
         self.batch_size = batch_size
         lines = {s: self._read(data.data_dir, s) for s in splits}
         tokenizer_path = run_dir / "tokenizer.json"
-        if resume or "train" not in lines:
+        new_run = not resume and "train" in lines
+        # Only a new run reads the source folder; afterwards the run has all it needs of it.
+        self.pretrained = load_pretrained(data.init_from) if data.init_from and new_run else None
+        if not new_run:
             tokenizer = load_tokenizer(tokenizer_path)
             if not isinstance(tokenizer, WordPieceTokenizer):
                 raise UserError(f"{tokenizer_path} is not a WordPiece vocabulary with [MASK]")
         else:
-            tokenizer = WordPieceTokenizer.train(
-                lines["train"], data.vocab_size, lowercase=data.lowercase, algorithm=data.tokenizer
-            )
+            if self.pretrained is not None:
+                tokenizer = self.pretrained.tokenizer
+            else:
+                tokenizer = WordPieceTokenizer.train(
+                    lines["train"], data.vocab_size, lowercase=data.lowercase, algorithm=data.tokenizer
+                )
             tokenizer.save(tokenizer_path)
         self.tokenizer = tokenizer
+        if self.pretrained is not None:
+            model = continued_config(self.pretrained.config, model)
+        elif data.init_from and (run_dir / "config.toml").exists():
+            model = continued_config(saved_model_config(run_dir), model)
         self.model_config = dataclasses.replace(
             model, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, head="mlm", n_labels=0
         )
@@ -108,9 +128,17 @@ class MaskedLM:
         self.never_chosen = [i for i in tokenizer.special_ids if i != tokenizer.unk_id]
 
     def _read(self, data_dir: str, split: str) -> list[str]:
-        path = Path(data_dir).expanduser() / SPLIT_FILES[split]
+        folder = Path(data_dir).expanduser()
+        path = folder / SPLIT_FILES[split]
+        if not path.exists() and folder.is_dir() and any(folder.glob("*-ud-*.conllu*")):
+            # A treebank: one line per sentence, its words as UD splits them (the tags unused).
+            treebank_split = "dev" if split == "val" else split
+            return [" ".join(s.words) for s in read_conllu(find_split_file(data_dir, treebank_split))]
         if not path.exists():
-            raise UserError(f"{path} does not exist; the corpus folder needs {', '.join(SPLIT_FILES.values())}")
+            raise UserError(
+                f"{path} does not exist; the corpus folder needs {', '.join(SPLIT_FILES.values())} "
+                "(or *-ud-train.conllu, *-ud-dev.conllu, *-ud-test.conllu)"
+            )
         marker = self.data_config.unknown_word
         lines = [line.strip() for line in read_lines(path)]
         return [line.replace(marker, "[UNK]") if marker else line for line in lines if line]
@@ -128,6 +156,17 @@ class MaskedLM:
 
     def build_model(self) -> Bert:
         return Bert(self.model_config)
+
+    def initialize(self, model: Bert) -> None:
+        """Copy the source's weights into a new model (no-op without init_from): all of them where
+        the source has a masked-LM head; otherwise the encoder, and the head starts fresh."""
+        if self.pretrained is None:
+            return
+        source = self.pretrained.model
+        if source.config.head == "mlm":
+            model.load_state_dict(source.state_dict())
+        else:
+            model.load_encoder(source.state_dict())
 
     def _mask(self, blocks: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return mask_tokens(
@@ -200,6 +239,11 @@ class MaskedLM:
             f"{split}_ppl": m["ppl"],
             "masked_tokens": m["tokens"],
         }
+
+
+def continued_config(source: BertConfig, wanted: BertConfig) -> BertConfig:
+    """The architecture of the encoder pre-training continues from, with this run's dropout."""
+    return dataclasses.replace(source, dropout=wanted.dropout, head="mlm", n_labels=0)
 
 
 def masked_lm_loss(
