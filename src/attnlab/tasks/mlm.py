@@ -4,9 +4,10 @@ Which model: a BERT encoder with the masked-LM head, new or taken from a pre-tra
 (`data.init_from`: continued pre-training, e.g. on a task's own text; Gururangan et al. 2020).
 Which data: a corpus folder with `train.txt` and `valid.txt` (optionally `test.txt`), the WikiText
 layout, or a UD treebank folder (the words of its sentences); a WordPiece vocabulary is trained on
-the training text unless the run starts from a pre-trained one. The text is one token stream cut into full blocks of `max_len` tokens
-([CLS] ... [SEP]), so no position is padding (RoBERTa's "full-sentences" packing; no next-sentence
-objective). Which loss: cross-entropy at the 15% chosen positions. Which metric: masked-token
+the training text unless the run starts from a pre-trained one. The text is one token stream cut
+into full blocks of `max_len` tokens ([CLS] ... [SEP]), so no position is padding (RoBERTa's
+"full-sentences" packing; no next-sentence objective). Which loss: cross-entropy at the chosen
+positions (`mask_prob`, 15% in BERT). Which metric: masked-token
 accuracy and perplexity on validation blocks masked the same way every time.
 """
 
