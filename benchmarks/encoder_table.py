@@ -30,7 +30,10 @@ def summarise(run_dir: Path, data_root: Path) -> dict:
     run = load(run_dir)  # the best checkpoint on validation
     task_name = run.config.task
     split = REPORT_SPLIT[task_name]
-    data = dataclasses.replace(run.config.data, data_dir=str(data_root / DATA[task_name]))
+    # The run's own data folder, found under data_root (a masked LM may have read a treebank).
+    own = Path(run.config.data.data_dir).name
+    folder = data_root / (own if own and (data_root / own).is_dir() else DATA[task_name])
+    data = dataclasses.replace(run.config.data, data_dir=str(folder))
     task = TASKS[task_name](data, run.config.model, run_dir, resume=True, splits=(split,))
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -45,6 +48,7 @@ def summarise(run_dir: Path, data_root: Path) -> dict:
         "model": run.config.model.kind,
         "init": "pre-trained" if init else "random",
         "init_from": init,
+        "data": folder.name,
         "parameters": sum(p.numel() for p in run.model.parameters()),
         "steps": int(train_rows[-1]["step"]),
         "training_sec": round(float(train_rows[-1]["elapsed_sec"]), 1),
