@@ -172,10 +172,8 @@ class EncoderTask:
         wanted = dataclasses.replace(
             model, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, head=self.head, n_labels=len(self.labels)
         )
-        if self.pretrained is not None:
-            wanted = fine_tune_config(self.pretrained.config, wanted)
-        elif data.init_from and (run_dir / "config.toml").exists():
-            wanted = fine_tune_config(saved_model_config(run_dir), wanted)
+        if (source := source_config(self.pretrained, data.init_from, run_dir)) is not None:
+            wanted = fine_tune_config(source, wanted)
         self.model_config = wanted
         self.max_len = min(data.max_len, wanted.max_len) if isinstance(wanted, BertConfig) else data.max_len
 
@@ -278,7 +276,17 @@ class EncoderTask:
         return len(self.ids[split])
 
 
-def saved_model_config(run_dir: Path) -> BertConfig:
+def source_config(pretrained: Pretrained | None, init_from: str, run_dir: Path) -> BertConfig | None:
+    """The shape of the encoder a run starts from (None without init_from): the source's in a new
+    run, and afterwards (resumed, or loaded for use) what the run's config.toml saved of it."""
+    if pretrained is not None:
+        return pretrained.config
+    if init_from and (run_dir / "config.toml").exists():
+        return _saved_model_config(run_dir)
+    return None
+
+
+def _saved_model_config(run_dir: Path) -> BertConfig:
     """The encoder shape a fine-tuning run took from its pre-trained model, as its config.toml says."""
     doc = read_toml(run_dir / "config.toml")
     return build(BertConfig, doc.get("model", {}), "model")

@@ -29,7 +29,7 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.nn import kernels
-from attnlab.tasks.encoder import load_pretrained, saved_model_config
+from attnlab.tasks.encoder import load_pretrained, source_config
 from attnlab.tasks.tagging import find_split_file
 
 SPLIT_FILES = {"train": "train.txt", "val": "valid.txt", "test": "test.txt"}
@@ -117,10 +117,8 @@ class MaskedLM:
                 )
             tokenizer.save(tokenizer_path)
         self.tokenizer = tokenizer
-        if self.pretrained is not None:
-            model = continued_config(self.pretrained.config, model)
-        elif data.init_from and (run_dir / "config.toml").exists():
-            model = continued_config(saved_model_config(run_dir), model)
+        if (source := source_config(self.pretrained, data.init_from, run_dir)) is not None:
+            model = continued_config(source, model)
         self.model_config = dataclasses.replace(
             model, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, head="mlm", n_labels=0
         )
