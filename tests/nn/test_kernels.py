@@ -67,7 +67,9 @@ def _reference_attention(qkv: torch.Tensor, heads: int, causal: bool) -> torch.T
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("t, heads, head_dim", [(37, 2, 16), (64, 4, 32), (20, 3, 64), (5, 1, 128), (1, 2, 32)])
+@pytest.mark.parametrize(
+    "t, heads, head_dim", [(37, 2, 16), (64, 4, 32), (20, 3, 64), (5, 1, 128), (1, 2, 32), (136, 2, 64)]
+)
 def test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim):
     gen = torch.Generator().manual_seed(t * head_dim)
     qkv = (torch.randn(3, t, 3 * heads * head_dim, generator=gen) * 2).requires_grad_()

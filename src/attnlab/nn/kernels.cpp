@@ -17,6 +17,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -49,7 +53,13 @@ constexpr int kLane = 4;
 // Independent sums a tile keeps: 16 vectors, all the AVX-512 tile needs. With AVX2's 16 registers
 // some go through the stack, and that is still faster than smaller tiles (8 sums: attention at
 // T = 256, D = 64 took 1.5x as long, forward and backward; ad hoc).
-constexpr int kSums = 16;
+constexpr int kSums = 32;
+// The vector registers the build has: 32 with AVX-512, 16 with AVX2 (and SSE, NEON's 32 aside).
+#if defined(__AVX512F__)
+constexpr int kRegisters = 32;
+#else
+constexpr int kRegisters = 16;
+#endif
 
 typedef float Lanes __attribute__((vector_size(kLane * sizeof(float))));
 
@@ -67,6 +77,18 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 template <int D>
 constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane sums in registers
 
+// The weighted sums and the key and value gradients go through a head's D floats in chunks of W
+// vectors, so that a tile's R x W sums, the W vectors it loads and a broadcast weight all stay in
+// registers: the largest W dividing V = D / kLane with (R + 1) W < kRegisters. On AVX-512 that is
+// all of D for every tile size; on AVX2 half of D = 64 at a time, where the whole head's 24
+// vectors went through the stack (attention 1.x faster, BENCHMARKS.md).
+template <int R, int V>
+constexpr int kHeadChunk = [] {
+  int w = V;
+  while (w > 1 && ((R + 1) * w >= kRegisters || V % w != 0)) --w;
+  return w;
+}();
+
 // out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (kLane V floats each,
 // `stride` apart), out's rows ld apart: a small product held in R x V registers, every loaded
 // b_t serving R rows, the R x V sums independent so that their multiply-adds overlap. The
@@ -82,73 +104,115 @@ inline void tile_product(const float* const* a, const float* b, int64_t stride, 
     for (int c = 0; c < V; ++c) bt[c] = load(b + t * stride + c * kLane);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const float at = a[r][t] * scale;
+      const float at = a[r][t];
 #pragma GCC unroll 8
       for (int c = 0; c < V; ++c) acc[r][c] += at * bt[c];
     }
   }
+  // Scaled once at the end, not every a[r][t] (one multiply fewer beside each broadcast).
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < V; ++c) store(out + r * ld + c * kLane, acc[r][c]);
+    for (int c = 0; c < V; ++c) store(out + r * ld + c * kLane, acc[r][c] * scale);
 }
 
 // s[r][j] = scale * q_r . k_j for R queries and the keys of blocks [0, nb) of kLane, with the keys
-// transposed in kt (D, Tp); s is R rows of ld floats.
+// transposed in kt (D rows, ldk floats apart); s is R rows of ld floats.
 template <int D, int R>
-inline void score_tile(const float* const* q, const float* kt, int64_t Tp, int64_t nb, float scale, float* s,
+inline void score_tile(const float* const* q, const float* kt, int64_t ldk, int64_t nb, float scale, float* s,
                        int64_t ld) {
   constexpr int N = R <= 2 ? 4 : 2;
   int64_t b = 0;
-  for (; b + N <= nb; b += N) tile_product<R, N>(q, kt + b * kLane, Tp, D, scale, s + b * kLane, ld);
-  for (; b < nb; ++b) tile_product<R, 1>(q, kt + b * kLane, Tp, D, scale, s + b * kLane, ld);
+  for (; b + N <= nb; b += N) tile_product<R, N>(q, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
+  for (; b < nb; ++b) tile_product<R, 1>(q, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
 }
 
 // o[r] = sum_{j < n} w[r][j] x_j for R rows of weights (ld apart) and the n rows x_j (D floats,
 // `stride` apart); o is R rows of D.
 template <int D, int R>
 inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t stride, int64_t n, float* o) {
+  constexpr int V = D / kLane, W = kHeadChunk<R, V>;
   const float* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = w + r * ld;
-  tile_product<R, D / kLane>(rows, x, stride, n, 1.f, o, D);
+  for (int c = 0; c < V; c += W) tile_product<R, W>(rows, x + c * kLane, stride, n, 1.f, o + c * kLane, D);
 }
 
 // y_j += sum_r w[r][j] x_r for the n rows y_j (D floats each, contiguous): one tile's share of
 // the key and value gradients.
 template <int D, int R>
 inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_t n, float* y) {
-  constexpr int V = D / kLane;
-  // The R rows x_r in registers for the whole loop (the compiler cannot keep them there itself:
-  // the stores to y might, as far as it knows, change them).
-  Lanes xr[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < V; ++c) xr[r][c] = load(x[r] + c * kLane);
-  for (int64_t j = 0; j < n; ++j) {
-    float* yj = y + j * D;
-    Lanes acc[V];
+  constexpr int V = D / kLane, W = kHeadChunk<R, V>;
+  for (int c0 = 0; c0 < V; c0 += W) {
+    // The R rows' columns [c0, c0 + W) of x_r in registers for the whole loop (the compiler
+    // cannot keep them there itself: the stores to y might, as far as it knows, change them).
+    Lanes xr[R][W];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < W; ++c) xr[r][c] = load(x[r] + (c0 + c) * kLane);
+    for (int64_t j = 0; j < n; ++j) {
+      float* yj = y + j * D + c0 * kLane;
+      Lanes acc[W];
 #pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) acc[c] = load(yj + c * kLane);
+      for (int c = 0; c < W; ++c) acc[c] = load(yj + c * kLane);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const float wr = w[r * ld + j];
+      for (int r = 0; r < R; ++r) {
+        const float wr = w[r * ld + j];
 #pragma GCC unroll 8
-      for (int c = 0; c < V; ++c) acc[c] += wr * xr[r][c];
+        for (int c = 0; c < W; ++c) acc[c] += wr * xr[r][c];
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < W; ++c) store(yj + c * kLane, acc[c]);
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < V; ++c) store(yj + c * kLane, acc[c]);
   }
 }
 
-// xt (D, Tp) = the T rows of x (D floats, `stride` apart) transposed; columns past T are zero.
+#if defined(__AVX__)
+// The 8 x 8 block of rows r[0..8) transposed in place, in registers.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+#endif
+
+// xt (D, Tp) = the T rows of x (D floats, `stride` apart) transposed, its rows ld >= Tp floats
+// apart; columns [T, Tp) are zero.
+// With AVX, 8 x 8 blocks through registers: element by element, the strided loads were a tenth
+// of the attention forward's time at T = 256, D = 64 (perf, AVX2).
 template <int D>
-void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, float* xt) {
+void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, int64_t ld, float* xt) {
+  int64_t j0 = 0;
+#if defined(__AVX__)
+  for (; j0 + 8 <= T; j0 += 8)
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + (j0 + i) * stride + d0);
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(xt + (d0 + i) * ld + j0, r[i]);
+    }
+#endif
   for (int d = 0; d < D; ++d) {
-    float* row = xt + d * Tp;
-#pragma omp simd
-    for (int64_t j = 0; j < T; ++j) row[j] = x[j * stride + d];
+    float* row = xt + d * ld;
+    for (int64_t j = j0; j < T; ++j) row[j] = x[j * stride + d];
     std::fill(row + T, row + Tp, 0.f);
   }
 }
 
 int64_t padded(int64_t T) { return (T + kLane - 1) / kLane * kLane; }
+
+// The row stride of the transposed keys and values: one block longer than the rows. A score tile
+// reads a column block of D rows; at a power-of-two stride (T = 256: 1 KiB) those rows fall in a
+// few of L1's sets and evict each other (the scores ran at half the weighted sums' speed, AVX2).
+int64_t transposed_stride(int64_t T) { return padded(T) + kLane; }
 
 // s[j] = exp(s[j] - max) for the n scores of a row and 0 for the rest of its `width` (a multiple
 // of kLane: the blocks the scores were computed in); returns their sum, and the max in m. In
@@ -177,16 +241,16 @@ inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
 }
 
 // One (sequence, head) of the fused q/k/v (B, T, 3C): where its queries, keys and values start
-// (positions 3C floats apart), and its keys transposed into kt (D, Tp).
+// (positions 3C floats apart), and its keys transposed into kt (D, Tp), rows ld apart.
 struct Head {
   const float *q, *k, *v;
 };
 
 template <int D>
-Head head(const float* base, int64_t bh, int64_t T, int64_t H, int64_t Tp, float* kt) {
+Head head(const float* base, int64_t bh, int64_t T, int64_t H, int64_t Tp, int64_t ld, float* kt) {
   const int64_t b = bh / H, h = bh % H, C = H * D;
   const float* q = base + b * T * 3 * C + h * D;
-  transpose<D>(q + C, 3 * C, T, Tp, kt);
+  transpose<D>(q + C, 3 * C, T, Tp, ld, kt);
   return {q, q + C, q + 2 * C};
 }
 
@@ -194,19 +258,19 @@ template <int D>
 void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H, bool causal, float* out,
                              float* lse) {
   constexpr int R = kTile<D>;
-  const int64_t C = H * D, Tp = padded(T);
+  const int64_t C = H * D, Tp = padded(T), Tk = transposed_stride(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * Tp), s(R * Tp), o(R * D);
+    std::vector<float> kt(D * Tk), s(R * Tp), o(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, kt.data());
+      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, Tk, kt.data());
       for (int64_t i0 = 0; i0 < T; i0 += R) {
         const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
         const int64_t nb = (keys + kLane - 1) / kLane;
         const float* qr[R];
         for (int r = 0; r < R; ++r) qr[r] = q + std::min(i0 + r, T - 1) * 3 * C;
-        score_tile<D, R>(qr, kt.data(), Tp, nb, scale, s.data(), Tp);
+        score_tile<D, R>(qr, kt.data(), Tk, nb, scale, s.data(), Tp);
         float sum[R];
         for (int r = 0; r < R; ++r) {
           const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
@@ -230,14 +294,14 @@ template <int D>
 void attention_backward_heads(const float* base, const float* dy, const float* out, const float* lse, int64_t B,
                               int64_t T, int64_t H, bool causal, float* dbase) {
   constexpr int R = kTile<D>;
-  const int64_t C = H * D, Tp = padded(T);
+  const int64_t C = H * D, Tp = padded(T), Tk = transposed_stride(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * Tp), vt(D * Tp), dk(T * D), dv(T * D), p(R * Tp), ds(R * Tp), dq(R * D);
+    std::vector<float> kt(D * Tk), vt(D * Tk), dk(T * D), dv(T * D), p(R * Tp), ds(R * Tp), dq(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, kt.data());
-      transpose<D>(v, 3 * C, T, Tp, vt.data());
+      const auto [q, k, v] = head<D>(base, bh, T, H, Tp, Tk, kt.data());
+      transpose<D>(v, 3 * C, T, Tp, Tk, vt.data());
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
       for (int64_t i0 = 0; i0 < T; i0 += R) {
@@ -251,8 +315,8 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
         }
         // The weights again, from the saved log-sum-exp (p_j = exp(s_j - lse_i)), and
         // dP_j = dy_i . v_j through the transposed values.
-        score_tile<D, R>(qr, kt.data(), Tp, nb, scale, p.data(), Tp);
-        score_tile<D, R>(dyr, vt.data(), Tp, nb, 1.f, ds.data(), Tp);
+        score_tile<D, R>(qr, kt.data(), Tk, nb, scale, p.data(), Tp);
+        score_tile<D, R>(dyr, vt.data(), Tk, nb, 1.f, ds.data(), Tp);
         for (int r = 0; r < R; ++r) {
           float* pr = p.data() + r * Tp;
           float* dsr = ds.data() + r * Tp;
