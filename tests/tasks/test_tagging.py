@@ -14,6 +14,7 @@ from attnlab import load
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.errors import ConfigError
 from attnlab.tasks import Tagging
+from attnlab.tasks.tagging import word_mean
 from attnlab.train import resolve
 from helpers import UD, assert_user_error, cli, conllu_words, encoder_doc, shared
 
@@ -82,6 +83,79 @@ def test_targets_put_each_tag_at_the_words_first_subword_only(ud, tmp_path):
     assert len(ids) == position + 1 and ids[0] == tok.cls_id and ids[-1] == tok.sep_id
     assert (targets != IGNORE_INDEX).nonzero().flatten().tolist() == starts
     assert [task.labels[int(targets[p])] for p in starts] == [w[3] for w in words]
+
+
+class Scores(nn.Module):
+    """A 'tagger' whose scores are a fixed random function of (position, token id)."""
+
+    def __init__(self, n_labels: int) -> None:
+        super().__init__()
+        self.table = torch.randn(64, 1000, n_labels, generator=torch.Generator().manual_seed(3))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[torch.arange(ids.size(1)), ids % 1000]
+
+
+def test_word_mean_is_the_average_over_each_words_positions():
+    scores = torch.randn(2, 7, 3)
+    word_of = torch.tensor([[0, 1, 1, 1, 4, 5, 6], [0, 1, 2, 2, 4, 5, 6]])
+    pooled = word_mean(scores, word_of)
+    for b in range(2):
+        for t in range(7):
+            members = [u for u in range(7) if word_of[b, u] == t]
+            want = scores[b, members].mean(0) if members else torch.zeros(3)
+            torch.testing.assert_close(pooled[b, t], want)
+
+
+def test_mean_pooling_scores_each_word_by_the_average_of_all_its_subwords(ud, tmp_path):
+    (tmp_path / "first").mkdir(), (tmp_path / "mean").mkdir()
+    first = new_task(ud, tmp_path / "first")
+    task = new_task(ud, tmp_path / "mean", word_pooling="mean", tokenizer=str(tmp_path / "first"))
+    tok = task.tokenizer
+    sentences = conllu_words(ud / "en_ewt-ud-dev.conllu")
+    pieces = [[word_pieces(tok, w[1]) for w in s] for s in sentences]
+    indices = [i for i, n in enumerate(pieces) if max(n) >= 3 and sum(n) + 2 <= task.max_len][:4]
+    model = Scores(len(task.labels))
+    ids, targets, word_of = task.collate("dev", indices)
+    pooled = task.logits(model, ids, word_of)
+    raw = model(ids)
+    for row, i in enumerate(indices):
+        position = 1  # after [CLS]
+        for w in sentences[i]:
+            n = word_pieces(tok, w[1])
+            torch.testing.assert_close(pooled[row, position], raw[row, position : position + n].mean(0))
+            position += n
+    assert first.collate("dev", indices)[0].tolist() == ids.tolist() and len(first.collate("dev", indices)) == 2
+    assert torch.equal(targets, first.collate("dev", indices)[1])  # still one target per word, at its start
+    # Accuracy by hand from the pooled scores, over the whole split.
+    correct = total = 0
+    for batch in task.batches("dev"):
+        ids, targets, word_of = task.collate("dev", batch)
+        scored = targets != IGNORE_INDEX
+        correct += int((task.logits(model, ids, word_of).argmax(-1)[scored] == targets[scored]).sum())
+        total += int(scored.sum())
+    total += task.unscored("dev")  # words cut off by max_len count as errors
+    assert task.evaluate(model, torch.device("cpu"), split="dev")["accuracy"] == pytest.approx(correct / total)
+    assert correct / total != pytest.approx(first.evaluate(model, torch.device("cpu"), split="dev")["accuracy"])
+
+
+def test_word_pooling_is_first_or_mean(ud):
+    with pytest.raises(ConfigError, match="word_pooling"):
+        resolve(encoder_doc("tagging", ud, data={"word_pooling": "max"}))
+
+
+def test_a_mean_pooling_tagger_trains_evaluates_and_tags_from_the_command_line(ud, capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = cli(
+        capsys, "train", "ud-pos", "--data-dir", ud, "--out", run, "--quiet", *TINY, '--set=data.word_pooling="mean"'
+    )
+    assert code == 0, err
+    code, out, err = cli(capsys, "eval", run, "--split", "test", "--json")
+    assert code == 0, err
+    assert json.loads(out)["examples"] == sum(len(s) for s in conllu_words(ud / "en_ewt-ud-test.conllu"))
+    code, out, err = cli(capsys, "tag", run, "Unsuspectingly, the dogs ran .", "--json")
+    assert code == 0, err
+    assert [w for w, _ in json.loads(out)["sentences"][0]] == ["Unsuspectingly", ",", "the", "dogs", "ran", "."]
 
 
 def test_token_dropout_masks_ordinary_subwords_only_and_the_same_way_on_resume(ud, tmp_path):

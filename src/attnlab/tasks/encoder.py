@@ -198,9 +198,14 @@ class EncoderTask:
         lengths = [len(x) for x in self.ids[split]]
         return token_batches(lengths, lengths, self.data_config.max_tokens, seed=None)
 
-    def collate(self, split: str, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids `(B, T)` and targets: `(B,)` labels or `(B, T)` tags (IGNORE_INDEX where none)."""
+    def collate(self, split: str, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """ids `(B, T)` and targets: `(B,)` labels or `(B, T)` tags (IGNORE_INDEX where none); a
+        subclass may add tensors that `logits` takes."""
         return self.pad([self.ids[split][i] for i in indices]), self.targets(split, indices)
+
+    def logits(self, model: nn.Module, ids: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """The model's scores for a batch of ids (and the extra tensors `collate` adds)."""
+        return model(ids)
 
     @functools.cached_property
     def _stream(self) -> EpochBatches:
@@ -210,10 +215,10 @@ class EncoderTask:
     def batches_per_epoch(self) -> int:
         return self._stream.per_epoch
 
-    def train_batch(self, index: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_batch(self, index: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         """Batch `index` of the training stream (see `EpochBatches`), with `data.token_dropout`
         of its ordinary subwords replaced by [MASK]."""
-        ids, targets = self.collate("train", self._stream(index, generator.initial_seed()))
+        ids, targets, *extra = self.collate("train", self._stream(index, generator.initial_seed()))
         p = self.data_config.token_dropout
         if p > 0:
             # Drawn from the seed and the batch index alone, so a resumed run sees the same noise.
@@ -222,15 +227,15 @@ class EncoderTask:
             ordinary = ~torch.isin(ids, torch.tensor([t.pad_id, t.cls_id, t.sep_id]))
             dropped = ordinary & (torch.rand(ids.shape, generator=noise) < p)
             ids = ids.masked_fill(dropped, t.mask_id)
-        return ids, targets
+        return ids, targets, *extra
 
     @staticmethod
     def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
         return batch[0].numel()
 
     def loss(self, model: nn.Module, batch, device: torch.device, label_smoothing: float = 0.0) -> torch.Tensor:
-        ids, targets = (t.to(device, non_blocking=True) for t in batch)
-        logits = model(ids)
+        ids, targets, *extra = (t.to(device, non_blocking=True) for t in batch)
+        logits = self.logits(model, ids, *extra)
         return F.cross_entropy(
             logits.reshape(-1, logits.size(-1)).float(),
             targets.reshape(-1),
@@ -243,8 +248,8 @@ class EncoderTask:
         """Loss and accuracy over every example (classification) or word (tagging) of a split."""
         total_loss, correct, count = 0.0, 0, 0
         for indices in self.batches(split):
-            ids, targets = self.collate(split, indices)
-            logits = model(ids.to(device)).float().cpu()
+            ids, targets, *extra = self.collate(split, indices)
+            logits = self.logits(model, ids.to(device), *extra).float().cpu()
             flat_logits, flat_targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
             scored = flat_targets != IGNORE_INDEX
             total_loss += F.cross_entropy(flat_logits[scored], flat_targets[scored], reduction="sum").item()

@@ -3,8 +3,8 @@
 Which model: a BERT encoder with a classifier on every position, or the BiLSTM baseline
 (`model.kind`). Which data: the CoNLL-U files `*-ud-{train,dev,test}.conllu[.gz]` of a Universal
 Dependencies treebank. Words are split into subwords; the loss and the prediction use each word's
-first subword (Devlin et al. 2019, §5.3), so accuracy is per word. The best checkpoint is chosen
-on dev; test is reported.
+first subword (Devlin et al. 2019, §5.3), or with `data.word_pooling = "mean"` the mean over all of
+its subwords, so accuracy is per word. The best checkpoint is chosen on dev; test is reported.
 """
 
 import re
@@ -33,6 +33,17 @@ UPOS = (
 WORD = re.compile(r"(?i)\w+(?=n't\b)|n't\b|'(?:s|m|re|ve|ll|d)\b|\w+(?:-\w+)*|[^\w\s]")
 
 
+def word_mean(scores: torch.Tensor, word_of: torch.Tensor) -> torch.Tensor:
+    """Scores `(B, T, L)` averaged over each word's subwords: position `word_of[b, t]` `(B, T)` is
+    where position t's word starts. The mean lands at that first position; the word's other
+    positions get zeros (they are never scored), positions outside words keep their own."""
+    index = word_of.unsqueeze(-1).expand_as(scores)
+    sums = torch.zeros_like(scores).scatter_add_(1, index, scores)
+    counts = torch.zeros(word_of.shape, dtype=scores.dtype, device=scores.device)
+    counts.scatter_add_(1, word_of, torch.ones_like(counts))
+    return sums / counts.clamp(min=1).unsqueeze(-1)
+
+
 @dataclass(frozen=True)
 class TaggingDataConfig:
     """Where the tagged sentences come from and how they become tokens."""
@@ -57,10 +68,15 @@ class TaggingDataConfig:
     token_dropout: float = 0.0
     """Share of training input subwords replaced by [MASK] (a fresh draw per batch): the model must
     also read a word from its context, as it must for words it has never seen."""
+    word_pooling: str = "first"
+    """How a word's tag scores come from its subwords: "first" (BERT's choice, §5.3) or "mean" (their
+    average, so a suffix such as "##ly" in the word's last piece is read directly; Ács et al. 2021)."""
 
     def __post_init__(self) -> None:
         if self.column not in ("upos", "xpos"):
             raise ValueError(f"column must be 'upos' or 'xpos', got {self.column!r}")
+        if self.word_pooling not in ("first", "mean"):
+            raise ValueError(f"word_pooling must be 'first' or 'mean', got {self.word_pooling!r}")
         if not 0.0 <= self.token_dropout < 1.0:
             raise ValueError(f"token_dropout must be in [0, 1), got {self.token_dropout}")
         for name in ("vocab_size", "max_tokens"):
@@ -167,6 +183,27 @@ class Tagging(EncoderTask):
             starts.append(kept)
         return ids, starts, cut
 
+    def collate(self, split: str, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """ids `(B, T)`, tags `(B, T)`, and with mean pooling where each position's word starts."""
+        ids, targets = super().collate(split, indices)
+        if self.data_config.word_pooling == "first":
+            return ids, targets
+        return ids, targets, self.word_starts([self.starts[split][i] for i in indices], ids)
+
+    def word_starts(self, starts: Sequence[Sequence[int]], ids: torch.Tensor) -> torch.Tensor:
+        """`(B, T)`: for every subword of a word, the position of the word's first subword; for
+        [CLS], [SEP] and padding, their own. A word runs to the next word's start or to [SEP]."""
+        out = torch.arange(ids.size(1)).repeat(ids.size(0), 1)
+        sep = (ids != self.tokenizer.pad_id).sum(dim=1) - 1  # (B,)
+        for row, first in enumerate(starts):
+            for start, end in zip(first, [*first[1:], int(sep[row])], strict=True):
+                out[row, start:end] = start
+        return out
+
+    def logits(self, model: torch.nn.Module, ids: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        scores = model(ids)
+        return word_mean(scores, extra[0].to(scores.device)) if extra else scores
+
     def targets(self, split: str, indices: Sequence[int]) -> torch.Tensor:
         width = max(len(self.ids[split][i]) for i in indices)
         out = torch.full((len(indices), width), IGNORE_INDEX, dtype=torch.long)
@@ -187,7 +224,9 @@ class Tagging(EncoderTask):
         """(word, tag) pairs for each text, words split off as in UD English."""
         sentences = [WORD.findall(t) for t in texts]
         ids, starts, _ = self.encode_sentences(sentences)
-        logits = model(self.pad(ids).to(device)).float().cpu()
+        padded = self.pad(ids)
+        extra = () if self.data_config.word_pooling == "first" else (self.word_starts(starts, padded),)
+        logits = self.logits(model, padded.to(device), *extra).float().cpu()
         out = []
         for row, (words, first) in enumerate(zip(sentences, starts, strict=True)):
             predicted = [self.labels[int(logits[row, p].argmax())] for p in first]
