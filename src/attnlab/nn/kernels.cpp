@@ -50,15 +50,16 @@ constexpr int kLane = 8;
 #else
 constexpr int kLane = 4;
 #endif
-// Independent sums a tile keeps: 16 vectors, all the AVX-512 tile needs. With AVX2's 16 registers
-// some go through the stack, and that is still faster than smaller tiles (8 sums: attention at
-// T = 256, D = 64 took 1.5x as long, forward and backward; ad hoc).
-constexpr int kSums = 32;
-// The vector registers the build has: 32 with AVX-512, 16 with AVX2 (and SSE, NEON's 32 aside).
+// The vector registers the build has: 32 with AVX-512, 16 with AVX2 (and SSE; NEON's 32 aside).
+// kSums: the sums a tile of queries keeps over a whole head (R x D / kLane, below). With AVX-512,
+// 16: a 4-query tile at D = 64 in registers. With AVX2, 32: the tile goes through the head's
+// columns in chunks that fit (kHeadChunk), so 4-query tiles at D = 64 too, rather than 2, which
+// halves how often the keys and values are read (8 sums in one pass were 1.5x slower than 16
+// through the stack, and 32 in chunks faster again: BENCHMARKS.md, "attention on AVX2").
 #if defined(__AVX512F__)
-constexpr int kRegisters = 32;
+constexpr int kRegisters = 32, kSums = 16;
 #else
-constexpr int kRegisters = 16;
+constexpr int kRegisters = 16, kSums = 32;
 #endif
 
 typedef float Lanes __attribute__((vector_size(kLane * sizeof(float))));
@@ -75,13 +76,12 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 // serves R queries, and the per-row loop overheads are shared by R rows. Queries past the last
 // row of a tile repeat that row and are never written.
 template <int D>
-constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane sums in registers
+constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane = kSums sums over a head
 
 // The weighted sums and the key and value gradients go through a head's D floats in chunks of W
 // vectors, so that a tile's R x W sums, the W vectors it loads and a broadcast weight all stay in
 // registers: the largest W dividing V = D / kLane with (R + 1) W < kRegisters. On AVX-512 that is
-// all of D for every tile size; on AVX2 half of D = 64 at a time, where the whole head's 24
-// vectors went through the stack (attention 1.x faster, BENCHMARKS.md).
+// all of D for every tile size, as before; on AVX2 a quarter of D = 64 at a time for 4 queries.
 template <int R, int V>
 constexpr int kHeadChunk = [] {
   int w = V;
