@@ -230,7 +230,7 @@ class EncoderTask:
         return ids, targets, *extra
 
     @staticmethod
-    def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    def batch_tokens(batch: tuple[torch.Tensor, ...]) -> int:
         return batch[0].numel()
 
     def loss(self, model: nn.Module, batch, device: torch.device, label_smoothing: float = 0.0) -> torch.Tensor:
