@@ -202,6 +202,7 @@ void transpose(const float* x, int64_t stride, int64_t T, int64_t Tp, int64_t ld
 #endif
   for (int d = 0; d < D; ++d) {
     float* row = xt + d * ld;
+#pragma omp simd
     for (int64_t j = j0; j < T; ++j) row[j] = x[j * stride + d];
     std::fill(row + T, row + Tp, 0.f);
   }

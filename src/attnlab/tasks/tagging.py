@@ -186,9 +186,11 @@ class Tagging(EncoderTask):
     def collate(self, split: str, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
         """ids `(B, T)`, tags `(B, T)`, and with mean pooling where each position's word starts."""
         ids, targets = super().collate(split, indices)
-        if self.data_config.word_pooling == "first":
-            return ids, targets
-        return ids, targets, self.word_starts([self.starts[split][i] for i in indices], ids)
+        return ids, targets, *self._pooling([self.starts[split][i] for i in indices], ids)
+
+    def _pooling(self, starts: Sequence[Sequence[int]], ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What `logits` takes beside the ids: nothing for first-subword scoring, the word starts for mean."""
+        return () if self.data_config.word_pooling == "first" else (self.word_starts(starts, ids),)
 
     def word_starts(self, starts: Sequence[Sequence[int]], ids: torch.Tensor) -> torch.Tensor:
         """`(B, T)`: for every subword of a word, the position of the word's first subword; for
@@ -225,8 +227,7 @@ class Tagging(EncoderTask):
         sentences = [WORD.findall(t) for t in texts]
         ids, starts, _ = self.encode_sentences(sentences)
         padded = self.pad(ids)
-        extra = () if self.data_config.word_pooling == "first" else (self.word_starts(starts, padded),)
-        logits = self.logits(model, padded.to(device), *extra).float().cpu()
+        logits = self.logits(model, padded.to(device), *self._pooling(starts, padded)).float().cpu()
         out = []
         for row, (words, first) in enumerate(zip(sentences, starts, strict=True)):
             predicted = [self.labels[int(logits[row, p].argmax())] for p in first]
