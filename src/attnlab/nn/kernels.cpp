@@ -10,7 +10,8 @@
 //   side by side: no head split, no transposes, no copies. Per (sequence, head), tiles of queries
 //   against the keys in a transposed local copy, so every inner loop runs along keys or along the
 //   head dimension in vector registers. The backward recomputes the weights from the forward's
-//   log-sum-exp of each query (as FlashAttention does) instead of storing (T, T).
+//   log-sum-exp of each query (as FlashAttention does) instead of storing (T, T), for blocks of
+//   queries, then sums the key and value gradients over each block a tile of keys at a time.
 // - A whole pre-norm block, forward and backward, in one call each (PreNormBlock, at the end).
 
 #include <torch/extension.h>
@@ -89,13 +90,28 @@ constexpr int kHeadChunk = [] {
   return w;
 }();
 
-// out[r] = scale * sum_{t < K} a[r][t] b_t for R rows a[r] and the K rows b_t (kLane V floats each,
-// `stride` apart), out's rows ld apart: a small product held in R x V registers, every loaded
-// b_t serving R rows, the R x V sums independent so that their multiply-adds overlap. The
-// attention's scores (a: queries, b: the keys transposed, lanes along keys, no horizontal sums)
-// and its weighted sums of rows (a: weights, b: values or keys) are both this.
-template <int R, int V>
-inline void tile_product(const float* const* a, const float* b, int64_t stride, int64_t K, float scale, float* out,
+// The weights a tile's products read, a(r, t) for row r of the tile and term t: R rows of their
+// own (queries, scores of a query), or R neighbouring columns of a matrix, rows ld apart (the
+// weights of R keys in the scores of consecutive queries).
+struct Rows {
+  const float* const* rows;
+  float operator()(int r, int64_t t) const { return rows[r][t]; }
+};
+
+struct Columns {
+  const float* w;
+  int64_t ld;
+  float operator()(int r, int64_t t) const { return w[t * ld + r]; }
+};
+
+// out[r] = scale * sum_{t < K} a(r, t) b_t (or out[r] += that) for the R rows of the weights a
+// and the K rows b_t (kLane V floats each, `stride` apart), out's rows ld apart: a small product
+// held in R x V registers, every loaded b_t serving R rows, the R x V sums independent so that
+// their multiply-adds overlap. The attention's scores (a: queries, b: the keys transposed, lanes
+// along keys, no horizontal sums) and its weighted sums of rows (a: weights, b: values or keys;
+// or a: a key's weights over queries, b: queries or output gradients) are all this.
+template <int R, int V, bool Add = false, typename Weights>
+inline void tile_product(const Weights& a, const float* b, int64_t stride, int64_t K, float scale, float* out,
                          int64_t ld) {
   Lanes acc[R][V] = {};
   for (int64_t t = 0; t < K; ++t) {
@@ -104,14 +120,17 @@ inline void tile_product(const float* const* a, const float* b, int64_t stride, 
     for (int c = 0; c < V; ++c) bt[c] = load(b + t * stride + c * kLane);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const float at = a[r][t];
+      const float at = a(r, t);
 #pragma GCC unroll 8
       for (int c = 0; c < V; ++c) acc[r][c] += at * bt[c];
     }
   }
-  // Scaled once at the end, not every a[r][t] (one multiply fewer beside each broadcast).
+  // Scaled once at the end, not every a(r, t) (one multiply fewer beside each broadcast).
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < V; ++c) store(out + r * ld + c * kLane, acc[r][c] * scale);
+    for (int c = 0; c < V; ++c) {
+      float* o = out + r * ld + c * kLane;
+      store(o, Add ? load(o) + acc[r][c] * scale : acc[r][c] * scale);
+    }
 }
 
 // s[r][j] = scale * q_r . k_j for R queries and the keys of blocks [0, nb) of kLane, with the keys
@@ -121,8 +140,8 @@ inline void score_tile(const float* const* q, const float* kt, int64_t ldk, int6
                        int64_t ld) {
   constexpr int N = R <= 2 ? 4 : 2;
   int64_t b = 0;
-  for (; b + N <= nb; b += N) tile_product<R, N>(q, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
-  for (; b < nb; ++b) tile_product<R, 1>(q, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
+  for (; b + N <= nb; b += N) tile_product<R, N>(Rows{q}, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
+  for (; b < nb; ++b) tile_product<R, 1>(Rows{q}, kt + b * kLane, ldk, D, scale, s + b * kLane, ld);
 }
 
 // o[r] = sum_{j < n} w[r][j] x_j for R rows of weights (ld apart) and the n rows x_j (D floats,
@@ -132,35 +151,17 @@ inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t st
   constexpr int V = D / kLane, W = kHeadChunk<R, V>;
   const float* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = w + r * ld;
-  for (int c = 0; c < V; c += W) tile_product<R, W>(rows, x + c * kLane, stride, n, 1.f, o + c * kLane, D);
+  for (int c = 0; c < V; c += W) tile_product<R, W>(Rows{rows}, x + c * kLane, stride, n, 1.f, o + c * kLane, D);
 }
 
-// y_j += sum_r w[r][j] x_r for the n rows y_j (D floats each, contiguous): one tile's share of
-// the key and value gradients.
+// y_r += sum_{t < n} w[t][r] x_t for the R rows y_r (D floats, ld apart), the weights of R
+// neighbouring keys in n consecutive queries' rows of w (ld_w apart) and those queries' rows x_t
+// (`stride` apart): one tile of keys' share of the key and value gradients.
 template <int D, int R>
-inline void outer_tile(const float* w, int64_t ld, const float* const* x, int64_t n, float* y) {
+inline void key_tile(const float* w, int64_t ld_w, const float* x, int64_t stride, int64_t n, float* y, int64_t ld) {
   constexpr int V = D / kLane, W = kHeadChunk<R, V>;
-  for (int c0 = 0; c0 < V; c0 += W) {
-    // The R rows' columns [c0, c0 + W) of x_r in registers for the whole loop (the compiler
-    // cannot keep them there itself: the stores to y might, as far as it knows, change them).
-    Lanes xr[R][W];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < W; ++c) xr[r][c] = load(x[r] + (c0 + c) * kLane);
-    for (int64_t j = 0; j < n; ++j) {
-      float* yj = y + j * D + c0 * kLane;
-      Lanes acc[W];
-#pragma GCC unroll 8
-      for (int c = 0; c < W; ++c) acc[c] = load(yj + c * kLane);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const float wr = w[r * ld + j];
-#pragma GCC unroll 8
-        for (int c = 0; c < W; ++c) acc[c] += wr * xr[r][c];
-      }
-#pragma GCC unroll 8
-      for (int c = 0; c < W; ++c) store(yj + c * kLane, acc[c]);
-    }
-  }
+  for (int c = 0; c < V; c += W)
+    tile_product<R, W, true>(Columns{w, ld_w}, x + c * kLane, stride, n, 1.f, y + c * kLane, ld);
 }
 
 #if defined(__AVX__)
@@ -291,58 +292,81 @@ void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H,
   });
 }
 
+// The queries the backward takes at a time. Their weights and score gradients are kept (twice
+// kQueryBlock x T floats) so that each tile of keys then sums its key and value gradients over all
+// of them in registers. A tile of queries at a time, adding its share to every key's gradient
+// rows in memory, was 46% of the backward at T = 256 (AVX2, BENCHMARKS.md). Linear in T, and a
+// multiple of every tile size.
+constexpr int64_t kQueryBlock = 64;
+
 template <int D>
 void attention_backward_heads(const float* base, const float* dy, const float* out, const float* lse, int64_t B,
                               int64_t T, int64_t H, bool causal, float* dbase) {
   constexpr int R = kTile<D>;
+  static_assert(kQueryBlock % R == 0, "a block of queries is whole tiles");
   const int64_t C = H * D, Tp = padded(T), Tk = transposed_stride(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * Tk), vt(D * Tk), dk(T * D), dv(T * D), p(R * Tp), ds(R * Tp), dq(R * D);
+    // dk and dv have R - 1 rows past T, for a last tile of keys that T does not fill; never copied.
+    std::vector<float> kt(D * Tk), vt(D * Tk), dk((T + R) * D), dv((T + R) * D), p(kQueryBlock * Tk),
+        ds(kQueryBlock * Tk), dq(R * D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const auto [q, k, v] = head<D>(base, bh, T, H, Tp, Tk, kt.data());
       transpose<D>(v, 3 * C, T, Tp, Tk, vt.data());
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
-      for (int64_t i0 = 0; i0 < T; i0 += R) {
-        const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
-        const int64_t nb = (keys + kLane - 1) / kLane;
-        const float *qr[R], *dyr[R];
-        for (int r = 0; r < R; ++r) {
-          const int64_t i = std::min(i0 + r, T - 1);
-          qr[r] = q + i * 3 * C;
-          dyr[r] = dy + (b * T + i) * C + h * D;
-        }
-        // The weights again, from the saved log-sum-exp (p_j = exp(s_j - lse_i)), and
-        // dP_j = dy_i . v_j through the transposed values.
-        score_tile<D, R>(qr, kt.data(), Tk, nb, scale, p.data(), Tp);
-        score_tile<D, R>(dyr, vt.data(), Tk, nb, 1.f, ds.data(), Tp);
-        for (int r = 0; r < R; ++r) {
-          float* pr = p.data() + r * Tp;
-          float* dsr = ds.data() + r * Tp;
-          const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
-          if (n > 0) {
-            const float l = lse[bh * T + i0 + r];
-            // Softmax backward: dS_j = p_j (dP_j - sum_j p_j dP_j), and that sum is dy_i . y_i.
-            const float* y_i = out + (b * T + i0 + r) * C + h * D;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int d = 0; d < D; ++d) dot += dyr[r][d] * y_i[d];
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) {
-              pr[j] = vexp(pr[j] - l);
-              dsr[j] = pr[j] * (dsr[j] - dot) * scale;
-            }
+      for (int64_t a = 0; a < T; a += kQueryBlock) {
+        const int64_t a1 = std::min(T, a + kQueryBlock);
+        for (int64_t i0 = a; i0 < a1; i0 += R) {
+          const int64_t rows = std::min<int64_t>(R, T - i0), keys = causal ? i0 + rows : T;
+          const int64_t nb = (keys + kLane - 1) / kLane;
+          float* pi = p.data() + (i0 - a) * Tk;
+          float* dsi = ds.data() + (i0 - a) * Tk;
+          const float *qr[R], *dyr[R];
+          for (int r = 0; r < R; ++r) {
+            const int64_t i = std::min(i0 + r, T - 1);
+            qr[r] = q + i * 3 * C;
+            dyr[r] = dy + (b * T + i) * C + h * D;
           }
-          std::fill(pr + n, pr + keys, 0.f);  // later keys, or a padding row: no weight, no gradient
-          std::fill(dsr + n, dsr + keys, 0.f);
+          // The weights again, from the saved log-sum-exp (p_j = exp(s_j - lse_i)), and
+          // dP_j = dy_i . v_j through the transposed values.
+          score_tile<D, R>(qr, kt.data(), Tk, nb, scale, pi, Tk);
+          score_tile<D, R>(dyr, vt.data(), Tk, nb, 1.f, dsi, Tk);
+          for (int r = 0; r < R; ++r) {
+            float* pr = pi + r * Tk;
+            float* dsr = dsi + r * Tk;
+            const int64_t n = r < rows ? (causal ? i0 + r + 1 : T) : 0;
+            if (n > 0) {
+              const float l = lse[bh * T + i0 + r];
+              // Softmax backward: dS_j = p_j (dP_j - sum_j p_j dP_j), and that sum is dy_i . y_i.
+              const float* y_i = out + (b * T + i0 + r) * C + h * D;
+              float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+              for (int d = 0; d < D; ++d) dot += dyr[r][d] * y_i[d];
+#pragma omp simd
+              for (int64_t j = 0; j < n; ++j) {
+                pr[j] = vexp(pr[j] - l);
+                dsr[j] = pr[j] * (dsr[j] - dot) * scale;
+              }
+            }
+            // Later keys, or a padding row: no weight, no gradient. The key tiles below read the
+            // zeros above the diagonal (keys j in the tile of a query i < j).
+            std::fill(pr + n, pr + keys, 0.f);
+            std::fill(dsr + n, dsr + keys, 0.f);
+          }
+          weighted_tile<D, R>(dsi, Tk, k, 3 * C, keys, dq.data());
+          for (int r = 0; r < rows; ++r)
+            std::copy(dq.begin() + r * D, dq.begin() + (r + 1) * D, dbase + (b * T + i0 + r) * 3 * C + h * D);
         }
-        weighted_tile<D, R>(ds.data(), Tp, k, 3 * C, keys, dq.data());
-        for (int r = 0; r < rows; ++r)
-          std::copy(dq.begin() + r * D, dq.begin() + (r + 1) * D, dbase + (b * T + i0 + r) * 3 * C + h * D);
-        outer_tile<D, R>(ds.data(), Tp, qr, keys, dk.data());
-        outer_tile<D, R>(p.data(), Tp, dyr, keys, dv.data());
+        // The block's share of dK_j = sum_i dS_ij q_i and dV_j = sum_i P_ij dy_i, over its queries
+        // i >= j when causal: tiles of keys, aligned with the query tiles, start at their own.
+        const int64_t keys = causal ? a1 : T;
+        for (int64_t j0 = 0; j0 < keys; j0 += R) {
+          const int64_t i0 = causal ? std::max(a, j0) : a, w0 = (i0 - a) * Tk + j0;
+          key_tile<D, R>(ds.data() + w0, Tk, q + i0 * 3 * C, 3 * C, a1 - i0, dk.data() + j0 * D, D);
+          key_tile<D, R>(p.data() + w0, Tk, dy + (b * T + i0) * C + h * D, C, a1 - i0, dv.data() + j0 * D, D);
+        }
       }
       for (int64_t j = 0; j < T; ++j) {
         float* row = dbase + (b * T + j) * 3 * C + h * D;
