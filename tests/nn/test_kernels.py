@@ -66,10 +66,14 @@ def _reference_attention(qkv: torch.Tensor, heads: int, causal: bool) -> torch.T
     return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c)
 
 
-def _gradient_of(attention, qkv: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def _reference_and_gradient(
+    qkv: torch.Tensor, grad: torch.Tensor, heads: int, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_reference_attention` of qkv (in its dtype) and the gradient of qkv from `grad`."""
     qkv = qkv.detach().clone().requires_grad_()
-    attention(qkv).backward(grad.to(qkv.dtype))
-    return qkv.grad
+    y = _reference_attention(qkv, heads, causal)
+    y.backward(grad.to(qkv.dtype))
+    return y.detach(), qkv.grad
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -88,16 +92,15 @@ def test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim
         y = kernels.self_attention(qkv, heads, causal)
     assert y is not None and y.shape == (3, t, heads * head_dim)
     y.backward(grad)
-    ref = _reference_attention(qkv.detach().double(), heads, causal)
+    ref, ref_grad = _reference_and_gradient(qkv.double(), grad, heads, causal)
     torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
     # The gradient against float64 as accurately as the same formula in float32 through PyTorch's
     # operators, up to 2x (or a few units of float32's rounding where PyTorch's is exact, T = 1).
     # Its largest error on one element is ~1e-5 for both and moves with how GCC tunes the same
     # source (-march=native: 1.4x or 0.75x of a 1e-5 tolerance at T = 136), which a norm does
     # not; a wrong mask, tile or term is an error of 1e-4 or more.
-    ref = _gradient_of(lambda x: _reference_attention(x, heads, causal), qkv.double(), grad)
-    pytorch = _gradient_of(lambda x: _reference_attention(x, heads, causal), qkv.float(), grad)
-    assert _relative_error(qkv.grad, ref) <= 2 * _relative_error(pytorch, ref) + 1e-6
+    _, pytorch_grad = _reference_and_gradient(qkv.float(), grad, heads, causal)
+    assert _relative_error(qkv.grad, ref_grad) <= 2 * _relative_error(pytorch_grad, ref_grad) + 1e-6
 
 
 def test_attention_declines_what_it_does_not_cover():

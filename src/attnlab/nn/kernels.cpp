@@ -154,14 +154,14 @@ inline void weighted_tile(const float* w, int64_t ld, const float* x, int64_t st
   for (int c = 0; c < V; c += W) tile_product<R, W>(Rows{rows}, x + c * kLane, stride, n, 1.f, o + c * kLane, D);
 }
 
-// y_r += sum_{t < n} w[t][r] x_t for the R rows y_r (D floats, ld apart), the weights of R
-// neighbouring keys in n consecutive queries' rows of w (ld_w apart) and those queries' rows x_t
+// y_r += sum_{t < n} w[t][r] x_t for the R rows y_r (D floats each, contiguous), the weights of R
+// neighbouring keys in n consecutive queries' rows of w (ld apart) and those queries' rows x_t
 // (`stride` apart): one tile of keys' share of the key and value gradients.
 template <int D, int R>
-inline void key_tile(const float* w, int64_t ld_w, const float* x, int64_t stride, int64_t n, float* y, int64_t ld) {
+inline void key_tile(const float* w, int64_t ld, const float* x, int64_t stride, int64_t n, float* y) {
   constexpr int V = D / kLane, W = kHeadChunk<R, V>;
   for (int c = 0; c < V; c += W)
-    tile_product<R, W, true>(Columns{w, ld_w}, x + c * kLane, stride, n, 1.f, y + c * kLane, ld);
+    tile_product<R, W, true>(Columns{w, ld}, x + c * kLane, stride, n, 1.f, y + c * kLane, D);
 }
 
 #if defined(__AVX__)
@@ -364,8 +364,8 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
         const int64_t keys = causal ? a1 : T;
         for (int64_t j0 = 0; j0 < keys; j0 += R) {
           const int64_t i0 = causal ? std::max(a, j0) : a, w0 = (i0 - a) * Tk + j0;
-          key_tile<D, R>(ds.data() + w0, Tk, q + i0 * 3 * C, 3 * C, a1 - i0, dk.data() + j0 * D, D);
-          key_tile<D, R>(p.data() + w0, Tk, dy + (b * T + i0) * C + h * D, C, a1 - i0, dv.data() + j0 * D, D);
+          key_tile<D, R>(ds.data() + w0, Tk, q + i0 * 3 * C, 3 * C, a1 - i0, dk.data() + j0 * D);
+          key_tile<D, R>(p.data() + w0, Tk, dy + (b * T + i0) * C + h * D, C, a1 - i0, dv.data() + j0 * D);
         }
       }
       for (int64_t j = 0; j < T; ++j) {
