@@ -39,3 +39,14 @@ def test_the_cpu_identity_names_the_instruction_sets_once():
     lines = text.splitlines()
     assert any(line.startswith(("flags", "Features")) for line in lines)
     assert len(lines) == len(set(lines))
+
+
+def test_avx2_cpus_get_8_float_loops_and_others_gcc_s_choice(monkeypatch):
+    """GCC's tuning for the Zen 1 it detects on these EPYC machines vectorizes loops 4 floats wide;
+    AVX2 CPUs without AVX-512 are built 8 wide, every other CPU (and a named -march) as GCC picks."""
+    wide = "-mprefer-vector-width=256"
+    assert wide in _flags_built_on(monkeypatch, b"model name : AMD EPYC\nflags : fpu avx fma avx2")
+    assert wide not in _flags_built_on(monkeypatch, b"flags : fpu avx2 avx512f")
+    assert wide not in _flags_built_on(monkeypatch, b"flags : fpu sse4_2 avx")
+    assert wide not in _flags_built_on(monkeypatch, b"Features : fp asimd")
+    assert extensions.vector_width_flags(b"flags : fpu avx2", "x86-64-v3") == []

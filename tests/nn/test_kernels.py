@@ -36,6 +36,23 @@ def test_gelu_and_its_gradient_match_pytorch_in_float64(approximate):
     torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-6, rtol=2e-6)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_the_fused_blocks_activation_and_its_slope_match_pytorch_in_float64(activation):
+    """The block's forward keeps act'(h) rather than h, computed with act(h) from the same exp."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(5000, generator=g) * 4, torch.tensor([-1e4, -90.0, -12.0, 0.0, 12.0, 90.0, 1e4])])
+    y, slope = kernels.extension().activation_and_slope(x, kernels.ACTIVATION_CODES[activation])
+    x64 = x.double().requires_grad_()
+    if activation == "relu":
+        ref = F.relu(x64)
+    else:
+        ref = F.gelu(x64, approximate="tanh" if activation == "gelu_tanh" else "none")
+    ref.sum().backward()
+    assert y.dtype == slope.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(slope.double(), x64.grad, atol=2e-6, rtol=2e-6)
+
+
 def test_gelu_far_out_in_the_tails_has_no_nan_and_the_limits():
     x = torch.tensor([-1e4, -90.0, -12.0, 0.0, 12.0, 90.0, 1e4], requires_grad=True)
     with kernels.enabled():

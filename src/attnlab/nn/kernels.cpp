@@ -441,6 +441,21 @@ void activation_backward(const float* h, const float* dg, float* dh, int64_t n, 
   });
 }
 
+// g = act(h) and, over h, slope = act'(h) for n elements, split between the threads.
+void activation_with_slope(float* h, float* g, int64_t n, int64_t act) {
+  at::parallel_for(0, n, kElementGrain, [&](int64_t begin, int64_t end) {
+    attnlab::activate_with_slope(h + begin, g + begin, h + begin, end - begin, act);
+  });
+}
+
+// dh = dg * slope for n elements, in dg's place, split between the threads.
+void scale_by_slope(float* dg, const float* slope, int64_t n) {
+  at::parallel_for(0, n, kElementGrain, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) dg[i] *= slope[i];
+  });
+}
+
 // GELU of x, and its backward, for attnlab.nn.kernels.gelu.
 at::Tensor gelu_forward(const at::Tensor& x, bool approximate_tanh) {
   check_float_cpu(x, "x");
@@ -458,6 +473,15 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x, bool appro
   activation_backward(x.data_ptr<float>(), grad.data_ptr<float>(), dx.data_ptr<float>(), x.numel(),
                       approximate_tanh ? attnlab::kGeluTanh : attnlab::kGelu);
   return dx;
+}
+
+// (act(x), act'(x)) as the fused block's forward computes them, to test them on their own.
+std::vector<at::Tensor> activation_and_slope(const at::Tensor& x, int64_t act) {
+  check_float_cpu(x, "x");
+  TORCH_CHECK(act >= attnlab::kGelu && act <= attnlab::kRelu, "unknown activation code ", act);
+  at::Tensor slope = x.contiguous().clone(), y = at::empty_like(slope);
+  activation_with_slope(slope.data_ptr<float>(), y.data_ptr<float>(), slope.numel(), act);
+  return {y, slope};
 }
 
 // y = LN(x) * w + b over rows of C, keeping each row's mean and 1/std.
@@ -725,7 +749,7 @@ class PreNormBlock {
                mean2_.data_ptr<float>() + r0, rstd2_.data_ptr<float>() + r0);
     at::Tensor h = part(h_, r0, rows);
     product_plus(h, part(ln2_, r0, rows), p[kFc1W], ptr_or_null(p[kFc1B]), nullptr);
-    activation_forward(at_row(h_, r0), at_row(g_, r0), rows * F, act_);
+    activation_with_slope(at_row(h_, r0), at_row(g_, r0), rows * F, act_);  // h_ now holds act'(h)
     at::Tensor y2d = part(y.view({B_ * T_, C}), r0, rows);
     product_plus(y2d, part(g_, r0, rows), p[kFc2W], ptr_or_null(p[kFc2B]), at_row(x2_, r0));
   }
@@ -745,7 +769,7 @@ class PreNormBlock {
     at::mm_out(out[kFc2W], dyp.t(), part(g_, r0, rows));
     if (out[kFc2B].numel()) column_sums(dyp.data_ptr<float>(), rows, C, out[kFc2B].data_ptr<float>());
     at::mm_out(dg, dyp, p[kFc2W]);
-    activation_backward(at_row(h_, r0), dg.data_ptr<float>(), dg.data_ptr<float>(), rows * F, act_);  // now dh
+    scale_by_slope(dg.data_ptr<float>(), at_row(h_, r0), rows * F);  // now dh
     at::mm_out(out[kFc1W], dg.t(), part(ln2_, r0, rows));
     if (out[kFc1B].numel()) column_sums(dg.data_ptr<float>(), rows, F, out[kFc1B].data_ptr<float>());
     at::mm_out(dln, dg, p[kFc1W]);
@@ -795,6 +819,7 @@ class PreNormBlock {
   int64_t B_ = 0, T_ = 0, C_ = 0, F_ = 0;
   at::Tensor x_;
   std::vector<at::Tensor> p_;
+  // h_: fc1's output, then (from the activation on) the activation's slope there.
   at::Tensor ln1_, mean1_, rstd1_, qkv_, att_, lse_, x2_, ln2_, mean2_, rstd2_, h_, g_;
 };
 
@@ -1045,6 +1070,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logi
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_forward", &gelu_forward, "GELU of x, exact or tanh-approximated");
   m.def("gelu_backward", &gelu_backward, "grad * GELU'(x)");
+  m.def("activation_and_slope", &activation_and_slope, "(act(x), act'(x)) as the fused block's forward keeps them");
   m.def("attention_forward", &attention_forward, "self-attention of a (B, T, 3C) q/k/v: (y (B, T, C), lse (B, H, T))");
   m.def("attention_backward", &attention_backward, "the gradient of the q/k/v (B, T, 3C) from that of y");
   py::class_<PreNormBlock>(m, "PreNormBlock")

@@ -105,6 +105,25 @@ ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
 }
 
+// GELU and its derivative at x together, sharing their costly parts (erf, exp): the derivative
+// costs as much as the function, so a forward that keeps act'(h) rather than h makes the
+// backward's activation step one multiply.
+ATTNLAB_VECTOR_FN float gelu_and_grad(float x, float& grad) {
+  const float phi = 0.5f * (1.f + rational_erf(x * kSqrtHalf));
+  const float e = vexp(-0.5f * x * x);
+  grad = phi + x * (x * x > 100.f ? 0.f : kInvSqrt2Pi * e);  // as gelu_grad
+  return x * phi;
+}
+ATTNLAB_VECTOR_FN float gelu_tanh_and_grad(float x, float& grad) {
+  // tanh(u) from e = exp(-2|u|), as gelu_tanh_grad takes it, rather than rational_tanh: within
+  // ~1e-7 of each other, and the one exp serves both.
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float e = vexp(-2.f * std::fabs(u)), r = 1.f / (1.f + e);
+  const float half = 0.5f * (1.f + std::copysign((1.f - e) * r, u)), sech2 = 4.f * e * r * r;
+  grad = half + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
+  return x * half;
+}
+
 // The feed-forward activations, numbered as attnlab.nn.kernels.ACTIVATION_CODES.
 enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2 };
 
@@ -133,6 +152,33 @@ inline void activate_backward(const float* h, const float* dg, float* dh, int64_
   } else {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) dh[i] = h[i] > 0.f ? dg[i] : 0.f;
+  }
+}
+
+// g = act(h) and slope = act'(h) for n elements: what a training forward keeps for the backward,
+// which then takes dh = dg * slope. slope may be h.
+inline void activate_with_slope(const float* h, float* g, float* slope, int64_t n, int64_t act) {
+  if (act == kGelu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      float d;
+      g[i] = gelu_and_grad(h[i], d);
+      slope[i] = d;
+    }
+  } else if (act == kGeluTanh) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      float d;
+      g[i] = gelu_tanh_and_grad(h[i], d);
+      slope[i] = d;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = h[i];
+      g[i] = x > 0.f ? x : 0.f;
+      slope[i] = x > 0.f ? 1.f : 0.f;
+    }
   }
 }
 
