@@ -62,8 +62,7 @@ def products_of_step(shape: str, block: int, batch: int) -> tuple[Callable[[], N
 
 def split_products(shape: str, block: int, batch: int, threads: int) -> tuple[Callable[[], None], float]:
     """The products of one step as attnlab's kernels make them: each of `threads` threads takes its
-    own sequences, its products single-threaded -> (call, FLOPs). (MKL's own threads on all the
-    rows were ~15% slower on this 2-core machine than one thread on half of them.)"""
+    own sequences, its products single-threaded -> (call, FLOPs)."""
     parts = [products_of_step(shape, block, len(seqs)) for seqs in torch.arange(batch).chunk(threads)]
     pool = ThreadPoolExecutor(len(parts))
 
