@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from run_info import run_info
+from train_case import add_train_case_arguments, train_case
 
 from attnlab import bench
 from attnlab.nn import kernels
@@ -27,15 +28,13 @@ from attnlab.train.optim import adamw
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="4x4x128", choices=sorted(bench.SHAPES))
-    p.add_argument("--block", type=int, default=64)
-    p.add_argument("--batch", type=int, default=12)
+    add_train_case_arguments(p)
     p.add_argument("--rounds", type=int, default=40, help="rounds of 10 steps, the two variants alternating")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
 
     cpu = torch.device("cpu")
-    case = bench.TrainCase(args.shape, args.block, args.batch)
+    case = train_case(args)
     model = bench.build_models(args.shape, args.block, cpu, None)["attnlab"]
     pytorch_model = copy.deepcopy(model)
     steps = {

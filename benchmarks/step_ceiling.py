@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import transformers
 from run_info import run_info
+from train_case import add_train_case_arguments, train_case
 
 from attnlab import bench
 
@@ -79,15 +80,13 @@ def split_products(shape: str, block: int, batch: int, threads: int) -> tuple[Ca
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="6x6x384", choices=sorted(bench.SHAPES))
-    p.add_argument("--block", type=int, default=256)
-    p.add_argument("--batch", type=int, default=12)
+    add_train_case_arguments(p, "6x6x384", 256)
     p.add_argument("--rounds", type=int, default=9, help="rounds of the three calls, alternating")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
 
     cpu = torch.device("cpu")
-    case = bench.TrainCase(args.shape, args.block, args.batch)
+    case = train_case(args)
     models = bench.build_models(args.shape, args.block, cpu, transformers)
     products, product_flops = split_products(args.shape, args.block, args.batch, torch.get_num_threads())
     calls = {

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from run_info import run_info
+from train_case import add_train_case_arguments, train_case
 
 from attnlab import bench
 
@@ -25,16 +26,14 @@ BLOCK_KERNELS = ("_PreNormBlock", "_PreNormBlockBackward")
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="4x4x128", choices=sorted(bench.SHAPES))
-    p.add_argument("--block", type=int, default=64)
-    p.add_argument("--batch", type=int, default=12)
+    add_train_case_arguments(p)
     p.add_argument("--fused", action="store_true", help="through attnlab's C++ kernels")
     p.add_argument("--steps", type=int, default=20, help="steps per timing and in the profile")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
 
     cpu = torch.device("cpu")
-    case = bench.TrainCase(args.shape, args.block, args.batch)
+    case = train_case(args)
     model = bench.build_models(args.shape, args.block, cpu, None)["attnlab"]
     step = bench._train_step("attnlab", model, case, cpu, fused=args.fused)
     for _ in range(5):  # warm-up: the kernels' build or load, allocator growth
