@@ -84,44 +84,44 @@ ATTNLAB_VECTOR_FN float vexp(float x) {
 // GELU, x * Phi(x), exact (through erf) or with GPT-2's tanh approximation, and its derivative.
 ATTNLAB_VECTOR_FN float gelu(float x) { return 0.5f * x * (1.f + rational_erf(x * kSqrtHalf)); }
 
-ATTNLAB_VECTOR_FN float gelu_grad(float x) {
-  // Past |x| = 10 the density term is below 1e-21: dropped, so that it never makes denormals.
-  const float e = vexp(-0.5f * x * x);
-  const float density = x * x > 100.f ? 0.f : kInvSqrt2Pi * e;
-  return 0.5f * (1.f + rational_erf(x * kSqrtHalf)) + x * density;
-}
-
 ATTNLAB_VECTOR_FN float gelu_tanh(float x) {
   return 0.5f * x * (1.f + rational_tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
 }
 
-ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
+// GELU at x, and its derivative there in `grad`, sharing their costly parts (erf, exp): the
+// derivative costs as much as the function, so a forward that keeps act'(h) rather than h makes
+// the backward's activation step one multiply.
+ATTNLAB_VECTOR_FN float gelu_and_grad(float x, float& grad) {
+  const float phi = 0.5f * (1.f + rational_erf(x * kSqrtHalf));
+  // Past |x| = 10 the density term is below 1e-21: dropped, so that it never makes denormals.
+  const float e = vexp(-0.5f * x * x);
+  grad = phi + x * (x * x > 100.f ? 0.f : kInvSqrt2Pi * e);
+  return x * phi;
+}
+
+ATTNLAB_VECTOR_FN float gelu_tanh_and_grad(float x, float& grad) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
   // 1 - tanh(u)^2 as 4 e / (1 + e)^2 with e = exp(-2|u|): where tanh is near +-1, 1 - t*t would
   // lose most of its digits (5e-6 off at x = 4.8, against PyTorch's 1.4e-6).
-  // tanh itself from the same e: |tanh u| = (1 - e) / (1 + e), within ~1e-7 of it everywhere.
-  const float e = vexp(-2.f * std::fabs(u)), r = 1.f / (1.f + e);
-  const float t = std::copysign((1.f - e) * r, u), sech2 = 4.f * e * r * r;
-  return 0.5f * (1.f + t) + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
-}
-
-// GELU and its derivative at x together, sharing their costly parts (erf, exp): the derivative
-// costs as much as the function, so a forward that keeps act'(h) rather than h makes the
-// backward's activation step one multiply.
-ATTNLAB_VECTOR_FN float gelu_and_grad(float x, float& grad) {
-  const float phi = 0.5f * (1.f + rational_erf(x * kSqrtHalf));
-  const float e = vexp(-0.5f * x * x);
-  grad = phi + x * (x * x > 100.f ? 0.f : kInvSqrt2Pi * e);  // as gelu_grad
-  return x * phi;
-}
-ATTNLAB_VECTOR_FN float gelu_tanh_and_grad(float x, float& grad) {
-  // tanh(u) from e = exp(-2|u|), as gelu_tanh_grad takes it, rather than rational_tanh: within
-  // ~1e-7 of each other, and the one exp serves both.
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  // tanh itself from the same e: |tanh u| = (1 - e) / (1 + e), within ~1e-7 of it everywhere
+  // (and of rational_tanh, which gelu_tanh takes), so the one exp serves both.
   const float e = vexp(-2.f * std::fabs(u)), r = 1.f / (1.f + e);
   const float half = 0.5f * (1.f + std::copysign((1.f - e) * r, u)), sech2 = 4.f * e * r * r;
   grad = half + 0.5f * x * sech2 * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
   return x * half;
+}
+
+// The derivatives alone (the function's value is dead code to the compiler).
+ATTNLAB_VECTOR_FN float gelu_grad(float x) {
+  float grad;
+  gelu_and_grad(x, grad);
+  return grad;
+}
+
+ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
+  float grad;
+  gelu_tanh_and_grad(x, grad);
+  return grad;
 }
 
 // The feed-forward activations, numbered as attnlab.nn.kernels.ACTIVATION_CODES.
