@@ -524,9 +524,10 @@ void column_sums(const float* a, int64_t N, int64_t C, float* out) {
   });
 }
 
-// dx += the gradient through LN of dy; dw, db (db may be null) = its parameters' gradients.
+// dx = base + the gradient through LN of dy (base may be dx: the residual's gradient, added in the
+// same pass rather than copied in first); dw, db (db may be null) = its parameters' gradients.
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd, const float* w,
-                         int64_t N, int64_t C, float* dx, float* dw, float* db) {
+                         int64_t N, int64_t C, const float* base, float* dx, float* dw, float* db) {
   at::parallel_for(0, N, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* dyr = dy + r * C;
@@ -541,9 +542,10 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
       }
       a /= C;
       bsum /= C;
+      const float* br = base + r * C;
       float* dxr = dx + r * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) dxr[c] += s * (dyr[c] * w[c] - a - (xr[c] - m) * s * bsum);
+      for (int64_t c = 0; c < C; ++c) dxr[c] = br[c] + s * (dyr[c] * w[c] - a - (xr[c] - m) * s * bsum);
     }
   });
   // The parameters' gradients are sums down the columns: each thread takes whole columns.
@@ -774,10 +776,9 @@ class PreNormBlock {
     if (out[kFc1B].numel()) column_sums(dg.data_ptr<float>(), rows, F, out[kFc1B].data_ptr<float>());
     at::mm_out(dln, dg, p[kFc1W]);
     // dx2 = dy + LN2'(dln2), in dx's rows
-    dxp.copy_(dyp);
     layer_norm_backward(dln.data_ptr<float>(), at_row(x2_, r0), mean2_.data_ptr<float>() + r0,
-                        rstd2_.data_ptr<float>() + r0, p[kLn2W].data_ptr<float>(), rows, C, dxp.data_ptr<float>(),
-                        out[kLn2W].data_ptr<float>(), mutable_or_null(out[kLn2B]));
+                        rstd2_.data_ptr<float>() + r0, p[kLn2W].data_ptr<float>(), rows, C, dyp.data_ptr<float>(),
+                        dxp.data_ptr<float>(), out[kLn2W].data_ptr<float>(), mutable_or_null(out[kLn2B]));
     // x2 = x + att Wo^T + bo
     at::mm_out(out[kOutW], dxp.t(), part(att_, r0, rows));
     if (out[kOutB].numel()) column_sums(dxp.data_ptr<float>(), rows, C, out[kOutB].data_ptr<float>());
@@ -789,7 +790,7 @@ class PreNormBlock {
     // dx = dx2 + LN1'(dln1)
     layer_norm_backward(dln.data_ptr<float>(), x_.data_ptr<float>() + r0 * C, mean1_.data_ptr<float>() + r0,
                         rstd1_.data_ptr<float>() + r0, p[kLn1W].data_ptr<float>(), rows, C, dxp.data_ptr<float>(),
-                        out[kLn1W].data_ptr<float>(), mutable_or_null(out[kLn1B]));
+                        dxp.data_ptr<float>(), out[kLn1W].data_ptr<float>(), mutable_or_null(out[kLn1B]));
   }
 
   void attend(int64_t b0, int64_t b1) {
