@@ -4,13 +4,14 @@ A change to `src/attnlab/nn/kernels.cpp` worth a percent or two is below the spr
 training steps between runs; this times the block's C++ call itself, the two builds alternating
 in one process (the order flipped every round), on the same inputs, and checks first that both
 give the same outputs. Build each source once (`python -c "from attnlab.nn.kernels import
-extension; extension()"`) and copy the module it prints or leaves in
+extension; extension()"`) and copy the module it leaves in
 `~/.cache/torch_extensions/*/attnlab_kernels/attnlab_kernels.so` aside:
 
     python benchmarks/kernels_ab.py OLD.so NEW.so [--shape 4x4x128] [--block 64] [--rounds 61] [--out FILE.json]
 
 The ratio is OLD's time over NEW's: above 1, NEW is faster. Run it in both orders (NEW.so OLD.so
-too): the first module loaded has done a little better on this machine.
+too): the order has moved the ratio by about 1% on this machine, so a change smaller than that is
+not resolved by it.
 """
 
 import argparse
