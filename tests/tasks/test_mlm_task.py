@@ -81,18 +81,48 @@ def test_the_loss_through_the_kernel_under_bf16_autocast_is_the_fp32_loss_of_the
     bf16 logits in fp32, as PyTorch's loss of their fp32 copy does, gradients included."""
     run, task = load(mlm_run), reopen(mlm_run)
     batch = task.train_batch(0, torch.Generator().manual_seed(3))
-    results = {}
+    results, outputs = {}, []
+
+    def keep(_module, _args, out):
+        out.retain_grad()
+        outputs.append(out)
+
     for on in (False, True):
         if on:  # and it really is the kernel that runs
             monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: pytest.fail("PyTorch's loss ran"))
         run.model.zero_grad()
+        hook = run.model.register_forward_hook(keep)
         with kernels.enabled(on), torch.autocast("cpu", dtype=torch.bfloat16):
             loss = task.loss(run.model, batch, torch.device("cpu"), label_smoothing=0.1)
-        loss.backward()
-        results[on] = loss.detach(), [p.grad.clone() for p in run.model.parameters() if p.grad is not None]
-    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-6)
-    for with_kernel, without in zip(results[True][1], results[False][1], strict=True):
-        torch.testing.assert_close(with_kernel, without, atol=1e-6, rtol=2e-2)
+        hook.remove()
+        loss.backward(retain_graph=True)
+        results[on] = loss.detach(), outputs[-1], [p.grad.clone() for p in run.model.parameters() if p.grad is not None]
+    (loss, logits, grads), (expected_loss, expected_logits, _) = results[True], results[False]
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-6)
+    assert logits.dtype == torch.bfloat16 and torch.equal(logits, expected_logits)
+
+    # The gradient of the logits, written out in float64: (softmax(z) - q) / N, q the smoothed target.
+    z = logits.detach().double()
+    target = batch[1][batch[1] != IGNORE_INDEX]
+    n, vocab = z.shape
+    q = torch.full_like(z, 0.1 / vocab).scatter_add_(1, target[:, None], torch.full((n, 1), 0.9, dtype=z.dtype))
+    exact = (z.softmax(-1) - q) / n
+    # Rounded once to bf16 means within half a bf16 step of the exact value; the fp32 arithmetic
+    # before the rounding may move a value lying at a rounding boundary by a few fp32 steps.
+    half_step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 8)
+    fp32_slack = 1e-6 * (z.softmax(-1) + q) / n
+    for name, got in (("kernel", logits.grad), ("PyTorch", expected_logits.grad)):
+        error = (got.double() - exact).abs()
+        assert got.dtype == torch.bfloat16 and bool((error <= half_step + fp32_slack).all()), (name, error.max())
+
+    # Everything below the logits is PyTorch's own backward: fed the kernel's logit gradient, it
+    # gives the parameter gradients of the kernel's run. (Comparing those with the PyTorch run's
+    # instead compares bf16 roundings of a value at a rounding boundary, which flip by the CPU.)
+    run.model.zero_grad()
+    expected_logits.backward(logits.grad)
+    replayed = [p.grad for p in run.model.parameters() if p.grad is not None]
+    for with_kernel, replay in zip(grads, replayed, strict=True):
+        torch.testing.assert_close(with_kernel, replay, atol=0, rtol=0)
 
 
 def test_train_batch_depends_only_on_the_generator_seed_and_the_index(mlm_run):
