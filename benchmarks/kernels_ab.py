@@ -1,98 +1,175 @@
-"""Two builds of attnlab's training kernels side by side: one pre-norm block's forward + backward.
+"""Two builds of attnlab's training kernels side by side: one pre-norm block, or its attention alone.
 
 A change to `src/attnlab/nn/kernels.cpp` worth a percent or two is below the spread of whole
-training steps between runs; this times the block's C++ call itself, the two builds alternating
-in one process (the order flipped every round), on the same inputs, and checks first that both
-give the same outputs. Build each source once (`python -c "from attnlab.nn.kernels import
-extension; extension()"`) and copy the module it leaves in
+training steps between runs; this times the C++ calls themselves, forward + backward, the two
+builds taking turns (the order flipped every round) on the same inputs, after checking what each
+gives. Build each source once (`python -c "from attnlab.nn.kernels import extension;
+extension()"`) and copy the module it leaves in
 `~/.cache/torch_extensions/*/attnlab_kernels/attnlab_kernels.so` aside:
 
-    python benchmarks/kernels_ab.py OLD.so NEW.so [--shape 4x4x128] [--block 64] [--rounds 61] [--out FILE.json]
+    python benchmarks/kernels_ab.py OLD.so NEW.so [--part block|attention] [--shape 4x4x128] [--block 64]
+        [--rounds 61] [--out FILE.json]
 
-The ratio is OLD's time over NEW's: above 1, NEW is faster. Run it in both orders (NEW.so OLD.so
-too): the order has moved the ratio by about 1% on this machine, so a change smaller than that is
-not resolved by it.
+Each build runs in a worker process of its own, told when to run by this one, so that the two
+never run at once. They must: CPython hands a second load of an extension module under the same
+name (every build's is `attnlab_kernels`) the module it loaded first, whatever the file, so two
+builds loaded in one process are the first one twice. (Until 2026-11-25 this script did that, and
+its "A/B" timed one build against itself: about ±1% between orders, the noise of the method.)
+
+The ratio is OLD's time over NEW's: above 1, NEW is faster. Pass the same file twice for the
+spread of the method itself.
 """
 
 import argparse
-import importlib.util
+import hashlib
+import io
 import json
 import statistics
-import time
+import subprocess
+import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from run_info import run_info
 from train_case import add_train_case_arguments, train_case
 
-from attnlab import bench
-from attnlab.nn import kernels
+PARTS = ("block", "attention")
 
 
-def load(path: Path) -> ModuleType:
-    """The kernels module built at `path` (each path its own copy, under the module's one name)."""
-    spec = importlib.util.spec_from_file_location("attnlab_kernels", path)
+def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
+    """Load `build`, make the inputs (the same in every worker: fixed seed), then answer this
+    process's commands on stdin: `outputs` (the outputs, torch.save'd, hex on one line) and
+    `time N` (seconds per forward + backward over N calls)."""
+    import importlib.util
+    import time
+
+    answers, sys.stdout = sys.stdout, sys.stderr  # stdout carries the answers alone
+
+    from attnlab import bench
+    from attnlab.nn import kernels
+
+    spec = importlib.util.spec_from_file_location("attnlab_kernels", build)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"kernels_ab: {path} is not a Python extension module; pass a built attnlab_kernels .so")
+        raise SystemExit(f"kernels_ab: {build} is not a Python extension module; pass a built attnlab_kernels .so")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    torch.manual_seed(0)
+    layer = bench.build_models(shape, block, torch.device("cpu"), None)["attnlab"].blocks[0]
+    width, heads = layer.norm1.weight.numel(), layer.attn.n_heads
+    if part == "block":
+        x, dy = torch.randn(batch, block, width), torch.randn(batch, block, width)
+        params = [t.detach() for t in kernels._params(layer)]
+        kernel = module.PreNormBlock(heads, True, kernels.ACTIVATION_CODES[layer.ffn.activation], layer.norm1.eps)
+
+        def call() -> list[torch.Tensor]:
+            return [kernel.forward(x, params), *kernel.backward(dy)]
+    else:
+        qkv, dy = torch.randn(batch, block, 3 * width), torch.randn(batch, block, width)
+
+        def call() -> list[torch.Tensor]:
+            y, lse = module.attention_forward(qkv, heads, True)
+            return [y, lse, module.attention_backward(dy, qkv, y, lse, heads, True)]
+
+    print(f"ready {module.__file__}", file=answers, flush=True)
+    with torch.no_grad():
+        for line in sys.stdin:
+            command = line.split()
+            if command[0] == "outputs":
+                buffer = io.BytesIO()
+                torch.save(call(), buffer)
+                print(buffer.getvalue().hex(), file=answers, flush=True)
+            else:
+                calls = int(command[1])
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                print((time.perf_counter() - start) / calls, file=answers, flush=True)
+
+
+class Worker:
+    """One build in its own process."""
+
+    def __init__(self, build: Path, args: argparse.Namespace) -> None:
+        command = [sys.executable, __file__, str(build), str(build), "--worker", str(build)]
+        command += ["--part", args.part, "--shape", args.shape, "--block", str(args.block), "--batch", str(args.batch)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.loaded = self._answer().removeprefix("ready ")
+
+    def _answer(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"kernels_ab: the worker for a build stopped (exit code {self.process.wait()})")
+        return line.strip()
+
+    def ask(self, command: str) -> str:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def outputs(self) -> list[torch.Tensor]:
+        return torch.load(io.BytesIO(bytes.fromhex(self.ask("outputs"))))
+
+    def seconds_per_call(self, calls: int) -> float:
+        return float(self.ask(f"time {calls}"))
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("old", type=Path, help="the first build (the baseline)")
     p.add_argument("new", type=Path, help="the second build")
+    p.add_argument("--part", choices=PARTS, default="block", help="a whole block (default) or its attention alone")
     add_train_case_arguments(p)
     p.add_argument("--rounds", type=int, default=61, help="rounds of both builds, alternating")
     p.add_argument("--calls", type=int, default=0, help="forward + backward calls per timing (0: ~0.3 s' worth)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        worker(args.worker, args.part, args.shape, args.block, args.batch)
+        return
     for path in (args.old, args.new):
         if not path.is_file():
             raise SystemExit(f"kernels_ab: no file {path}; build the kernels and copy the .so there first")
 
     case = train_case(args)
-    block = bench.build_models(args.shape, args.block, torch.device("cpu"), None)["attnlab"].blocks[0]
-    width = block.norm1.weight.numel()
-    x, dy = torch.randn(case.batch, case.block, width), torch.randn(case.batch, case.block, width)
-    params = [t.detach() for t in kernels._params(block)]
-    activation = kernels.ACTIVATION_CODES[block.ffn.activation]
-    runs = {
-        name: load(path).PreNormBlock(block.attn.n_heads, True, activation, block.norm1.eps)
-        for name, path in (("old", args.old), ("new", args.new))
-    }
-
-    def call(kernel: object) -> list[torch.Tensor]:
-        return [kernel.forward(x, params), *kernel.backward(dy)]
-
-    with torch.no_grad():
-        outputs = {name: call(kernel) for name, kernel in runs.items()}
+    builds = {"old": args.old, "new": args.new}
+    runs = {name: Worker(path, args) for name, path in builds.items()}
+    try:
+        outputs = {name: run.outputs() for name, run in runs.items()}
         diff = max((a - b).abs().max().item() for a, b in zip(*outputs.values(), strict=True) if a.numel())
-        start = time.perf_counter()
-        call(runs["old"])
-        calls = args.calls or max(1, round(0.3 / (time.perf_counter() - start)))
+        calls = args.calls or max(1, round(0.3 / runs["old"].seconds_per_call(1)))
         times: dict[str, list[float]] = {name: [] for name in runs}
         for r in range(args.rounds):
             for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call(runs[name])
-                times[name].append((time.perf_counter() - start) / calls)
+                times[name].append(runs[name].seconds_per_call(calls))
+    finally:
+        for run in runs.values():
+            run.close()
 
     ms = {name: 1e3 * statistics.median(v) for name, v in times.items()}
     result = {
         **run_info(),
         "case": case.label,
-        "builds": {"old": str(args.old), "new": str(args.new)},
+        "part": args.part,
+        "builds": {name: {"path": str(path), "sha256": sha256(path)} for name, path in builds.items()},
+        "loaded": {name: run.loaded for name, run in runs.items()},
         "rounds": args.rounds,
         "calls_per_timing": calls,
         "max_abs_difference": diff,
-        "ms_per_block_forward_backward": ms,
+        "ms_per_forward_backward": ms,
         "speedup": ms["old"] / ms["new"],
     }
-    print(f"{case.label}, one block, {torch.get_num_threads()} threads, medians of {args.rounds} rounds")
+    what = "one block" if args.part == "block" else "one block's attention"
+    threads = torch.get_num_threads()
+    print(f"{case.label}, {what}, {threads} threads, medians of {args.rounds} rounds, one process a build")
     print(f"outputs differ by at most {diff:.3g}")
     print(f"old {ms['old']:.3f} ms, new {ms['new']:.3f} ms: new is {result['speedup']:.3f}x")
     if args.out:
