@@ -8,13 +8,16 @@ extension()"`) and copy the module it leaves in
 `~/.cache/torch_extensions/*/attnlab_kernels/attnlab_kernels.so` aside:
 
     python benchmarks/kernels_ab.py OLD.so NEW.so [--part block|attention] [--shape 4x4x128] [--block 64]
-        [--rounds 61] [--out FILE.json]
+        [--pairs 6] [--rounds 15] [--out FILE.json]
 
 Each build runs in a worker process of its own, told when to run by this one, so that the two
 never run at once. They must: CPython hands a second load of an extension module under the same
 name (every build's is `attnlab_kernels`) the module it loaded first, whatever the file, so two
 builds loaded in one process are the first one twice. (Until 2026-11-25 this script did that, and
 its "A/B" timed one build against itself: about ±1% between orders, the noise of the method.)
+The pair of processes is started afresh `--pairs` times: where a process's buffers land moved one
+pair's ratio by up to ±4% on this 2-core machine, so the ratio is the median of the pairs' own
+(each the ratio of its medians), all printed; which worker starts first alternates between pairs.
 
 The ratio is OLD's time over NEW's: above 1, NEW is faster. Pass the same file twice for the
 spread of the method itself.
@@ -127,7 +130,8 @@ def main() -> None:
     p.add_argument("new", type=Path, help="the second build")
     p.add_argument("--part", choices=PARTS, default="block", help="a whole block (default) or its attention alone")
     add_train_case_arguments(p)
-    p.add_argument("--rounds", type=int, default=61, help="rounds of both builds, alternating")
+    p.add_argument("--pairs", type=int, default=6, help="fresh pairs of worker processes, one after another")
+    p.add_argument("--rounds", type=int, default=15, help="rounds of both builds per pair, alternating")
     p.add_argument("--calls", type=int, default=0, help="forward + backward calls per timing (0: ~0.3 s' worth)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -141,18 +145,30 @@ def main() -> None:
 
     case = train_case(args)
     builds = {"old": args.old, "new": args.new}
-    runs = {name: Worker(path, args) for name, path in builds.items()}
-    try:
-        outputs = {name: run.outputs() for name, run in runs.items()}
-        diff = max((a - b).abs().max().item() for a, b in zip(*outputs.values(), strict=True) if a.numel())
-        calls = args.calls or max(1, round(0.3 / runs["old"].seconds_per_call(1)))
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for r in range(args.rounds):
-            for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                times[name].append(runs[name].seconds_per_call(calls))
-    finally:
-        for run in runs.values():
-            run.close()
+    times: dict[str, list[float]] = {name: [] for name in builds}
+    pair_ratios, loaded, diff, calls = [], {}, 0.0, args.calls
+    for k in range(args.pairs):
+        # Which of the two is started first alternates too: in runs of one build against itself
+        # the second-started worker was the faster by ~2%.
+        order = list(builds) if k % 2 == 0 else list(reversed(builds))
+        runs = {name: Worker(builds[name], args) for name in order}
+        try:
+            outputs = {name: run.outputs() for name, run in runs.items()}
+            diff = max(
+                [diff] + [(a - b).abs().max().item() for a, b in zip(*outputs.values(), strict=True) if a.numel()]
+            )
+            calls = calls or max(1, round(0.3 / runs["old"].seconds_per_call(1)))
+            these: dict[str, list[float]] = {name: [] for name in runs}
+            for r in range(args.rounds):
+                for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                    these[name].append(runs[name].seconds_per_call(calls))
+        finally:
+            for run in runs.values():
+                run.close()
+        loaded = {name: run.loaded for name, run in runs.items()}
+        pair_ratios.append(statistics.median(these["old"]) / statistics.median(these["new"]))
+        for name in times:
+            times[name] += these[name]
 
     ms = {name: 1e3 * statistics.median(v) for name, v in times.items()}
     result = {
@@ -160,18 +176,23 @@ def main() -> None:
         "case": case.label,
         "part": args.part,
         "builds": {name: {"path": str(path), "sha256": sha256(path)} for name, path in builds.items()},
-        "loaded": {name: run.loaded for name, run in runs.items()},
-        "rounds": args.rounds,
+        "loaded": loaded,
+        "pairs_of_processes": args.pairs,
+        "rounds_per_pair": args.rounds,
         "calls_per_timing": calls,
         "max_abs_difference": diff,
         "ms_per_forward_backward": ms,
-        "speedup": ms["old"] / ms["new"],
+        "speedup": statistics.median(pair_ratios),
+        "speedup_per_pair": pair_ratios,
+        "speedup_of_pooled_medians": ms["old"] / ms["new"],
     }
     what = "one block" if args.part == "block" else "one block's attention"
     threads = torch.get_num_threads()
-    print(f"{case.label}, {what}, {threads} threads, medians of {args.rounds} rounds, one process a build")
+    print(f"{case.label}, {what}, {threads} threads, {args.pairs} pairs of processes x {args.rounds} rounds")
     print(f"outputs differ by at most {diff:.3g}")
-    print(f"old {ms['old']:.3f} ms, new {ms['new']:.3f} ms: new is {result['speedup']:.3f}x")
+    print("new/old by pair: " + " ".join(f"{r:.3f}x" for r in pair_ratios))
+    print(f"old {ms['old']:.3f} ms, new {ms['new']:.3f} ms (medians of all rounds)")
+    print(f"new is {result['speedup']:.3f}x (the median pair)")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

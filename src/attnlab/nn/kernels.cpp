@@ -22,6 +22,7 @@
 #include <immintrin.h>
 #endif
 
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -587,6 +588,15 @@ void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, con
   at::addmm_out(out, out, a, w.t(), 1, 1);
 }
 
+// out = a b into a contiguous out, as zeros plus the product (beta = 1): for beta = 0 MKL clears the
+// output in a pass of its own (3% of a block's perf samples at 4x4x128); a memset does it for
+// less, ~1% of the block's forward + backward there (benchmarks/kernels_ab.py, both orders).
+void product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(out.is_contiguous(), "product: out must be contiguous");
+  std::memset(out.data_ptr<float>(), 0, out.numel() * sizeof(float));
+  at::addmm_out(out, out, a, b, 1, 1);
+}
+
 // The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
 // and one set that stays in cache beats one set per block.
 struct Scratch {
@@ -768,25 +778,25 @@ class PreNormBlock {
     at::Tensor datt = part(work.datt, r0, rows), dqkv = part(work.dqkv, r0, rows);
     at::Tensor dxp = part(dx.view({B_ * T_, C}), r0, rows);
     // y = x2 + g W2^T + b2
-    at::mm_out(out[kFc2W], dyp.t(), part(g_, r0, rows));
+    product(out[kFc2W], dyp.t(), part(g_, r0, rows));
     if (out[kFc2B].numel()) column_sums(dyp.data_ptr<float>(), rows, C, out[kFc2B].data_ptr<float>());
-    at::mm_out(dg, dyp, p[kFc2W]);
+    product(dg, dyp, p[kFc2W]);
     scale_by_slope(dg.data_ptr<float>(), at_row(h_, r0), rows * F);  // now dh
-    at::mm_out(out[kFc1W], dg.t(), part(ln2_, r0, rows));
+    product(out[kFc1W], dg.t(), part(ln2_, r0, rows));
     if (out[kFc1B].numel()) column_sums(dg.data_ptr<float>(), rows, F, out[kFc1B].data_ptr<float>());
-    at::mm_out(dln, dg, p[kFc1W]);
+    product(dln, dg, p[kFc1W]);
     // dx2 = dy + LN2'(dln2), in dx's rows
     layer_norm_backward(dln.data_ptr<float>(), at_row(x2_, r0), mean2_.data_ptr<float>() + r0,
                         rstd2_.data_ptr<float>() + r0, p[kLn2W].data_ptr<float>(), rows, C, dyp.data_ptr<float>(),
                         dxp.data_ptr<float>(), out[kLn2W].data_ptr<float>(), mutable_or_null(out[kLn2B]));
     // x2 = x + att Wo^T + bo
-    at::mm_out(out[kOutW], dxp.t(), part(att_, r0, rows));
+    product(out[kOutW], dxp.t(), part(att_, r0, rows));
     if (out[kOutB].numel()) column_sums(dxp.data_ptr<float>(), rows, C, out[kOutB].data_ptr<float>());
-    at::mm_out(datt, dxp, p[kOutW]);
+    product(datt, dxp, p[kOutW]);
     attend_backward(b0, b1, datt, dqkv);
-    at::mm_out(out[kQkvW], dqkv.t(), part(ln1_, r0, rows));
+    product(out[kQkvW], dqkv.t(), part(ln1_, r0, rows));
     if (out[kQkvB].numel()) column_sums(dqkv.data_ptr<float>(), rows, 3 * C, out[kQkvB].data_ptr<float>());
-    at::mm_out(dln, dqkv, p[kQkvW]);
+    product(dln, dqkv, p[kQkvW]);
     // dx = dx2 + LN1'(dln1)
     layer_norm_backward(dln.data_ptr<float>(), x_.data_ptr<float>() + r0 * C, mean1_.data_ptr<float>() + r0,
                         rstd1_.data_ptr<float>() + r0, p[kLn1W].data_ptr<float>(), rows, C, dxp.data_ptr<float>(),
