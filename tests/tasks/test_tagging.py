@@ -128,15 +128,19 @@ def test_mean_pooling_scores_each_word_by_the_average_of_all_its_subwords(ud, tm
     assert first.collate("dev", indices)[0].tolist() == ids.tolist() and len(first.collate("dev", indices)) == 2
     assert torch.equal(targets, first.collate("dev", indices)[1])  # still one target per word, at its start
     # Accuracy by hand from the pooled scores, over the whole split.
-    correct = total = 0
+    correct = total = changed = 0
     for batch in task.batches("dev"):
         ids, targets, word_of = task.collate("dev", batch)
         scored = targets != IGNORE_INDEX
-        correct += int((task.logits(model, ids, word_of).argmax(-1)[scored] == targets[scored]).sum())
+        tags = task.logits(model, ids, word_of).argmax(-1)[scored]
+        correct += int((tags == targets[scored]).sum())
         total += int(scored.sum())
+        changed += int((tags != first.logits(model, ids).argmax(-1)[scored]).sum())  # first piece
     total += task.unscored("dev")  # words cut off by max_len count as errors
     assert task.evaluate(model, torch.device("cpu"), split="dev")["accuracy"] == pytest.approx(correct / total)
-    assert correct / total != pytest.approx(first.evaluate(model, torch.device("cpu"), split="dev")["accuracy"])
+    # Pooling changes the tags of words of several pieces. (Not compared through the two accuracies:
+    # near chance, as this table's are, they came out equal on one CI run, 26 of 574 words each.)
+    assert changed > 0
 
 
 def test_word_pooling_is_first_or_mean(ud):
