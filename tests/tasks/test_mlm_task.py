@@ -106,13 +106,14 @@ def test_the_loss_through_the_kernel_under_bf16_autocast_is_the_fp32_loss_of_the
     target = batch[1][batch[1] != IGNORE_INDEX]
     n, vocab = z.shape
     q = torch.full_like(z, 0.1 / vocab).scatter_add_(1, target[:, None], torch.full((n, 1), 0.9, dtype=z.dtype))
-    exact = (z.softmax(-1) - q) / n
+    p = z.softmax(-1)
+    exact = (p - q) / n
     # Rounded once to bf16 means within half a bf16 step of the exact value, give or take the fp32
     # arithmetic before the rounding, which may carry a value at a rounding boundary across it:
     # PyTorch's vectorized softmax uses an exp good to 20 fp32 steps (exp_u20; seen: 1.2e-6 with
     # ATEN_CPU_CAPABILITY=avx2), and 4e-6 is ~64 steps, far below the half step a bias would add.
     half_step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 8)
-    fp32_slack = 4e-6 * (z.softmax(-1) + q) / n
+    fp32_slack = 4e-6 * (p + q) / n
     for name, got in (("kernel", logits.grad), ("PyTorch", expected_logits.grad)):
         error = (got.double() - exact).abs()
         assert got.dtype == torch.bfloat16 and bool((error <= half_step + fp32_slack).all()), (name, error.max())

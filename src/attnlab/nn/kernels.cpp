@@ -563,12 +563,21 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   if (db) column_sums(dy, N, C, db);
 }
 
+// out = a b into a contiguous out, as zeros plus the product (beta = 1): for beta = 0 MKL clears the
+// output in a pass of its own (3% of a block's perf samples at 4x4x128); a memset does it for
+// less, ~1% of the block's forward + backward there (benchmarks/kernels_ab.py, both orders).
+void product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(out.is_contiguous(), "product: out must be contiguous");
+  std::memset(out.data_ptr<float>(), 0, out.numel() * sizeof(float));
+  at::addmm_out(out, out, a, b, 1, 1);
+}
+
 // out = a w^T + bias + residual (either may be null; residual has out's rows). out is filled with
 // bias + residual first and the product accumulated into it: MKL zero-fills the output of a
 // plain product, so adding the bias after would cost that pass and one more.
 void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, const float* bias, const float* residual) {
   if (!bias && !residual) {
-    at::mm_out(out, a, w.t());
+    product(out, a, w.t());
     return;
   }
   const int64_t N = out.size(0), C = out.size(1);
@@ -586,15 +595,6 @@ void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, con
     }
   });
   at::addmm_out(out, out, a, w.t(), 1, 1);
-}
-
-// out = a b into a contiguous out, as zeros plus the product (beta = 1): for beta = 0 MKL clears the
-// output in a pass of its own (3% of a block's perf samples at 4x4x128); a memset does it for
-// less, ~1% of the block's forward + backward there (benchmarks/kernels_ab.py, both orders).
-void product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(out.is_contiguous(), "product: out must be contiguous");
-  std::memset(out.data_ptr<float>(), 0, out.numel() * sizeof(float));
-  at::addmm_out(out, out, a, b, 1, 1);
 }
 
 // The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
