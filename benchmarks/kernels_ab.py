@@ -93,7 +93,7 @@ class Worker:
     """One build in its own process."""
 
     def __init__(self, build: Path, args: argparse.Namespace) -> None:
-        command = [sys.executable, __file__, str(build), str(build), "--worker", str(build)]
+        command = [sys.executable, __file__, "--worker", str(build)]
         command += ["--part", args.part, "--shape", args.shape, "--block", str(args.block), "--batch", str(args.batch)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.loaded = self._answer().removeprefix("ready ")
@@ -126,8 +126,9 @@ def sha256(path: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old", type=Path, help="the first build (the baseline)")
-    p.add_argument("new", type=Path, help="the second build")
+    # Optional to argparse only so that a worker's command line can leave them out.
+    p.add_argument("old", type=Path, nargs="?", help="the first build (the baseline)")
+    p.add_argument("new", type=Path, nargs="?", help="the second build")
     p.add_argument("--part", choices=PARTS, default="block", help="a whole block (default) or its attention alone")
     add_train_case_arguments(p)
     p.add_argument("--pairs", type=int, default=6, help="fresh pairs of worker processes, one after another")
@@ -139,6 +140,8 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.part, args.shape, args.block, args.batch)
         return
+    if args.new is None:
+        p.error("the two builds are needed: OLD.so NEW.so")
     for path in (args.old, args.new):
         if not path.is_file():
             raise SystemExit(f"kernels_ab: no file {path}; build the kernels and copy the .so there first")
