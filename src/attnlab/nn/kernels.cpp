@@ -53,16 +53,20 @@ constexpr int kLane = 8;
 constexpr int kLane = 4;
 #endif
 // The vector registers the build has: 32 with AVX-512, 16 with AVX2 (and SSE; NEON's 32 aside).
-// kSums: the sums a tile of queries keeps over a whole head (R x D / kLane, below). With AVX-512,
-// 16: a 4-query tile at D = 64 in registers. With AVX2, 32: the tile goes through the head's
-// columns in chunks that fit (kHeadChunk), so 4-query tiles at D = 64 too, rather than 2, which
-// halves how often the keys and values are read (8 sums in one pass were 1.5x slower than 16
-// through the stack, and 32 in chunks faster again: BENCHMARKS.md, "attention on AVX2").
+// kSums: the sums a tile of queries keeps over a whole head (R x D / kLane, below), 32: the tile
+// goes through the head's columns in chunks that fit the registers (kHeadChunk). kMaxTile: the
+// most queries in a tile. With AVX-512, 8: against 4-query tiles (16 sums, each tile's columns in
+// one pass) the attention's forward + backward ran 1.18x faster at D = 32 (T = 64) and 1.27x at
+// D = 64 (T = 256), every loaded key or value row serving twice the queries (BENCHMARKS.md,
+// "8-query tiles"). With AVX2, 4, at D = 64 too, rather than 2, which halves how often the keys and
+// values are read (8 sums in one pass were 1.5x slower than 16 through the stack, and 32 in chunks
+// faster again: BENCHMARKS.md, "attention on AVX2"); 8 is not measured there.
 #if defined(__AVX512F__)
-constexpr int kRegisters = 32, kSums = 16;
+constexpr int kRegisters = 32, kMaxTile = 8;
 #else
-constexpr int kRegisters = 16, kSums = 32;
+constexpr int kRegisters = 16, kMaxTile = 4;
 #endif
+constexpr int kSums = 32;
 
 typedef float Lanes __attribute__((vector_size(kLane * sizeof(float))));
 
@@ -78,12 +82,13 @@ inline void store(float* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 // serves R queries, and the per-row loop overheads are shared by R rows. Queries past the last
 // row of a tile repeat that row and are never written.
 template <int D>
-constexpr int kTile = std::clamp(kSums / (D / kLane), 1, 4);  // R x D/kLane = kSums sums over a head
+constexpr int kTile = std::clamp(kSums / (D / kLane), 1, kMaxTile);  // R x D/kLane = kSums sums over a head
 
 // The weighted sums and the key and value gradients go through a head's D floats in chunks of W
 // vectors, so that a tile's R x W sums, the W vectors it loads and a broadcast weight all stay in
 // registers: the largest W dividing V = D / kLane with (R + 1) W < kRegisters. On AVX-512 that is
-// all of D for every tile size, as before; on AVX2 a quarter of D = 64 at a time for 4 queries.
+// all of D = 16 or 32 for 8 queries, half of D = 64 (8 queries) or of D = 128 (4 queries); on AVX2
+// a quarter of D = 64 at a time for 4 queries.
 template <int R, int V>
 constexpr int kHeadChunk = [] {
   int w = V;
@@ -119,7 +124,7 @@ inline void tile_product(const Weights& a, const float* b, int64_t stride, int64
     Lanes bt[V];
 #pragma GCC unroll 8
     for (int c = 0; c < V; ++c) bt[c] = load(b + t * stride + c * kLane);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const float at = a(r, t);
 #pragma GCC unroll 8
