@@ -248,6 +248,13 @@ inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
   return total;
 }
 
+// dst[0, D) = src[0, D) in vector registers. A head's row is 64 to 512 bytes: std::copy made each
+// one a call to memmove, 3.7% of the attention backward's perf samples at D = 32, T = 64.
+template <int D>
+inline void copy_row(const float* src, float* dst) {
+  for (int c = 0; c < D; c += kLane) store(dst + c, load(src + c));
+}
+
 // One (sequence, head) of the fused q/k/v (B, T, 3C): where its queries, keys and values start
 // (positions 3C floats apart), and its keys transposed into kt (D, Tp), rows ld apart.
 struct Head {
@@ -363,7 +370,7 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
           }
           weighted_tile<D, R>(dsi, Tk, k, 3 * C, keys, dq.data());
           for (int r = 0; r < rows; ++r)
-            std::copy(dq.begin() + r * D, dq.begin() + (r + 1) * D, dbase + (b * T + i0 + r) * 3 * C + h * D);
+            copy_row<D>(dq.data() + r * D, dbase + (b * T + i0 + r) * 3 * C + h * D);
         }
         // The block's share of dK_j = sum_i dS_ij q_i and dV_j = sum_i P_ij dy_i, over its queries
         // i >= j when causal: tiles of keys, aligned with the query tiles, start at their own.
@@ -376,8 +383,8 @@ void attention_backward_heads(const float* base, const float* dy, const float* o
       }
       for (int64_t j = 0; j < T; ++j) {
         float* row = dbase + (b * T + j) * 3 * C + h * D;
-        std::copy(dk.begin() + j * D, dk.begin() + (j + 1) * D, row + C);
-        std::copy(dv.begin() + j * D, dv.begin() + (j + 1) * D, row + 2 * C);
+        copy_row<D>(dk.data() + j * D, row + C);
+        copy_row<D>(dv.data() + j * D, row + 2 * C);
       }
     }
   });
