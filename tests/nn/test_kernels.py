@@ -2,7 +2,8 @@
 
 GELU and attention against PyTorch's operators in float64; a whole pre-norm block (forward,
 and the gradients of its input and every parameter) against the same block run through its
-modules; a GPT's training steps with the kernels against the same steps without. The extension
+modules; a GPT's stack of blocks in one call against its blocks one call each; a GPT's training
+steps with the kernels against the same steps without. The extension
 is built once per machine (about a minute; cached by torch.utils.cpp_extension).
 """
 
@@ -224,6 +225,63 @@ def test_fused_block_refuses_a_backward_after_another_forward():
         block(x, causal=True)
     with pytest.raises(RuntimeError, match="ran forward again before the backward"):
         first.sum().backward()
+
+
+def _gpt_loss_and_grads(model: GPT, x: torch.Tensor, y: torch.Tensor, n_threads: int):
+    model.zero_grad(set_to_none=True)
+    with threads(n_threads), kernels.enabled():
+        _, loss = model(x, y)
+        loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("bias, n_threads", [(True, 1), (False, 2), (True, 3)])
+def test_gpts_fused_stack_computes_what_its_blocks_do_one_at_a_time(bias, n_threads, monkeypatch):
+    # The same arithmetic, each thread taking its sequences through every block in turn rather
+    # than the threads meeting after each block: equal to the bit, loss and every gradient.
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=30, block_size=16, n_layer=3, n_head=2, n_embd=64, bias=bias)
+    model = GPT(config)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 30, (5, 16), generator=gen), torch.randint(0, 30, (5, 16), generator=gen)
+    loss, grads = _gpt_loss_and_grads(model, x, y, n_threads)
+    assert model.blocks in kernels._RUNNERS and all(b not in kernels._RUNNERS for b in model.blocks)
+    monkeypatch.setattr(kernels, "pre_norm_stack", lambda *args, **kwargs: None)
+    one_at_a_time_loss, one_at_a_time = _gpt_loss_and_grads(model, x, y, n_threads)
+    assert all(b in kernels._RUNNERS for b in model.blocks)  # each block's own kernel ran
+    assert torch.equal(loss, one_at_a_time_loss)
+    names = [n for n, _ in model.named_parameters()]
+    for name, got, want in zip(names, grads, one_at_a_time, strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_fused_stack_declines_blocks_it_does_not_cover():
+    x = torch.randn(2, 5, 32)
+
+    def stack(*blocks: TransformerBlock) -> torch.Tensor | None:
+        with kernels.enabled():
+            return kernels.pre_norm_stack(torch.nn.ModuleList(blocks), x, causal=True)
+
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64)) is not None
+    assert stack() is None
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64, norm="post")) is None
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64, dropout=0.1).train()) is None
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 128)) is None  # FFN sizes differ
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64, activation="relu")) is None
+    assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 4, 64)) is None  # heads differ
+    with kernels.enabled(False):
+        assert kernels.pre_norm_stack(torch.nn.ModuleList([TransformerBlock(32, 2, 64)]), x, causal=True) is None
+
+
+def test_fused_stack_refuses_a_backward_after_another_forward():
+    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64))
+    x = torch.randint(0, 30, (2, 16))
+    with kernels.enabled():
+        _, first = model(x, x)
+        model(x, x)
+    assert model.blocks in kernels._RUNNERS
+    with pytest.raises(RuntimeError, match="ran forward again before the backward"):
+        first.backward()
 
 
 def test_enabled_restores_the_previous_setting():

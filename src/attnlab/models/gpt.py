@@ -22,6 +22,7 @@ from attnlab.nn import (
     Linear,
     TransformerBlock,
     build_positions,
+    kernels,
     normal_init,
 )
 
@@ -174,8 +175,12 @@ class GPT(nn.Module):
         if positions is not None and cache is None:
             raise ValueError("positions place new tokens in a KV cache; pass cache too")
         x = self._embed(idx, start=cache[0].length if cache is not None else 0, positions=positions)  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x, _ = block(x, causal=True, cache=None if cache is None else cache[i], positions=positions)
+        stacked = kernels.pre_norm_stack(self.blocks, x, causal=True) if cache is None else None
+        if stacked is not None:  # the whole stack in one C++ call: attnlab's training kernels are on
+            x = stacked
+        else:
+            for i, block in enumerate(self.blocks):
+                x, _ = block(x, causal=True, cache=None if cache is None else cache[i], positions=positions)
         x = self.final_norm(x)
         if last_only:
             x = x[:, -1:, :]

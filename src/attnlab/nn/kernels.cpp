@@ -611,10 +611,13 @@ void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, con
 
 // The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
 // and one set that stays in cache beats one set per block.
+// Per part past the first, a set of the block's parameter gradients: that part's share.
+using PartialSets = std::vector<std::vector<at::Tensor>>;
+
 struct Scratch {
   std::mutex lock;
   at::Tensor dg, dln, datt, dqkv;
-  std::vector<std::vector<at::Tensor>> partial;  // parts past the first: their parameter gradients
+  PartialSets partial;  // a single block's
 
   static at::Tensor& fit(at::Tensor& t, at::IntArrayRef shape, const at::TensorOptions& o) {
     if (!t.defined() || t.sizes() != shape) t = at::empty(shape, o);
@@ -657,7 +660,7 @@ void by_sequences(int64_t B, const F& f) {
 
 // grads[1 + i] += partial[k - 1][i] for each part k > 0 that ran: every parameter's gradient is the
 // sum over the parts. One pass, split by elements between the threads.
-void add_parts(std::vector<at::Tensor>& grads, const std::vector<std::vector<at::Tensor>>& partial,
+void add_parts(std::vector<at::Tensor>& grads, const PartialSets& partial,
                const std::vector<char>& ran) {
   std::vector<std::pair<float*, std::vector<const float*>>> sums;
   std::vector<int64_t> ends;  // cumulative element counts
@@ -691,6 +694,30 @@ class PreNormBlock {
 
   // x (B, T, C) -> the block's output (B, T, C); keeps what the backward needs until the next call.
   at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+    at::Tensor y = start_forward(x, p);
+    by_sequences(B_, [&](int64_t b0, int64_t b1, int64_t) { forward_part(b0, b1, y); });
+    return y;
+  }
+
+  // dy (B, T, C) -> [dx, then the gradient of each parameter (empty for a missing bias)].
+  std::vector<at::Tensor> backward(const at::Tensor& dy) {
+    Scratch& work = scratch();
+    std::lock_guard<std::mutex> hold(work.lock);
+    std::vector<at::Tensor> grads = start_backward(dy, work, work.partial);
+    std::vector<char> ran(work.partial.size() + 1, 0);
+    by_sequences(B_, [&](int64_t b0, int64_t b1, int64_t part) {
+      backward_part(b0, b1, part, dy, work, grads, work.partial);
+      ran[part] = 1;
+    });
+    finish_backward(grads, work.partial, ran);
+    return grads;
+  }
+
+  // A forward in three steps, for PreNormStack to run several blocks' parts in one parallel
+  // region: start_forward checks x and p, keeps them and returns the output, uninitialised;
+  // forward_part(b0, b1, y) then fills y's rows of sequences [b0, b1) (it reads only x's rows of
+  // those sequences, so a part may run as soon as the rows it reads are written).
+  at::Tensor start_forward(const at::Tensor& x, const std::vector<at::Tensor>& p) {
     check_float_cpu(x, "x");
     TORCH_CHECK(x.dim() == 3, "x must be (B, T, C)");
     TORCH_CHECK(static_cast<int64_t>(p.size()) == kParams, "expected ", kParams, " parameters");
@@ -701,19 +728,19 @@ class PreNormBlock {
     reserve(x, B, T, C, F);
     x_ = x;
     p_ = p;
-    at::Tensor y = at::empty({B, T, C}, x.options());
-    by_sequences(B, [&](int64_t b0, int64_t b1, int64_t) { forward_part(b0, b1, y); });
-    return y;
+    return at::empty({B, T, C}, x.options());
   }
 
-  // dy (B, T, C) -> [dx, then the gradient of each parameter (empty for a missing bias)].
-  std::vector<at::Tensor> backward(const at::Tensor& dy) {
+  // The backward likewise: start_backward checks dy, fits the scratch buffers (held locked by the
+  // caller) and `partial` (a set of parameter gradients per part past the first), and returns
+  // [dx, parameter gradients], uninitialised; backward_part fills dx's rows of sequences [b0, b1)
+  // and adds their share of the parameter gradients (into the gradients for part 0, into
+  // partial[part - 1] for the others); finish_backward sums the parts that ran.
+  std::vector<at::Tensor> start_backward(const at::Tensor& dy, Scratch& work, PartialSets& partial) {
     TORCH_CHECK(x_.defined(), "backward before forward");
     check_float_cpu(dy, "dy");
     TORCH_CHECK(dy.sizes() == x_.sizes(), "dy must have the shape of x");
     const int64_t N = B_ * T_;
-    Scratch& work = scratch();
-    std::lock_guard<std::mutex> hold(work.lock);
     const auto o = dy.options();
     Scratch::fit(work.dg, {N, F_}, o);
     Scratch::fit(work.dln, {N, C_}, o);
@@ -722,40 +749,21 @@ class PreNormBlock {
     std::vector<at::Tensor> grads(kParams + 1);
     grads[0] = at::empty({B_, T_, C_}, o);
     for (int i = 0; i < kParams; ++i) grads[1 + i] = at::empty(p_[i].sizes(), o);  // empty for a missing bias
-    work.partial.resize(std::max<int64_t>(at::get_num_threads() - 1, 0));
-    for (auto& set : work.partial) {
+    partial.resize(std::max<int64_t>(at::get_num_threads() - 1, 0));
+    for (auto& set : partial) {
       set.resize(kParams);
       for (int i = 0; i < kParams; ++i) Scratch::fit(set[i], p_[i].sizes(), o);
     }
-    std::vector<char> ran(work.partial.size() + 1, 0);
-    by_sequences(B_, [&](int64_t b0, int64_t b1, int64_t part) {
-      std::vector<at::Tensor> out(kParams);
-      for (int i = 0; i < kParams; ++i) out[i] = part == 0 ? grads[1 + i] : work.partial[part - 1][i];
-      backward_part(b0, b1, dy, work, grads[0], out);
-      ran[part] = 1;
-    });
-    add_parts(grads, work.partial, ran);
-    x_ = at::Tensor();  // one backward per forward
-    p_.clear();
     return grads;
   }
 
- private:
-  void reserve(const at::Tensor& x, int64_t B, int64_t T, int64_t C, int64_t F) {
-    const int64_t N = B * T;
-    if (ln1_.defined() && B == B_ && T == T_ && C == C_ && F == F_) return;
-    B_ = B, T_ = T, C_ = C, F_ = F;
-    const auto o = x.options();
-    ln1_ = at::empty({N, C}, o), ln2_ = at::empty({N, C}, o), x2_ = at::empty({N, C}, o), att_ = at::empty({N, C}, o);
-    mean1_ = at::empty({N}, o), rstd1_ = at::empty({N}, o), mean2_ = at::empty({N}, o), rstd2_ = at::empty({N}, o);
-    qkv_ = at::empty({N, 3 * C}, o), lse_ = at::empty({B, H_, T}, o);
-    h_ = at::empty({N, F}, o), g_ = at::empty({N, F}, o);
+  void finish_backward(std::vector<at::Tensor>& grads, const PartialSets& partial, const std::vector<char>& ran) {
+    add_parts(grads, partial, ran);
+    x_ = at::Tensor();  // one backward per forward
+    p_.clear();
   }
 
-  // Rows [r0, r0 + rows) of a (N, k) buffer.
-  static at::Tensor part(const at::Tensor& t, int64_t r0, int64_t rows) { return t.narrow(0, r0, rows); }
-
-  static float* at_row(const at::Tensor& t, int64_t r0) { return t.data_ptr<float>() + r0 * t.size(1); }
+  int64_t batch() const { return B_; }
 
   // The forward of sequences [b0, b1).
   void forward_part(int64_t b0, int64_t b1, at::Tensor& y) {
@@ -778,10 +786,36 @@ class PreNormBlock {
     product_plus(y2d, part(g_, r0, rows), p[kFc2W], ptr_or_null(p[kFc2B]), at_row(x2_, r0));
   }
 
+  // The backward of sequences [b0, b1) as part `part`: their rows of dx (grads[0]), and their share
+  // of each parameter's gradient, written to grads[1 + i] for part 0 and to partial[part - 1][i]
+  // for the others.
+  void backward_part(int64_t b0, int64_t b1, int64_t part_no, const at::Tensor& dy, Scratch& work,
+                     std::vector<at::Tensor>& grads, PartialSets& partial) {
+    std::vector<at::Tensor> out(kParams);
+    for (int i = 0; i < kParams; ++i) out[i] = part_no == 0 ? grads[1 + i] : partial[part_no - 1][i];
+    backward_rows(b0, b1, dy, work, grads[0], out);
+  }
+
+ private:
+  void reserve(const at::Tensor& x, int64_t B, int64_t T, int64_t C, int64_t F) {
+    const int64_t N = B * T;
+    if (ln1_.defined() && B == B_ && T == T_ && C == C_ && F == F_) return;
+    B_ = B, T_ = T, C_ = C, F_ = F;
+    const auto o = x.options();
+    ln1_ = at::empty({N, C}, o), ln2_ = at::empty({N, C}, o), x2_ = at::empty({N, C}, o), att_ = at::empty({N, C}, o);
+    mean1_ = at::empty({N}, o), rstd1_ = at::empty({N}, o), mean2_ = at::empty({N}, o), rstd2_ = at::empty({N}, o);
+    qkv_ = at::empty({N, 3 * C}, o), lse_ = at::empty({B, H_, T}, o);
+    h_ = at::empty({N, F}, o), g_ = at::empty({N, F}, o);
+  }
+
+  // Rows [r0, r0 + rows) of a (N, k) buffer.
+  static at::Tensor part(const at::Tensor& t, int64_t r0, int64_t rows) { return t.narrow(0, r0, rows); }
+
+  static float* at_row(const at::Tensor& t, int64_t r0) { return t.data_ptr<float>() + r0 * t.size(1); }
+
   // The backward of sequences [b0, b1): their rows of dx, and their share of each parameter's
-  // gradient written to `out` (the gradients themselves for the first part, the scratch for the
-  // others).
-  void backward_part(int64_t b0, int64_t b1, const at::Tensor& dy, Scratch& work, at::Tensor& dx,
+  // gradient written to `out`.
+  void backward_rows(int64_t b0, int64_t b1, const at::Tensor& dy, Scratch& work, at::Tensor& dx,
                      std::vector<at::Tensor>& out) {
     const auto& p = p_;
     const int64_t C = C_, F = F_, r0 = b0 * T_, rows = (b1 - b0) * T_;
@@ -844,6 +878,61 @@ class PreNormBlock {
   std::vector<at::Tensor> p_;
   // h_: fc1's output, then (from the activation on) the activation's slope there.
   at::Tensor ln1_, mean1_, rstd1_, qkv_, att_, lse_, x2_, ln2_, mean2_, rstd2_, h_, g_;
+};
+
+// A stack of pre-norm blocks (a GPT's), each taking the one before's output: the whole stack in
+// one parallel region forward and one backward. Each thread takes its sequences through every
+// block, as through one block's steps; called a block at a time, the threads met at the end of
+// each block, and the Python between the calls (a few tens of microseconds each, slowed by caches
+// the blocks had just filled) left one thread waiting.
+class PreNormStack {
+ public:
+  PreNormStack(int64_t n_blocks, int64_t n_heads, bool causal, int64_t act, double eps)
+      : blocks_(n_blocks, PreNormBlock(n_heads, causal, act, eps)), partial_(n_blocks) {
+    TORCH_CHECK(n_blocks > 0, "a stack needs at least one block");
+  }
+
+  // x (B, T, C) and every block's parameters in turn, in PreNormBlock's order -> the last
+  // block's output (B, T, C).
+  at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+    const size_t n = blocks_.size();
+    TORCH_CHECK(p.size() == n * kParams, "expected ", n * kParams, " parameters, ", kParams, " per block");
+    std::vector<at::Tensor> ys(n);
+    for (size_t i = 0; i < n; ++i) {
+      ys[i] = blocks_[i].start_forward(i ? ys[i - 1] : x, {p.begin() + i * kParams, p.begin() + (i + 1) * kParams});
+      // The blocks share one set of scratch buffers in the backward, fitted to the first.
+      TORCH_CHECK(p[i * kParams + kFc1W].sizes() == p[kFc1W].sizes(), "every block of a stack must have the same FFN size");
+    }
+    by_sequences(blocks_[0].batch(), [&](int64_t b0, int64_t b1, int64_t) {
+      for (size_t i = 0; i < n; ++i) blocks_[i].forward_part(b0, b1, ys[i]);
+    });
+    return ys.back();
+  }
+
+  // dy (B, T, C) -> [dx, then every block's parameter gradients in the order of forward's p].
+  std::vector<at::Tensor> backward(const at::Tensor& dy) {
+    const size_t n = blocks_.size();
+    Scratch& work = scratch();
+    std::lock_guard<std::mutex> hold(work.lock);
+    std::vector<std::vector<at::Tensor>> grads(n);
+    for (size_t i = n; i-- > 0;) grads[i] = blocks_[i].start_backward(i + 1 < n ? grads[i + 1][0] : dy, work, partial_[i]);
+    std::vector<char> ran(partial_[0].size() + 1, 0);
+    by_sequences(blocks_[0].batch(), [&](int64_t b0, int64_t b1, int64_t part) {
+      for (size_t i = n; i-- > 0;)
+        blocks_[i].backward_part(b0, b1, part, i + 1 < n ? grads[i + 1][0] : dy, work, grads[i], partial_[i]);
+      ran[part] = 1;
+    });
+    std::vector<at::Tensor> out{grads[0][0]};
+    for (size_t i = 0; i < n; ++i) {
+      blocks_[i].finish_backward(grads[i], partial_[i], ran);
+      out.insert(out.end(), grads[i].begin() + 1, grads[i].end());
+    }
+    return out;
+  }
+
+ private:
+  std::vector<PreNormBlock> blocks_;
+  std::vector<PartialSets> partial_;  // each block's: they are summed after every block's backward
 };
 
 // ---- The optimizer step: the gradients' global norm, then AdamW with the clipping folded in ----
@@ -1100,6 +1189,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, bool, int64_t, double>())
       .def("forward", &PreNormBlock::forward)
       .def("backward", &PreNormBlock::backward);
+  py::class_<PreNormStack>(m, "PreNormStack")
+      .def(py::init<int64_t, int64_t, bool, int64_t, double>())
+      .def("forward", &PreNormStack::forward)
+      .def("backward", &PreNormStack::backward);
   m.def("global_norm", &global_norm, "the L2 norm of all the tensors' elements together");
   m.def("adamw_step", &adamw_step, "one AdamW step of every parameter, gradients times grad_factor");
   m.def("cross_entropy_forward", &cross_entropy_forward, "per-row cross-entropy of (N, V) logits: (loss, lse)");

@@ -10,13 +10,15 @@ Off by default, as it is built with PyTorch's C++ extension tools on first use (
 cached): turn it on for a block of code with `with attnlab.nn.kernels.enabled():` (the trainer's
 `train.fused_kernels`, `attnlab bench --fused`). Inside, `gelu` and `self_attention` take the
 kernels for fp32 CPU tensors outside torch.compile and autocast, and PyTorch's operators for
-everything else (including a build that failed, with a warning).
+everything else (including a build that failed, with a warning). So do whole pre-norm blocks
+(`pre_norm_block`, one C++ call forward and one backward) and a GPT's stack of them
+(`pre_norm_stack`, the whole stack one call each way).
 """
 
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -117,8 +119,8 @@ for these kernels and the fused decoding steps."""
 
 
 class _Runner:
-    """A block's C++ kernel, and a count of its forward calls: the kernel keeps one forward's
-    activations, so a backward must follow its own forward."""
+    """A block's (or a stack's) C++ kernel, and a count of its forward calls: the kernel keeps one
+    forward's activations, so a backward must follow its own forward."""
 
     def __init__(self, kernel: object, key: tuple) -> None:
         self.kernel, self.key, self.calls = kernel, key, 0
@@ -160,15 +162,17 @@ def _params(block: nn.Module) -> list[torch.Tensor]:
 
 
 _NO_BIAS = torch.empty(0)
+_PER_BLOCK = 12  # tensors per block from _params
+_FC1_WEIGHT = 8  # the FFN's first weight among them
 
 
-def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor | None:
-    """`TransformerBlock` (pre-norm, self-attention with no mask but the causal one, no dropout
-    in training) on x `(B, T, C)` as one C++ call forward and one backward; None where the kernels
-    are off or do not apply (the caller then runs the block's modules)."""
+def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple, list[torch.Tensor]] | None:
+    """The C++ kernel's settings for `block` on x, and its parameters in the C++ side's order; None
+    where the block is not one the kernel runs: a pre-norm `TransformerBlock` with self-attention
+    and no mask but the causal one, no dropout in training, fp32 CPU parameters."""
     attn, norm1 = block.attn, block.norm1
     if (
-        _applies(x) is None
+        not block.pre_norm
         or x.dim() != 3
         or attn.head_dim not in HEAD_DIMS
         or block.ffn.activation not in ACTIVATION_CODES
@@ -179,11 +183,57 @@ def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Ten
     params = _params(block)
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params if p is not _NO_BIAS):
         return None
-    key = (attn.n_heads, causal, block.ffn.activation, norm1.eps)
-    runner = _RUNNERS.get(block)
+    return (attn.n_heads, causal, block.ffn.activation, norm1.eps), params
+
+
+def _runner(owner: nn.Module, key: tuple, make: Callable[[], object]) -> _Runner:
+    """The runner kept for `owner` (a block, or a stack's ModuleList), made anew when its settings changed."""
+    runner = _RUNNERS.get(owner)
     if runner is None or runner.key != key:
-        kernel = extension().PreNormBlock(attn.n_heads, causal, ACTIVATION_CODES[block.ffn.activation], norm1.eps)
-        runner = _RUNNERS[block] = _Runner(kernel, key)
+        runner = _RUNNERS[owner] = _Runner(make(), key)
+    return runner
+
+
+def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """`TransformerBlock` (pre-norm, self-attention with no mask but the causal one, no dropout
+    in training) on x `(B, T, C)` as one C++ call forward and one backward; None where the kernels
+    are off or do not apply (the caller then runs the block's modules)."""
+    extension = _applies(x)
+    setup = None if extension is None else _block_setup(block, x, causal)
+    if setup is None:
+        return None
+    key, params = setup
+    n_heads, _, activation, eps = key
+    runner = _runner(block, key, lambda: extension.PreNormBlock(n_heads, causal, ACTIVATION_CODES[activation], eps))
+    return _PreNormBlock.apply(x.contiguous(), runner, *params)
+
+
+def pre_norm_stack(blocks: nn.ModuleList, x: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """Every block of `blocks` in turn on x `(B, T, C)`, each taking the one before's output (a
+    GPT's stack), as one C++ call forward and one backward: each thread takes its sequences through
+    all the blocks with no wait between them, and no Python runs between the blocks. None where
+    the kernels are off or any block is not one `pre_norm_block` runs, or the blocks differ in
+    their settings or FFN size (the caller then runs them one at a time)."""
+    extension = _applies(x)
+    if extension is None or len(blocks) == 0:
+        return None
+    params: list[torch.Tensor] = []
+    key = None
+    for block in blocks:
+        setup = _block_setup(block, x, causal)
+        if setup is None or (key is not None and setup[0] != key):
+            return None
+        key = setup[0]
+        params += setup[1]
+    ffn_sizes = {params[i + _FC1_WEIGHT].shape for i in range(0, len(params), _PER_BLOCK)}
+    if len(ffn_sizes) != 1:
+        return None
+    n_heads, _, activation, eps = key
+    runner = _runner(
+        blocks,
+        (len(blocks), *key),
+        lambda: extension.PreNormStack(len(blocks), n_heads, causal, ACTIVATION_CODES[activation], eps),
+    )
     return _PreNormBlock.apply(x.contiguous(), runner, *params)
 
 
