@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from attnlab import bench
 from attnlab.bench import attention_memory_case, cpu_attention_memory
 from attnlab.models import GPT, GPTConfig
 from helpers import assert_user_error, cli
@@ -153,6 +154,24 @@ def test_without_transformers_the_attnlab_columns_still_run(capsys, monkeypatch,
         assert row["attnlab_tokens_per_sec"] > 0
         assert row["transformers_tokens_per_sec"] is None and row["ratio"] is None
     assert {r["path"] for r in result["attention_memory"]} == {"explicit", "fused"}
+
+
+@pytest.mark.parametrize("before, after", [(1e9, 3e9), (3e9, 1e9)])
+def test_the_peak_is_the_better_of_one_measurement_before_the_training_cases_and_one_after(
+    capsys, monkeypatch, tmp_path, before, after
+):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # attnlab's columns alone: quicker
+    peaks = iter([before, after])
+    monkeypatch.setattr(bench, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
+    out_file = tmp_path / "bench.json"
+    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file)
+    assert code == 0, err
+    assert next(peaks, None) is None  # measured twice
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    assert result["matmul_peak_flops"] == 3e9
+    for row in result["train"]:
+        assert row["attnlab_mfu"] == pytest.approx(row["attnlab_tokens_per_sec"] * row["flops_per_token"] / 3e9)
+    assert f"matmul peak after the training cases: {after / 1e9:.1f} GFLOP/s (kept: 3.0 GFLOP/s)" in err
 
 
 def test_repeats_must_be_at_least_one(capsys):
