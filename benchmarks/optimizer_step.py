@@ -15,11 +15,10 @@ import argparse
 import copy
 import json
 import statistics
-from pathlib import Path
 
 import torch
 from run_info import run_info
-from train_case import add_train_case_arguments, train_case
+from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
 from attnlab import bench
 from attnlab.nn import kernels
@@ -29,8 +28,7 @@ from attnlab.train.optim import adamw
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_train_case_arguments(p)
-    p.add_argument("--rounds", type=int, default=40, help="rounds of 10 steps, the two variants alternating")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_rounds_arguments(p, rounds=40)
     args = p.parse_args()
 
     cpu = torch.device("cpu")
@@ -47,13 +45,7 @@ def main() -> None:
     }
     results = {}
     for what, fns in (("full step", steps), ("clip + optimizer step", optimizers)):
-        for fn in fns.values():
-            for _ in range(5):  # warm-up: the kernels' build or load, the optimizer's state
-                fn()
-        ms: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                ms[name].append(1e3 * bench._seconds_per_call(fn, 10, cpu))
+        ms = alternate(fns, args.rounds)
         old, new = ms["clip_grad_norm_ + torch AdamW"], ms["ClippingAdamW"]
         results[what] = {name: statistics.median(v) for name, v in ms.items()} | {
             "per_round_ratio_median": statistics.median(n / o for n, o in zip(new, old, strict=True))

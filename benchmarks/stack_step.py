@@ -14,11 +14,10 @@ per step of each and the median of the per-round ratios.
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 import torch
 from run_info import run_info
-from train_case import add_train_case_arguments, train_case
+from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
 from attnlab import bench
 from attnlab.nn import kernels
@@ -27,8 +26,7 @@ from attnlab.nn import kernels
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_train_case_arguments(p)
-    p.add_argument("--rounds", type=int, default=30, help="rounds of 10 steps, the two variants alternating")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_rounds_arguments(p, rounds=30)
     args = p.parse_args()
 
     cpu = torch.device("cpu")
@@ -48,14 +46,7 @@ def main() -> None:
         finally:
             kernels.pre_norm_stack = stack
 
-    steps = {"one call per block": one_call_per_block, "one call per stack": stacked}
-    for fn in steps.values():
-        for _ in range(5):  # warm-up: the kernels' build or load, the optimizer's state
-            fn()
-    ms: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(args.rounds):
-        for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
-            ms[name].append(1e3 * bench._seconds_per_call(steps[name], 10, cpu))
+    ms = alternate({"one call per block": one_call_per_block, "one call per stack": stacked}, args.rounds)
     old, new = ms["one call per block"], ms["one call per stack"]
     ratio = statistics.median(o / n for o, n in zip(old, new, strict=True))
     medians = {name: statistics.median(v) for name, v in ms.items()}
