@@ -1,4 +1,4 @@
-"""Two builds of attnlab's training kernels side by side: one pre-norm block, or its attention alone.
+"""Two builds of attnlab's training kernels side by side: one pre-norm block, its attention, or the optimizer.
 
 A change to `src/attnlab/nn/kernels.cpp` worth a percent or two is below the spread of whole
 training steps between runs; this times the C++ calls themselves, forward + backward, the two
@@ -7,7 +7,7 @@ gives. Build each source once (`python -c "from attnlab.nn.kernels import extens
 extension()"`) and copy the module it leaves in
 `~/.cache/torch_extensions/*/attnlab_kernels/attnlab_kernels.so` aside:
 
-    python benchmarks/kernels_ab.py OLD.so NEW.so [--part block|attention] [--shape 4x4x128] [--block 64]
+    python benchmarks/kernels_ab.py OLD.so NEW.so [--part block|attention|optimizer] [--shape 4x4x128] [--block 64]
         [--pairs 6] [--rounds 15] [--out FILE.json]
 
 Each build runs in a worker process of its own, told when to run by this one, so that the two
@@ -30,13 +30,15 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from run_info import run_info
 from train_case import add_train_case_arguments, train_case
 
-PARTS = ("block", "attention")
+PARTS = ("block", "attention", "optimizer")  # optimizer: ClippingAdamW's global norm and AdamW step
 
 
 def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
@@ -57,9 +59,12 @@ def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(0)
-    layer = bench.build_models(shape, block, torch.device("cpu"), None)["attnlab"].blocks[0]
+    model = bench.build_models(shape, block, torch.device("cpu"), None)["attnlab"]
+    layer = model.blocks[0]
     width, heads = layer.norm1.weight.numel(), layer.attn.n_heads
-    if part == "block":
+    if part == "optimizer":
+        call = _optimizer_call(module, model)
+    elif part == "block":
         x, dy = torch.randn(batch, block, width), torch.randn(batch, block, width)
         params = [t.detach() for t in kernels._params(layer)]
         kernel = module.PreNormBlock(heads, True, kernels.ACTIVATION_CODES[layer.ffn.activation], layer.norm1.eps)
@@ -87,6 +92,31 @@ def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
                 for _ in range(calls):
                     call()
                 print((time.perf_counter() - start) / calls, file=answers, flush=True)
+
+
+def _optimizer_call(module: ModuleType, model: torch.nn.Module) -> Callable[[], list[torch.Tensor]]:
+    """ClippingAdamW's two calls on the whole model, as a training step makes them: the gradients'
+    global norm, then the AdamW step (clipping factor 1), on fixed random gradients, the parameters
+    in the optimizer's order (its weight-decay group first). Each call steps the parameters and the
+    state on, in both workers alike; the data stays in the caches between calls here, where a
+    training step's activations would push it out."""
+    from attnlab.train.optim import adamw
+
+    groups = adamw(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, device=torch.device("cpu")).param_groups
+    params = [p.detach() for g in groups for p in g["params"]]
+    decay = [float(g["weight_decay"]) for g in groups for _ in g["params"]]
+    grads = [torch.randn_like(p) for p in params]
+    exp_avg, exp_avg_sq = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+    steps = [torch.zeros(()) for _ in params]
+    n = len(params)
+
+    def call() -> list[torch.Tensor]:
+        norm = module.global_norm(grads)
+        settings = ([1e-3] * n, decay, [0.9] * n, [0.99] * n, [1e-8] * n)
+        module.adamw_step(params, grads, exp_avg, exp_avg_sq, steps, *settings, 1.0)
+        return [torch.tensor(norm), *params]
+
+    return call
 
 
 class Worker:
@@ -129,7 +159,7 @@ def main() -> None:
     # Optional to argparse only so that a worker's command line can leave them out.
     p.add_argument("old", type=Path, nargs="?", help="the first build (the baseline)")
     p.add_argument("new", type=Path, nargs="?", help="the second build")
-    p.add_argument("--part", choices=PARTS, default="block", help="a whole block (default) or its attention alone")
+    p.add_argument("--part", choices=PARTS, default="block", help="what to time (default: a block)")
     add_train_case_arguments(p)
     p.add_argument("--pairs", type=int, default=6, help="fresh pairs of worker processes, one after another")
     p.add_argument("--rounds", type=int, default=15, help="rounds of both builds per pair, alternating")
@@ -189,7 +219,7 @@ def main() -> None:
         "speedup_per_pair": pair_ratios,
         "speedup_of_pooled_medians": ms["old"] / ms["new"],
     }
-    what = "one block" if args.part == "block" else "one block's attention"
+    what = {"block": "one block", "attention": "one block's attention", "optimizer": "the optimizer step"}[args.part]
     threads = torch.get_num_threads()
     print(f"{case.label}, {what}, {threads} threads, {args.pairs} pairs of processes x {args.rounds} rounds")
     print(f"outputs differ by at most {diff:.3g}")

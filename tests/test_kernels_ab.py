@@ -16,13 +16,14 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
 @pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")
-def test_each_build_is_loaded_from_its_own_file(tmp_path):
+@pytest.mark.parametrize("part", ["attention", "optimizer"])
+def test_each_build_is_loaded_from_its_own_file(tmp_path, part):
     built = Path(kernels.extension().__file__)
     old, new = tmp_path / "old.so", tmp_path / "new.so"
     shutil.copy(built, old)
     shutil.copy(built, new)
     out = tmp_path / "ab.json"
-    command = [sys.executable, "kernels_ab.py", str(old), str(new), "--part", "attention", "--pairs", "2"]
+    command = [sys.executable, "kernels_ab.py", str(old), str(new), "--part", part, "--pairs", "2"]
     command += ["--rounds", "1", "--calls", "1", "--out", str(out)]
     subprocess.run(command, cwd=BENCHMARKS, check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
