@@ -609,11 +609,11 @@ void product_plus(at::Tensor& out, const at::Tensor& a, const at::Tensor& w, con
   at::addmm_out(out, out, a, w.t(), 1, 1);
 }
 
-// The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
-// and one set that stays in cache beats one set per block.
 // Per part past the first, a set of the block's parameter gradients: that part's share.
 using PartialSets = std::vector<std::vector<at::Tensor>>;
 
+// The backward's scratch buffers, shared by every block: blocks run their backward one at a time,
+// and one set that stays in cache beats one set per block.
 struct Scratch {
   std::mutex lock;
   at::Tensor dg, dln, datt, dqkv;

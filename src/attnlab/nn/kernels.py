@@ -162,8 +162,6 @@ def _params(block: nn.Module) -> list[torch.Tensor]:
 
 
 _NO_BIAS = torch.empty(0)
-_PER_BLOCK = 12  # tensors per block from _params
-_FC1_WEIGHT = 8  # the FFN's first weight among them
 
 
 def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple, list[torch.Tensor]] | None:
@@ -225,8 +223,7 @@ def pre_norm_stack(blocks: nn.ModuleList, x: torch.Tensor, causal: bool) -> torc
             return None
         key = setup[0]
         params += setup[1]
-    ffn_sizes = {params[i + _FC1_WEIGHT].shape for i in range(0, len(params), _PER_BLOCK)}
-    if len(ffn_sizes) != 1:
+    if len({block.ffn.fc1.weight.shape for block in blocks}) != 1:
         return None
     n_heads, _, activation, eps = key
     runner = _runner(
