@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlab.nn import ACTIVATIONS, NORM_ORDERS, TransformerBlock
+from attnlab.nn import ACTIVATIONS, NORM_ORDERS, TransformerBlock, normal_init
 from attnlab.nn.graph import feature_dropout
 from attnlab.nn.masks import adjacency_mask
 
@@ -47,16 +47,20 @@ class NodeTransformerConfig:
     to itself only)."""
     d_model: int = 64
     """Model width C."""
-    n_heads: int = 8
-    """Attention heads per block; must divide d_model."""
+    n_heads: int = 1
+    """Attention heads per block; must divide d_model. Each head costs N × N scores per block (the
+    softmax over 2,708 Cora nodes: 7.3 million per head), so 1 head: with 8 heads of 8 features, as
+    GAT's, an epoch took 6x as long on our 2-core CPU."""
     n_layers: int = 2
     """Encoder blocks."""
     d_ff: int = 128
     """Feed-forward hidden width."""
     dropout: float = 0.6
     """Dropout on the input features and on the classifier's input, as GAT's on its layers' inputs."""
-    block_dropout: float = 0.1
-    """Dropout inside the blocks: on the attention weights and the residual branches."""
+    block_dropout: float = 0.0
+    """Dropout inside the blocks: on the attention weights and the residual branches. Off by default:
+    dropout on N × N attention weights takes PyTorch off its fused attention kernel and draws N²
+    random numbers per head and block (an epoch 4x as long)."""
     activation: str = "gelu"
     """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS."""
     norm: str = "pre"
@@ -85,7 +89,7 @@ class NodeTransformerConfig:
 
 
 class NodeTransformer(nn.Module):
-    """Input projection, encoder blocks over the N nodes as one sequence, a linear classifier.
+    """Input projection and LayerNorm, encoder blocks over the N nodes as one sequence, a linear classifier.
 
     forward(x `(N, n_features)` dense or sparse CSR, edge_index `(2, E)` both directions of each
     undirected edge, no self-loops; read only with attention = "neighbours") -> logits `(N, L)`.
@@ -97,7 +101,14 @@ class NodeTransformer(nn.Module):
             raise ValueError("NodeTransformerConfig.n_features and n_classes must be set (>= 1) to build a model")
         self.config = config
         c = config
-        self.input = nn.Linear(c.n_features, c.d_model)  # torch's Linear: it takes sparse CSR features
+        self.input = nn.Linear(c.n_features, c.d_model, bias=False)  # torch's Linear: it takes sparse CSR features
+        # Row-normalised bag-of-words rows project to vectors of size ~0.01, which the attention
+        # output, the same weighted mean for every node at the start, would drown in the residual
+        # stream: the nodes could no longer be told apart and training stalls at the class prior
+        # (measured: loss ln 7 for 80 epochs). A LayerNorm on the projection (as BERT's on its
+        # embeddings) puts each node's own vector at unit scale; no bias, which would be the same
+        # vector for every node.
+        self.input_norm = nn.LayerNorm(c.d_model)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 c.d_model, c.n_heads, c.d_ff, dropout=c.block_dropout, activation=c.activation, norm=c.norm
@@ -107,12 +118,15 @@ class NodeTransformer(nn.Module):
         # Post-norm blocks end in a LayerNorm already; a pre-norm stack needs one before the head.
         self.final_norm = nn.LayerNorm(c.d_model) if c.norm == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.n_classes)
+        self.apply(normal_init)  # GPT-2's and BERT's N(0, 0.02²): small residual branches at the start
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         n = x.size(0)
         # (1, 1, N, N): one sequence, the same mask for every head; None = every node sees every node.
         mask = adjacency_mask(edge_index, n)[None, None] if self.config.attention == "neighbours" else None
-        h = self.input(feature_dropout(x, self.config.dropout, self.training)).unsqueeze(0)  # (1, N, C)
+        h = self.input_norm(self.input(feature_dropout(x, self.config.dropout, self.training))).unsqueeze(
+            0
+        )  # (1, N, C)
         for block in self.blocks:
             h, _ = block(h, mask=mask)
         h = self.final_norm(h).squeeze(0)  # (N, C)
