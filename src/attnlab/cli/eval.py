@@ -8,7 +8,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "eval",
         help="evaluate a trained run on held-out data",
         description="Evaluate a run on a split: loss and perplexity for language models (every block, "
-        "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU).",
+        "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU); "
+        "accuracy for classification, tagging and node classification.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument(
@@ -26,24 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from attnlab import load
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.tasks import TASKS
+    from attnlab.train.evaluate import evaluate_run
 
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
-    device = resolve_device(args.device)
-    run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    data = run.config.data
-    if args.data_dir:
-        if not hasattr(data, "data_dir"):
-            raise UserError(f"--data-dir is for tasks that read a data folder, not a {run.config.task!r} run")
-        data = dataclasses.replace(data, data_dir=args.data_dir)
-    task = TASKS[run.config.task](data, run.config.model, run.path, resume=True, splits=(args.split,))
-    metrics = task.evaluate(run.model, device, split=args.split, beam=args.beam)
+    run, metrics = evaluate_run(
+        args.run_dir,
+        args.split,
+        device=resolve_device(args.device),
+        checkpoint=args.checkpoint,
+        data_dir=args.data_dir,
+        beam=args.beam,
+    )
     if args.json:
         from attnlab.cli import print_json
 

@@ -1,0 +1,36 @@
+"""A trained run scored on one split of its data: what `attnlab eval` prints, as a function."""
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.errors import UserError
+from attnlab.tasks import TASKS
+from attnlab.train.checkpoint import Run, load_run
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    split: str,
+    *,
+    device: torch.device | str = "cpu",
+    checkpoint: str = "best",
+    data_dir: str | None = None,
+    beam: int = 5,
+) -> tuple[Run, dict[str, Any]]:
+    """Load `run_dir` (its best or last weights) and evaluate it on `split` with its task's metric.
+
+    data_dir: read the split from this folder instead of the run's `data.data_dir`.
+    beam: the beam size of translation runs (other tasks ignore it).
+    Returns the loaded run and the task's metrics (e.g. {"accuracy": ..., "test_loss": ..., "examples": ...}).
+    """
+    run = load_run(run_dir, device=device, checkpoint=checkpoint)
+    data = run.config.data
+    if data_dir:
+        if not hasattr(data, "data_dir"):
+            raise UserError(f"--data-dir is for tasks that read a data folder, not a {run.config.task!r} run")
+        data = dataclasses.replace(data, data_dir=data_dir)
+    task = TASKS[run.config.task](data, run.config.model, run.path, resume=True, splits=(split,))
+    return run, task.evaluate(run.model, torch.device(device), split=split, beam=beam)
