@@ -6,7 +6,7 @@ from attnlab.data.graphs import sparse_rows
 from attnlab.nn import (
     add_self_loops,
     adjacency_mask,
-    feature_dropout,
+    dropout,
     in_degree,
     segment_softmax,
     segment_sum,
@@ -55,17 +55,17 @@ def test_edge_list_helpers():
     assert adjacency_mask(edges, 2).tolist() == [[True, False], [True, True]]  # row i: may attend to j
 
 
-def test_feature_dropout_on_sparse_rows_is_dropout_on_the_dense_matrix():
+def test_dropout_on_sparse_rows_is_dropout_on_the_dense_matrix():
     dense = torch.zeros(200, 50)
     dense[torch.arange(200), torch.arange(200) % 50] = 2.0
     crow = torch.arange(201)
     sparse = sparse_rows(crow, torch.arange(200) % 50, torch.full((200,), 2.0), (200, 50))
     torch.manual_seed(0)
-    dropped = feature_dropout(sparse, 0.5, True).to_dense()
+    dropped = dropout(sparse, 0.5, True).to_dense()
     zeros = dense == 0
     assert (dropped[zeros] == 0).all()  # what was zero stays zero
     kept = dropped[~zeros]
     assert set(kept.unique().tolist()) == {0.0, 4.0}  # dropped, or kept and scaled by 1 / (1 - p)
     assert 60 < int((kept == 0).sum()) < 140  # about half of 200
-    assert feature_dropout(sparse, 0.5, False) is sparse
-    assert torch.equal(feature_dropout(dense, 0.0, True), dense)
+    assert dropout(sparse, 0.5, False) is sparse
+    assert torch.equal(dropout(dense, 0.0, True), dense)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.graph import add_self_loops, feature_dropout, in_degree, segment_sum
+from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_sum
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class GCN(nn.Module):
         edges = add_self_loops(edge_index, n)  # Ã = A + I_N
         weights = normalised_adjacency(edges, n)
         for i, layer in enumerate(self.layers):
-            x = layer(feature_dropout(x, self.config.dropout, self.training), edges, weights)
+            x = layer(dropout(x, self.config.dropout, self.training), edges, weights)
             if i < len(self.layers) - 1:
                 x = F.relu(x)
         return x

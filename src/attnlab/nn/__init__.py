@@ -3,7 +3,7 @@
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.feedforward import ACTIVATIONS, FeedForward
-from attnlab.nn.graph import add_self_loops, feature_dropout, in_degree, segment_softmax, segment_sum, undirected
+from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_softmax, segment_sum, undirected
 from attnlab.nn.init import normal_init
 from attnlab.nn.masks import adjacency_mask, causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.positions import (
@@ -35,7 +35,7 @@ __all__ = [
     "build_positions",
     "causal_mask",
     "embedding_scale",
-    "feature_dropout",
+    "dropout",
     "in_degree",
     "linear",
     "normal_init",
