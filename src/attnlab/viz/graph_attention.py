@@ -162,7 +162,10 @@ def plot_node_attention(att: NodeAttention, path: str | Path, *, title: str = ""
         ax = fig.add_subplot(bottom[0, layer])
         entropies = att.entropies[layer].ravel()
         uniform = np.tile(att.uniform, att.entropies[layer].shape[0])
-        bins = np.linspace(0.0, max(float(uniform.max()), float(entropies.max()), 1e-3), 30)
+        # Bins 0.1 nats wide centred on multiples of 0.1: log 2, log 3, ... (the uniform entropies
+        # of small neighbourhoods) sit inside a bin, so attention a little below uniform shares it.
+        top = max(float(uniform.max()), float(entropies.max()))
+        bins = np.arange(-0.05, top + 0.15, 0.1)
         ax.hist(uniform, bins=bins, color="0.7", label="uniform, log |N_i|")
         ax.hist(entropies, bins=bins, histtype="step", color="C3", linewidth=1.5, label="attention")
         ax.set_title(f"layer {layer}: entropy per node and head", fontsize=8)
