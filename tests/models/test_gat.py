@@ -45,7 +45,10 @@ def dense_gat_layer(layer: GraphAttention, x: torch.Tensor, adj: torch.Tensor) -
     n = x.size(0)
     pairs = torch.cat([wh[:, :, None, :].expand(-1, -1, n, -1), wh[:, None, :, :].expand(-1, n, -1, -1)], dim=-1)
     a = torch.cat([layer.att_dst, layer.att_src], dim=-1)  # (H, 2F'): a = [a_dst ‖ a_src]
-    e = F.leaky_relu(torch.einsum("hijc,hc->hij", pairs, a), 0.2)  # e_ij = LeakyReLU(aᵀ[W h_i ‖ W h_j])
+    e = torch.einsum("hijc,hc->hij", pairs, a)  # aᵀ[W h_i ‖ W h_j]
+    if layer.score_bias is not None:
+        e = e + layer.score_bias[:, None, None]
+    e = F.leaky_relu(e, 0.2)  # e_ij = LeakyReLU(aᵀ[W h_i ‖ W h_j] + b)
     alpha = torch.softmax(e.masked_fill(~adj, float("-inf")), dim=-1)  # over j ∈ N_i
     out = alpha @ wh  # (H, N, F')
     out = out.permute(1, 0, 2).reshape(n, -1) if layer.concat else out.mean(0)
@@ -56,13 +59,15 @@ def features(seed: int = 1, n: int = N_NODES) -> torch.Tensor:
     return torch.randn(n, N_FEATURES, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize(("heads", "concat"), [(1, True), (4, True), (3, False)])
-def test_the_edge_list_layer_equals_the_dense_formula(heads, concat):
+@pytest.mark.parametrize(("heads", "concat", "score_bias"), [(1, True, False), (4, True, True), (3, False, True)])
+def test_the_edge_list_layer_equals_the_dense_formula(heads, concat, score_bias):
     torch.manual_seed(0)
-    layer = GraphAttention(N_FEATURES, 5, heads, concat=concat).eval()
+    layer = GraphAttention(N_FEATURES, 5, heads, concat=concat, score_bias=score_bias).eval()
     with torch.no_grad():  # non-zero biases and larger attention vectors: a stronger test than the init
         layer.bias.normal_()
         layer.att_src.mul_(3.0)
+        if score_bias:
+            layer.score_bias.normal_()
     edges, x = random_graph(), features()
     out, alpha = layer(x, add_self_loops(edges, N_NODES), need_weights=True)
     expected, dense_alpha = dense_gat_layer(layer, x, adjacency_with_self(edges, N_NODES))
@@ -75,6 +80,9 @@ def test_the_two_layer_model_equals_the_dense_formula():
     torch.manual_seed(0)
     config = GATConfig(n_features=N_FEATURES, n_classes=N_CLASSES, hidden=4, n_heads=3, n_output_heads=2)
     model = GAT(config).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.score_bias.normal_()
     edges, x = random_graph(), features()
     adj = adjacency_with_self(edges, N_NODES)
     hidden, _ = dense_gat_layer(model.layers[0], x, adj)
@@ -252,3 +260,44 @@ def test_the_layer_equals_pytorch_geometrics_gatconv(heads, concat):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(their_edges, add_self_loops(edges, N_NODES))  # same edges, self-loops last
     torch.testing.assert_close(alpha, their_alpha, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_input_dropout_draws_a_mask_per_head_or_one_for_all(per_head, sparse):
+    """The reference code drops each head's input separately; PyG and DGL drop it once."""
+    torch.manual_seed(0)
+    layer = GraphAttention(N_FEATURES, 3, 4, dropout=0.5, per_head_dropout=per_head)
+    with torch.no_grad():
+        layer.proj.weight.copy_(layer.proj.weight[:3].repeat(4, 1))  # W^1 = ... = W^4
+    x = torch.rand(N_NODES, N_FEATURES) + 0.1  # no zeros: every entry can be dropped
+    if sparse:
+        crow = torch.arange(0, N_NODES * N_FEATURES + 1, N_FEATURES)
+        x = sparse_rows(crow, torch.arange(N_FEATURES).repeat(N_NODES), x.flatten(), (N_NODES, N_FEATURES))
+    h = layer.project(x)  # (N, H, F)
+    same = [torch.equal(h[:, 0], h[:, k]) for k in range(1, 4)]
+    assert same == ([False] * 3 if per_head else [True] * 3)
+    layer.eval()
+    h = layer.project(x)
+    assert all(torch.equal(h[:, 0], h[:, k]) for k in range(1, 4))  # no dropout at evaluation
+
+
+def test_per_head_dropout_trains_the_same_weights_on_sparse_and_dense_input():
+    """One step's gradient of W: the sparse path (its own transpose) and the dense path agree
+    when dropout is off."""
+    torch.manual_seed(0)
+    x = torch.relu(features())
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
+    sparse = sparse_rows(crow, (x != 0).nonzero()[:, 1], x[x != 0], tuple(x.shape))
+    grads = []
+    for inputs in (x, sparse):
+        torch.manual_seed(0)
+        model = GAT(
+            GATConfig(
+                n_features=N_FEATURES, n_classes=N_CLASSES, dropout=0.0, attention_dropout=0.0, feature_dropout=0.0
+            )
+        )
+        model(inputs, random_graph()).square().sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

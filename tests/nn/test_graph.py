@@ -12,6 +12,7 @@ from attnlab.nn import (
     segment_sum,
     undirected,
 )
+from attnlab.nn.graph import sparse_product, sparse_transpose
 
 
 def test_segment_softmax_is_a_softmax_within_each_group():
@@ -69,3 +70,21 @@ def test_dropout_on_sparse_rows_is_dropout_on_the_dense_matrix():
     assert 60 < int((kept == 0).sum()) < 140  # about half of 200
     assert dropout(sparse, 0.5, False) is sparse
     assert torch.equal(dropout(dense, 0.0, True), dense)
+
+
+def test_sparse_product_and_its_gradient_match_the_dense_product():
+    g = torch.Generator().manual_seed(2)
+    dense = torch.rand(7, 5, generator=g) * (torch.rand(7, 5, generator=g) < 0.4)
+    dense[3] = 0  # an empty row
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (dense != 0).sum(1).cumsum(0)])
+    x = sparse_rows(crow, (dense != 0).nonzero()[:, 1], dense[dense != 0], (7, 5))
+    transpose = sparse_transpose(x)
+    assert torch.equal(
+        torch.sparse_csr_tensor(transpose[0], transpose[1], x.values()[transpose[2]], (5, 7)).to_dense(), dense.T
+    )
+    w = torch.randn(5, 3, generator=g, requires_grad=True)
+    values = x.values() * 2  # new values on the same structure, as after dropout
+    sparse_product(x, values, transpose, w).square().sum().backward()
+    reference = w.detach().clone().requires_grad_()
+    ((2 * dense) @ reference).square().sum().backward()
+    torch.testing.assert_close(w.grad, reference.grad)

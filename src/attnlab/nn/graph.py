@@ -87,3 +87,45 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if x.layout != torch.sparse_csr:
         return kept
     return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), kept, x.shape, check_invariants=False)
+
+
+def sparse_transpose(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The structure of xᵀ for a sparse CSR matrix x `(N, F)`: its row pointers `(F + 1,)`, its
+    column indices `(nnz,)`, and `order (nnz,)`, such that xᵀ's values are `x.values()[order]`.
+
+    Computed once for a matrix whose values change (dropout) and reused for each new set of values:
+    PyTorch transposes a CSR matrix in the backward of every product with it, a sort each time.
+    Example: x = [[1, 2], [0, 3]] (values [1, 2, 3]) -> rows [0, 1, 3], columns [0, 0, 1], order [0, 1, 2].
+    """
+    crow, col = x.crow_indices(), x.col_indices()
+    rows = torch.repeat_interleave(torch.arange(x.size(0), device=col.device), crow.diff())
+    order = torch.argsort(col, stable=True)  # xᵀ's rows are x's columns; within one, x's row order
+    crow_t = torch.zeros(x.size(1) + 1, dtype=crow.dtype, device=col.device)
+    crow_t[1:] = torch.bincount(col, minlength=x.size(1)).cumsum(0)
+    return crow_t, rows[order], order
+
+
+class _SparseProduct(torch.autograd.Function):
+    """x @ w for a constant sparse CSR x, with the gradient xᵀ @ dy from a transpose made beforehand."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, x_t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.x_t = x_t
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        return None, None, ctx.x_t @ grad
+
+
+def sparse_product(
+    x: torch.Tensor, values: torch.Tensor, transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: torch.Tensor
+) -> torch.Tensor:
+    """x' @ w for x' the sparse CSR matrix with x's structure and `values (nnz,)` in place of its
+    own (e.g. after dropout); `transpose` is `sparse_transpose(x)`. Differentiable in `w` (in, out)
+    only: x' is data. Returns dense `(N, out)`."""
+    crow_t, col_t, order = transpose
+    shape = tuple(x.shape)
+    rows = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, shape, check_invariants=False)
+    cols = torch.sparse_csr_tensor(crow_t, col_t, values[order], shape[::-1], check_invariants=False)
+    return _SparseProduct.apply(rows, cols, w)
