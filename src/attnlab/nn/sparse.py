@@ -93,7 +93,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
 
 
 def _blocks(x: torch.Tensor, length: int, before: int = 0, value: float | bool = 0.0) -> torch.Tensor:
-    """x `(..., T, D)` padded with `before` rows in front and zeros at the end to `length` rows."""
+    """x `(..., T, D)` padded with `before` rows of `value` in front and more at the end, to `length` rows."""
     return F.pad(x, (0, 0, before, length - before - x.size(-2)), value=value)
 
 
@@ -264,8 +264,9 @@ def _random_blocks(n: int, candidates: list[int], count: int, seed: int) -> list
     does not depend on the sequence length beyond what `candidates` does (causal: not at all)."""
     if count >= len(candidates):
         return candidates
-    # hash() of a tuple of ints is the same in every process (PYTHONHASHSEED salts only str and bytes).
-    gen = torch.Generator().manual_seed(hash((seed, n)) & 0x7FFF_FFFF_FFFF_FFFF)
+    # One stream per (seed, block), by plain arithmetic rather than hash(): the blocks a trained model
+    # attends to must not change with the Python version.
+    gen = torch.Generator().manual_seed((seed % 2**31) * 2**32 + n)
     picked = torch.randperm(len(candidates), generator=gen)[:count]
     return sorted(candidates[i] for i in picked.tolist())
 
@@ -361,7 +362,17 @@ class BigBirdAttention(AttentionPattern):
             parts.append(self._blocked(q, k, v, causal, key_padding, terms, dropout_p, first))
         return torch.cat(parts, dim=2)[:, :, :t]  # (B, H, T, D)
 
-    def _blocked(self, q, k, v, causal, key_padding, terms, dropout_p, first: int) -> torch.Tensor:
+    def _blocked(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        key_padding: torch.Tensor | None,
+        terms: PositionTerms | None,
+        dropout_p: float,
+        first: int,
+    ) -> torch.Tensor:
         """Query blocks first..nb-1 against their key blocks. Returns `(B, H, (nb - first)·block, D)`."""
         b, h, t, d = q.shape
         bs = self.block
