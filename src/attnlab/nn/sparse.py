@@ -265,8 +265,9 @@ def _random_blocks(n: int, candidates: list[int], count: int, seed: int) -> list
     if count >= len(candidates):
         return candidates
     # One stream per (seed, block), by plain arithmetic rather than hash(): the blocks a trained model
-    # attends to must not change with the Python version.
-    gen = torch.Generator().manual_seed((seed % 2**31) * 2**32 + n)
+    # attends to must not change with the Python version. The CPU generator (mt19937) keeps only the
+    # low 32 bits of its seed, so the seed is mixed in below them.
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + n) % 2**32)
     picked = torch.randperm(len(candidates), generator=gen)[:count]
     return sorted(candidates[i] for i in picked.tolist())
 
