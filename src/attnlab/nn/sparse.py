@@ -245,8 +245,8 @@ class WindowAttention(AttentionPattern):
         k_len = (nb + n_k - 1) * w
 
         def windows(x: torch.Tensor, value: float | bool = 0.0) -> torch.Tensor:  # (..., T, D) -> (..., nb, n_k·w, D)
-            xb = _blocks(x, k_len, before=w, value=value).unflatten(-2, (nb + n_k - 1, w))  # (..., nb + n_k - 1, w, D)
-            return torch.cat([xb[..., i : i + nb, :, :] for i in range(n_k)], dim=-2)
+            # Overlapping windows of n_k·w rows, one block apart: a view of the padded rows, no copy.
+            return _blocks(x, k_len, before=w, value=value).unfold(-2, n_k * w, w).transpose(-1, -2)
 
         qb = _blocks(q, nb * w).view(b, h, nb, w, d)  # (B, H, nb, w, D)
         q_pos = torch.arange(nb * w, device=q.device).view(nb, w, 1)
