@@ -15,7 +15,8 @@ gathered keys, so that they work inside blocked computations:
     terms.score_bias(q (B, H, *S, Tq, D), q_pos (*S, Tq, 1), k_pos (*S, 1, Tk)) -> Tensor | None
         an additive term broadcastable to the scores (B, H, *S, Tq, Tk), already scaled;
     terms.value_bias(weights (B, H, *S, Tq, Tk), q_pos, k_pos) -> Tensor | None
-        a term (B, H, *S, Tq, D) added to weights @ v.
+        a term (B, H, *S, Tq, D) added to weights @ v; the weights are those after softmax and dropout,
+        as in Shaw et al. Eq. 3, z_i = Σ_j α_ij (v_j + a_ij).
 Positions of keys a query cannot see (block padding, duplicate blocks) are clamped into 0..T-1, so
 a scheme that indexes a table by position never reads out of range; their scores are masked anyway.
 
