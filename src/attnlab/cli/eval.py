@@ -1,4 +1,4 @@
-"""attnlab eval RUN [--split NAME] [--beam N] [--json]"""
+"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]"""
 
 import argparse
 
@@ -18,6 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tagging); val or test (masked LM)",
     )
     p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
+    p.add_argument(
+        "--context",
+        type=int,
+        help="language models: evaluate on blocks of N tokens instead of the training block_size (does "
+        "the position scheme extrapolate? learned positions cannot go past their table)",
+    )
+    p.add_argument("--max-tokens", type=int, help="language models: only the split's first N tokens")
     p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -43,11 +50,20 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--data-dir is for tasks that read a data folder, not a {run.config.task!r} run")
         data = dataclasses.replace(data, data_dir=args.data_dir)
     task = TASKS[run.config.task](data, run.config.model, run.path, resume=True, splits=(args.split,))
-    metrics = task.evaluate(run.model, device, split=args.split, beam=args.beam)
+    extra = {}
+    for flag in ("context", "max_tokens"):
+        value = getattr(args, flag)
+        if value is not None:
+            if run.config.task != "lm":
+                raise UserError(f"--{flag.replace('_', '-')} is for language models, not a {run.config.task!r} run")
+            if value < 1:
+                raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+            extra[flag] = value
+    metrics = task.evaluate(run.model, device, split=args.split, beam=args.beam, **extra)
     if args.json:
         from attnlab.cli import print_json
 
-        print_json({"run": str(run.path), "step": run.step, "split": args.split, **metrics})
+        print_json({"run": str(run.path), "step": run.step, "split": args.split, **extra, **metrics})
     else:
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         print(f"{run.path} (step {run.step}), {args.split} split: {shown}")
