@@ -62,7 +62,7 @@ def bert(**overrides) -> Bert:
 def test_bert_linformer_with_identity_projections_equals_full_attention():
     full, linformer = bert(), bert(attention="linformer", linformer_k=16)
     state = full.state_dict()
-    for name, tensor in linformer.state_dict().items():
+    for name in linformer.state_dict():
         if name.endswith((".E", ".F")):
             state[name] = torch.eye(16)
     linformer.load_state_dict(state)

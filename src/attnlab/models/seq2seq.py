@@ -29,7 +29,6 @@ from attnlab.nn import (
     Linear,
     TransformerBlock,
     build_positions,
-    context_limit,
     padding_mask_from_ids,
 )
 
@@ -59,7 +58,7 @@ class Seq2SeqConfig(AttentionOptions):
     positions: str = "sinusoidal"
     """Position scheme, one of attnlab.nn.POSITIONS (at the input, or inside self-attention)."""
     max_len: int = 256
-    """Longest sequence (source or target, in tokens) for learned positions; the decoder's cache length."""
+    """Longest sequence (source or target, in tokens), whatever the position scheme."""
     tie_embeddings: bool = True
     """Share one matrix between the source embedding, the target embedding and the output projection."""
     pad_id: int = 0
@@ -154,10 +153,10 @@ class Seq2SeqTransformer(nn.Module):
 
     def _embed(self, ids: torch.Tensor, embedding: nn.Embedding, start: int = 0) -> torch.Tensor:
         t = ids.size(1)
-        limit = context_limit(self.positions.max_positions, self.config.attention, self.config.max_len)
-        if limit is not None and start + t > limit:
-            raise ValueError(f"sequence of {start + t} tokens is longer than max_len {limit}")
-        self.positions.grow(start + t)
+        # max_len bounds every scheme here: translation has no use for longer sentences than it
+        # was configured for, and the decoder's caches are that long.
+        if start + t > self.config.max_len:
+            raise ValueError(f"sequence of {start + t} tokens is longer than max_len {self.config.max_len}")
         pos = torch.arange(start, start + t, device=ids.device)
         return self.dropout(embedding(ids) * math.sqrt(self.config.d_model) + self.positions(pos))
 
