@@ -12,21 +12,15 @@ positions have no vector past their table: those cells are "n/a".
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from cli_runs import attnlab, train_run
 
 SCHEMES = ("learned", "sinusoidal", "fourier", "none", "rope", "alibi", "relative")
 
 
-def attnlab(*args: str) -> subprocess.CompletedProcess:
-    command = Path(sys.executable).with_name("attnlab")  # the venv's command, as a user runs it
-    return subprocess.run([str(command), *args], capture_output=True, text=True)
-
-
 def train(scheme: str, args: argparse.Namespace) -> dict:
-    run = args.runs / scheme
     overrides = {
         "data.path": str(args.data.resolve()),
         "model.positions": scheme,
@@ -37,15 +31,7 @@ def train(scheme: str, args: argparse.Namespace) -> dict:
         "train.eval_interval": args.iters,
         "train.fused_kernels": True,  # where the kernels apply (full attention, positions at the input)
     }
-    words = ["train", "shakespeare-char-cpu", "--out", str(run), "--quiet", "--json"]
-    for key, value in overrides.items():
-        words += ["--set", f"{key}={json.dumps(value)}"]
-    if (run / "model.safetensors").exists():
-        words.append("--resume")  # a finished run reports its last figures and trains no more
-    done = attnlab(*words)
-    if done.returncode != 0:
-        raise SystemExit(f"training {scheme} failed: {done.stderr.strip()}")
-    return json.loads(done.stdout)
+    return train_run("shakespeare-char-cpu", args.runs / scheme, overrides)
 
 
 def evaluate(scheme: str, context: int, args: argparse.Namespace) -> float | None:

@@ -75,3 +75,35 @@ def test_eval_context_is_for_language_models(capsys, tmp_path_factory):
     run = shared(tmp_path_factory, "mt-transformer")
     capsys.readouterr()  # what training that run printed, when this test was the first to ask for it
     assert_user_error(cli(capsys, "eval", str(run), "--context", "64"), "--context is for language models")
+
+
+def test_attention_maps_draw_a_patterned_model(capsys, lm_toml, tmp_path):
+    run = tmp_path / "alibi-bigbird"
+    sets = ("model.positions=alibi", "model.attention=bigbird", "model.attention_block=4", "model.random_blocks=0")
+    assert train(capsys, lm_toml, run, *sets)[0] == 0
+    code, out, err = cli(
+        capsys, "attention", str(run), "--text", "ROMEO: But soft", "--out", str(tmp_path / "a.png"), "--json"
+    )
+    assert code == 0, err
+    assert (tmp_path / "a.png").exists() and json.loads(out)["layers"] == 2
+    # BigBird under the causal mask: block 4, one global block, no random blocks. The query at 14
+    # sees its own block (12-14), the one before (8-11) and the global one (0-3), not 4-7.
+    from attnlab import load
+    from attnlab.viz.maps import attention_maps
+
+    weights = attention_maps(load(run), "ROMEO: But soft").weights[0]  # (H, T, T) of layer 0
+    assert (weights[:, 14, 4:8] == 0).all() and (weights[:, 14, 8:15] > 0).all() and (weights[:, 14, :4] > 0).all()
+
+
+def test_linformer_bert_trains_and_its_attention_map_is_refused(capsys, tmp_path):
+    doc = _tiny_doc("mlm", tmp_path)
+    doc["model"].update(attention="linformer", linformer_k=8)
+    doc["train"].update(max_iters=2, eval_interval=2, eval_iters=1)
+    toml = tmp_path / "mlm.toml"
+    toml.write_text(dump_toml(doc), encoding="utf-8")
+    run = tmp_path / "linformer"
+    code, _, err = cli(capsys, "train", str(toml), "--out", str(run), "--quiet")
+    assert code == 0, err
+    out = tmp_path / "a.png"
+    assert_user_error(cli(capsys, "attention", str(run), "--text", "the cat", "--out", str(out)), "Linformer")
+    assert not out.exists()

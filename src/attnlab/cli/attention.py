@@ -34,10 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab import load
     from attnlab.device import resolve_device
+    from attnlab.errors import UserError
     from attnlab.viz.maps import attention_maps
 
     path = _check_out(args.out)
     loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    if getattr(loaded.config.model, "attention", "full") == "linformer" and args.kind != "cross":
+        raise UserError(
+            f"{args.run_dir} uses Linformer attention: each query attends to k projections of all the tokens, "
+            "not to tokens, so there is no token-to-token map to draw"
+        )
     maps = attention_maps(loaded, args.text, kind=args.kind, beam=args.beam)
     maps.check(args.layer, args.head)
     layer = maps.n_layers - 1 if args.layer is None else args.layer
