@@ -20,7 +20,6 @@ steadier with --threads 1.
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -106,14 +105,49 @@ def run_case(pattern: str, t: int, causal: bool, repeats: int, threads: int | No
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fit_exponent(ts: list[int], ys: list[float]) -> float | None:
-    """Least-squares slope of log y on log T over the positive points; None with fewer than two."""
-    points = [(math.log(t), math.log(y)) for t, y in zip(ts, ys, strict=True) if y > 0]
-    if len(points) < 2:
-        return None
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+def fits_of(rows: list[dict], patterns: list[str], fit_from: int) -> dict[str, dict]:
+    """Each pattern's exponents of time and memory in T (`attnlab.cost.fit_exponent`), fitted on
+    the lengths >= fit_from that ran: the fixed costs (Python, ~30 MiB of process) flatten the
+    short ones."""
+    from attnlab.cost import fit_exponent
+
+    fits = {}
+    for pattern in patterns:
+        ran = [r for r in rows if r["pattern"] == pattern and not r["skipped"] and r["T"] >= fit_from]
+        ts = [r["T"] for r in ran]
+        enough = len(ran) >= 2
+        fits[pattern] = {
+            "time_exponent": fit_exponent(ts, [r["seconds"] for r in ran]) if enough else None,
+            "memory_exponent": fit_exponent(ts, [max(r["peak_mib"], 1e-3) for r in ran]) if enough else None,
+            "fit_lengths": ts,
+        }
+    return fits
+
+
+def plot(rows: list[dict], patterns: list[str], path: Path) -> None:
+    """Time and peak memory against T on log-log axes, one line per pattern."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for pattern in patterns:
+        ran = [r for r in rows if r["pattern"] == pattern and not r["skipped"]]
+        ts = [r["T"] for r in ran]
+        left.plot(ts, [r["seconds"] for r in ran], marker="o", label=pattern)
+        right.plot(ts, [r["peak_mib"] for r in ran], marker="o", label=pattern)
+    for ax, what in ((left, "seconds, forward + backward"), (right, "peak memory above baseline, MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3, which="both")
+    left.set_title("time: full grows as T², the patterns as T")
+    right.set_title("memory: only the written-out weights grow as T²")
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def markdown_table(rows: list[dict], lengths: list[int], fits: dict[str, dict]) -> str:
@@ -144,6 +178,9 @@ def main() -> None:
     p.add_argument("--patterns", default=",".join(PATTERNS), help="comma-separated, from " + ", ".join(PATTERNS))
     p.add_argument("--threads", type=int, help="intra-op threads (default torch's; 1 on a busy machine)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--fit-from", type=int, default=2048, help="fit the exponents on T >= this (default 2048)")
+    p.add_argument("--plot", type=Path, help="draw time and memory against T into this PNG")
+    p.add_argument("--report", type=Path, help="no measuring: print (and plot) the results of an earlier --out")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--t", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -152,6 +189,15 @@ def main() -> None:
         return
 
     from run_info import run_info
+
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        patterns = list(saved["fits"])
+        lengths = sorted({r["T"] for r in saved["rows"]})
+        print(markdown_table(saved["rows"], lengths, fits_of(saved["rows"], patterns, args.fit_from)))
+        if args.plot:
+            plot(saved["rows"], patterns, args.plot)
+        return
 
     lengths = [t for t in LENGTHS if t <= args.max_t]
     patterns = [name for name in args.patterns.split(",") if not (args.causal and name == "linformer")]
@@ -173,14 +219,7 @@ def main() -> None:
                 row |= {"seconds": got["seconds"], "peak_mib": (got["maxrss_kib"] - baseline[t]) / 1024}
             rows.append(row)
             print(f"{pattern:<13}T={t:<6}", "skipped" if row["skipped"] else f"{row['seconds']:.4f} s", flush=True)
-    fits = {}
-    for pattern in patterns:
-        ran = [r for r in rows if r["pattern"] == pattern and not r["skipped"]]
-        ts = [r["T"] for r in ran]
-        fits[pattern] = {
-            "time_exponent": fit_exponent(ts, [r["seconds"] for r in ran]),
-            "memory_exponent": fit_exponent(ts, [r["peak_mib"] for r in ran]),
-        }
+    fits = fits_of(rows, patterns, args.fit_from)
     mode = "causal" if args.causal else "bidirectional"
     threads = args.threads or torch.get_num_threads()
     print(f"\nforward + backward, B 1, H {HEADS}, D {HEAD_DIM}, fp32, {mode}, {threads} threads")
@@ -195,6 +234,8 @@ def main() -> None:
             "head_dim": HEAD_DIM,
         }
         args.out.write_text(json.dumps({**meta, "rows": rows, "fits": fits}, indent=1) + "\n")
+    if args.plot:
+        plot(rows, patterns, args.plot)
 
 
 if __name__ == "__main__":
