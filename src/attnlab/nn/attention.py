@@ -8,34 +8,15 @@ References:
 - gpt-fast: an explicit, preallocated KV cache object for incremental decoding.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import kernels
+from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import AttentionSpec
-
-
-def attention_weights(
-    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """softmax(q kᵀ / √D + bias) over the keys that `mask` lets each query see: `(..., Tq, Tk)`.
-    A query whose keys are all masked gets zero weights, never NaN. `bias` (a position scheme's
-    term, already scaled) broadcasts to the scores."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        # A row with every key masked is softmax(-inf, ..., -inf) = NaN; it attends to nothing.
-        weights = weights.masked_fill(~mask, 0.0)
-    return weights
 
 
 def scaled_dot_product_attention(

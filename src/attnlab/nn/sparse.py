@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
 
 
@@ -63,16 +64,8 @@ def attend(
     or None; q_pos long broadcastable to `(*S, Tq, 1)`, k_pos to `(*S, 1, Tk)`: the true positions,
     handed to `terms`. Returns `(B, H, *S, Tq, D)`. A query that sees no key gets a zero output.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, *S, Tq, Tk)
     bias = None if terms is None else terms.score_bias(q, q_pos, k_pos)
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        # A row with every key masked is softmax(-inf, ..., -inf) = NaN; it attends to nothing.
-        weights = weights.masked_fill(~mask, 0.0)
+    weights = attention_weights(q, k, mask, bias)  # (B, H, *S, Tq, Tk)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p)
     y = weights @ v  # (B, H, *S, Tq, D)
