@@ -41,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=positive_int, help="model width k of every model (default 64; 16 with --quick)")
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
-    p.add_argument("--repeats", type=positive_int, help="timed calls per case, median reported (default 3; 1 --quick)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="timed calls per case, the fastest reported (default 3; 1 with --quick)"
+    )
     p.add_argument("--passes", type=positive_int, help="sweeps over all cases, the smallest reading kept (default 1)")
     p.add_argument(
         "--threads",
@@ -69,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--attention-window",
         type=positive_int,
         metavar="W",
-        help="keys a query of 'window' sees (default 64; 8 --quick)",
+        help="keys a query of 'window' sees (default 64; 8 with --quick)",
     )
     p.add_argument(
         "--attention-block",
