@@ -33,8 +33,9 @@ def test_rope_equals_transformers_llama_rotary():
     cos, sin = LlamaRotaryEmbedding(config)(q, pos[None].expand(b, t))
     q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
     rope = RotaryPositions(h, d, theta=theta)
-    torch.testing.assert_close(rope.rotate(q, pos), q_ref, rtol=0, atol=1e-5)
-    torch.testing.assert_close(rope.rotate(k, pos), k_ref, rtol=0, atol=1e-5)
+    q_rot, k_rot = rope.rotate(q, k, pos)
+    torch.testing.assert_close(q_rot, q_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(k_rot, k_ref, rtol=0, atol=1e-5)
 
 
 def test_rope_dot_products_depend_only_on_the_offset():
@@ -44,7 +45,9 @@ def test_rope_dot_products_depend_only_on_the_offset():
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
     dots = {}
     for m, n in [(0, 3), (10, 13), (100, 103), (7, 7), (50, 50), (9, 2), (42, 35)]:
-        dot = float((rope.rotate(q, torch.tensor([m])) * rope.rotate(k, torch.tensor([n]))).sum())
+        q_m, _ = rope.rotate(q, k, torch.tensor([m]))
+        _, k_n = rope.rotate(q, k, torch.tensor([n]))
+        dot = float((q_m * k_n).sum())
         dots.setdefault(n - m, []).append(dot)
     for offset, values in dots.items():
         assert max(values) - min(values) < 1e-4, offset

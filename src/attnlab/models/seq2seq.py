@@ -122,7 +122,7 @@ class Seq2SeqTransformer(nn.Module):
             for i in range(c.n_encoder_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(100 + i), **block_args)
+            DecoderBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(c.n_encoder_layers + i), **block_args)
             for i in range(c.n_decoder_layers)
         )
         self.encoder_norm = self._final_norm()

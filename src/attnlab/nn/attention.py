@@ -167,8 +167,11 @@ class MultiHeadAttention(nn.Module):
         spec = spec or AttentionSpec()
         self.positions = spec.build_positions(n_heads, self.head_dim)
         self.pattern = spec.build_pattern(n_heads, self.head_dim)
-        self.plain = spec.plain
+
+    @property
+    def plain(self) -> bool:
         """Full attention with positions only at the input: what attnlab's C++ kernels compute."""
+        return self.positions is None and self.pattern is None
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -231,7 +234,7 @@ class MultiHeadAttention(nn.Module):
         if self_attention and not self.plain:
             q_pos = self._query_positions(t_q, cache, positions, x.device)
             if self.positions is not None:  # rotary: the keys enter the cache rotated
-                q, k = self.positions.rotate(q, q_pos), self.positions.rotate(k, q_pos)
+                q, k = self.positions.rotate(q, k, q_pos)
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead
         # masks added below always keep each query's own position.
         may_empty_rows = mask is not None
@@ -254,22 +257,18 @@ class MultiHeadAttention(nn.Module):
             # A few queries against a cache, or the weights asked for: the pattern as a mask.
             sees = self.pattern.key_mask(q_pos, t_k, causal=causal or cache is not None)  # (Tq, Tk)
             mask = sees if mask is None else mask & sees
-        score_bias = value_terms = None
+        score_bias, value_bias = None, False
         if self.positions is not None and q_pos is not None:
-            k_pos = torch.arange(t_k, device=x.device)
-            score_bias = self.positions.score_bias(q, q_pos[:, None], k_pos[None, :])
-            if not self.positions.fused:
-                value_terms = (self.positions, q_pos[:, None], k_pos[None, :])
+            q_pos, k_pos = q_pos[:, None], torch.arange(t_k, device=x.device)[None, :]  # (Tq, 1), (1, Tk)
+            score_bias = self.positions.score_bias(q, q_pos, k_pos)
+            value_bias = not self.positions.fused  # a term from the weights: the formula's path
 
         # In a compiled one-query step the formula's few operators fuse into the kernels around
         # them, where the fused kernel is one more call with its fixed cost: compiled greedy
         # decoding 1.17-1.36x faster at 4x4x128; at 6x6x384, 0.85-0.96x, within that machine's
         # noise (benchmarks/decode_ab.py attention).
         formula = (
-            need_weights
-            or value_terms is not None
-            or (t_q == 1 and torch.compiler.is_compiling())
-            or _formula_trains_faster(q, t_k)
+            need_weights or value_bias or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
         )
         # A square causal problem has a dedicated flag in the fused kernel; anything else needs
         # the mask written out.
@@ -282,9 +281,8 @@ class MultiHeadAttention(nn.Module):
             weights = attention_weights(q, k, mask, score_bias)
             applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
             y = applied @ v
-            if value_terms is not None:
-                scheme, qp, kp = value_terms
-                y = y + scheme.value_bias(applied, qp, kp)
+            if value_bias:
+                y = y + self.positions.value_bias(applied, q_pos, k_pos)
             weights = weights if need_weights else None
         else:
             attn_mask = mask

@@ -18,6 +18,7 @@ References:
 - UIUC CS 447 lecture on Transformers: the Fourier basis e_t and its shift matrix R(d).
 """
 
+import difflib
 import math
 
 import torch
@@ -64,9 +65,8 @@ def fourier_shift(d: int, d_model: int, period: int) -> torch.Tensor:
     k = torch.arange(1, d_model // 2 + 1, dtype=torch.float64)
     a = math.pi * k * d / period  # (C/2,)
     blocks = torch.stack([torch.stack([a.cos(), a.sin()], -1), torch.stack([-a.sin(), a.cos()], -1)], -2)
-    return torch.block_diag(
-        *blocks
-    ).float()  # [cos(x - a), sin(x - a)] = [[cos a, sin a], [-sin a, cos a]] [cos x, sin x]
+    # [cos(x − a), sin(x − a)] = [[cos a, sin a], [−sin a, cos a]] [cos x, sin x]
+    return torch.block_diag(*blocks).float()
 
 
 class InputPositions(nn.Module):
@@ -164,9 +164,9 @@ class AttentionPositions(nn.Module):
     fused = True
     """Whether attention may still take PyTorch's fused kernel (a score bias goes in as a float mask)."""
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """q or k `(B, H, T, D)` at positions pos `(T,)` -> the same shape."""
-        return x
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and the new k `(B, H, T, D)`, both at positions pos `(T,)` -> the same shapes."""
+        return q, k
 
     def score_bias(self, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """A term added to the scaled scores q·kᵀ/√D, broadcastable to `(B, H, *S, Tq, Tk)`; None: nothing."""
@@ -205,8 +205,9 @@ class RotaryPositions(AttentionPositions):
             raise ValueError(f"rope rotates pairs of dimensions: the head size must be even, got {head_dim}")
         self.head_dim, self.theta = head_dim, theta
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return rope_rotate(x, rope_angles(pos, self.head_dim, self.theta))
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = rope_angles(pos, self.head_dim, self.theta)  # once for both
+        return rope_rotate(q, angles), rope_rotate(k, angles)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -289,14 +290,19 @@ POSITIONS: tuple[str, ...] = (*INPUT_POSITIONS, *ATTENTION_POSITIONS)
 """Every scheme's name, for configs: `model.positions`."""
 
 
+def check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+    """ValueError naming `field`, its choices and the close matches, when `value` is not one of
+    `choices`. Example: `("positions", "rop", POSITIONS)` -> "positions must be one of 'learned',
+    ..., got 'rop' (did you mean 'rope'?)"."""
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=2, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {value!r}{hint}")
+
+
 def check_positions(kind: str) -> None:
     """ValueError naming the choices (and close matches) when `kind` is not a scheme."""
-    if kind not in POSITIONS:
-        import difflib
-
-        close = difflib.get_close_matches(kind, POSITIONS, n=2, cutoff=0.5)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ValueError(f"positions must be one of {', '.join(map(repr, POSITIONS))}, got {kind!r}{hint}")
+    check_choice("positions", kind, POSITIONS)
 
 
 def build_positions(kind: str, n_positions: int, d_model: int) -> InputPositions:

@@ -8,28 +8,20 @@ constructor.
 """
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 
 from torch import nn
 
 from attnlab.nn.positions import (
-    ATTENTION_POSITIONS,
     AttentionPositions,
     build_attention_positions,
+    check_choice,
     check_positions,
 )
 from attnlab.nn.sparse import PATTERNS, build_pattern
 
 PATTERN_NAMES = tuple(PATTERNS)
 """Attention patterns (`attnlab.nn.sparse`): which keys each query sees."""
-
-
-def _choice(field: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(value, choices, n=2, cutoff=0.5)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {value!r}{hint}")
 
 
 @dataclass(frozen=True)
@@ -49,11 +41,6 @@ class AttentionSpec:
     linformer_k: int = 64
     seed: int = 0
     """BigBird's random blocks: each layer gets its own (`for_layer`)."""
-
-    @property
-    def plain(self) -> bool:
-        """Full attention with no positions inside it: the only kind the fused C++ paths run."""
-        return self.pattern == "full" and self.positions not in ATTENTION_POSITIONS
 
     def for_layer(self, index: int) -> "AttentionSpec":
         return dataclasses.replace(self, seed=self.seed + index)
@@ -108,7 +95,7 @@ class AttentionOptions:
     def check_attention(self, positions: str, *, causal: bool, head_dim: int, d_model: int) -> None:
         """ValueError naming the field for a combination that cannot run."""
         check_positions(positions)
-        _choice("attention", self.attention, PATTERN_NAMES)
+        check_choice("attention", self.attention, PATTERN_NAMES)
         for name in ("attention_window", "attention_block", "linformer_k", "relative_distance"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
