@@ -20,6 +20,17 @@ each with a token embedding and a linear head over the same small vocabulary:
 - the Transformer: `attnlab.models.GPT`, d pre-norm blocks of `attnlab.nn` (causal
   `MultiHeadAttention` through the fused kernel, feed-forward 4k), sinusoidal positions.
 
+On request (`CostSettings.attention`, `attnlab cost --attention window,bigbird`) the same GPT with
+an attention pattern of `attnlab.nn.sparse` joins them, as extra columns beside full attention:
+- "transformer-window": each query sees the last w keys (Beltagy et al. 2020, §3.1);
+- "transformer-bigbird": blocks of b positions, each seeing its own and the previous block, the
+  first global block and a random earlier block (Zaheer et al. 2020, causal form).
+Their training forward is the pattern's blocked computation, O(t·w) per layer; their cached
+generation step applies the pattern as a mask over the whole KV cache (the cache keeps every key),
+so generating costs as much as with full attention: the table says so (THEORY). Linformer is not
+among them: it projects all t positions into k rows, so no causal language model can use it; the
+block-level study in benchmarks/attention_patterns.py measures it.
+
 For every length t it measures, each case in a fresh process (see `peak memory` below):
 - one training step on one sequence of t tokens: forward, cross-entropy, backward, AdamW;
 - generating t tokens greedily after a one-token prompt, through `attnlab.decode.generate_tokens`
@@ -47,6 +58,8 @@ References:
 - Vaswani et al. 2017, "Attention Is All You Need", Table 1 (complexity per layer, sequential
   operations, maximum path length), which the lectures' table extends to the RNN with attention.
 - Bahdanau, Cho & Bengio 2015, Appendix A.1.2 (additive attention); Luong, Pham & Manning 2015, §3.
+- Beltagy, Peters & Cohan 2020, "Longformer", §3.1 (sliding window); Zaheer et al. 2020, "Big Bird",
+  §2 and App. D (window + global + random blocks).
 """
 
 import dataclasses
@@ -73,7 +86,27 @@ from attnlab.models.rnn import AdditiveAttention
 from attnlab.train.optim import adamw
 
 MODELS = ("rnn", "rnn-attention", "transformer")
-MODEL_LABELS = {"rnn": "RNN", "rnn-attention": "RNN+attention", "transformer": "Transformer"}
+"""The lectures' three models, measured by every run."""
+TRANSFORMERS = {"transformer": "full", "transformer-window": "window", "transformer-bigbird": "bigbird"}
+"""The GPTs a run can measure, each with its attention pattern (`GPTConfig.attention`)."""
+ATTENTION_MODELS = {pattern: model for model, pattern in TRANSFORMERS.items() if pattern != "full"}
+"""Attention pattern -> the model that `CostSettings.attention` adds for it."""
+ALL_MODELS = (*MODELS, *ATTENTION_MODELS.values())
+MODEL_LABELS = {
+    "rnn": "RNN",
+    "rnn-attention": "RNN+attention",
+    "transformer": "Transformer",
+    "transformer-window": "Transformer (window)",
+    "transformer-bigbird": "Transformer (BigBird)",
+}
+SHORT_LABELS = {
+    "rnn": "RNN",
+    "rnn-attention": "RNN+att",
+    "transformer": "Transf.",
+    "transformer-window": "Window",
+    "transformer-bigbird": "BigBird",
+}
+"""Labels short enough for the column headers of the measurements."""
 KINDS = ("train", "generate")
 VOCAB = 64
 PAGE = 4096  # bytes: the resolution of resident-set readings
@@ -109,6 +142,17 @@ class CostSettings:
     exceed this: the machine may be shared, and an out-of-memory kill can hit another process."""
     fit_from: int | None = None
     """Fit exponents on the lengths >= fit_from; None: the larger half of the lengths (at least two)."""
+    attention: tuple[str, ...] = ()
+    """Attention patterns measured beside the three models, each as a Transformer of that pattern
+    (`ATTENTION_MODELS`: "window", "bigbird"); none by default."""
+    attention_window: int = 64
+    """Window w of "window": a query sees the last w keys, itself included."""
+    attention_block: int = 32
+    """Block length b of "bigbird"."""
+    global_blocks: int = 1
+    """BigBird's global blocks at the start of the sequence."""
+    random_blocks: int = 1
+    """BigBird's random key blocks per query block."""
 
     def __post_init__(self) -> None:
         if len(self.lengths) < 2:
@@ -119,9 +163,22 @@ class CostSettings:
             raise ValueError(f"lengths must be strictly increasing, got {list(self.lengths)}")
         if not self.max_memory_mib > 0:
             raise ValueError(f"max_memory_mib must be > 0, got {self.max_memory_mib}")
-        for name in ("width", "layers", "heads", "repeats", "passes"):
+        for name in ("width", "layers", "heads", "repeats", "passes", "attention_window", "attention_block"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("global_blocks", "random_blocks"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for pattern in self.attention:
+            if pattern not in ATTENTION_MODELS:
+                # Linformer is a pattern of attnlab.nn.sparse, but not one a language model can use.
+                why = " (linformer mixes every position into k rows: no causal model can use it)"
+                raise ValueError(
+                    f"attention must be among {', '.join(ATTENTION_MODELS)}, got {pattern!r}"
+                    + (why if pattern == "linformer" else "")
+                )
+        if len(set(self.attention)) != len(self.attention):
+            raise ValueError(f"attention names a pattern twice: {list(self.attention)}")
         if self.width % self.heads != 0:
             raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
         if self.fit_from is not None and len(self.fit_lengths) < 2:
@@ -137,6 +194,16 @@ class CostSettings:
             return tuple(t for t in self.lengths if t >= self.fit_from)
         n = max(2, math.ceil(len(self.lengths) / 2))
         return self.lengths[-n:]
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models measured: MODELS, then one Transformer per pattern of `attention`."""
+        return MODELS + tuple(ATTENTION_MODELS[pattern] for pattern in self.attention)
+
+    @classmethod
+    def from_json(cls, fields: dict) -> "CostSettings":
+        """The settings from `dataclasses.asdict` sent through JSON, which turned tuples into lists."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 # -- the models ------------------------------------------------------------------------------------
@@ -312,8 +379,8 @@ class AttentionRNNLM(nn.Module):
 
 
 def build_model(name: str, settings: CostSettings, max_len: int) -> nn.Module:
-    """One of MODELS with the width and depth of `settings`, for sequences up to `max_len` tokens."""
-    if name == "transformer":
+    """One of ALL_MODELS with the width and depth of `settings`, for sequences up to `max_len` tokens."""
+    if name in TRANSFORMERS:
         return GPT(
             GPTConfig(
                 vocab_size=VOCAB,
@@ -322,6 +389,11 @@ def build_model(name: str, settings: CostSettings, max_len: int) -> nn.Module:
                 n_head=settings.heads,
                 n_embd=settings.width,
                 positions="sinusoidal",  # no parameters that grow with t
+                attention=TRANSFORMERS[name],
+                attention_window=settings.attention_window,
+                attention_block=settings.attention_block,
+                global_blocks=settings.global_blocks,
+                random_blocks=settings.random_blocks,
             )
         )
     config = RNNLMConfig(vocab_size=VOCAB, n_embd=settings.width, n_layer=settings.layers, block_size=max_len)
@@ -329,29 +401,46 @@ def build_model(name: str, settings: CostSettings, max_len: int) -> nn.Module:
         return RNNLM(config)
     if name == "rnn-attention":
         return AttentionRNNLM(config)
-    raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    raise ValueError(f"model must be one of {ALL_MODELS}, got {name!r}")
 
 
 # -- counting: sequential steps and path length ------------------------------------------------------
-SUBLAYERS = {"rnn": ("recurrent",), "rnn-attention": ("recurrent", "attention"), "transformer": ("attention",)}
+SUBLAYERS = {
+    "rnn": ("recurrent",),
+    "rnn-attention": ("recurrent", "attention"),
+    "transformer": ("attention",),
+    "transformer-window": ("window",),
+    "transformer-bigbird": ("bigbird",),
+}
 """What one layer of each model is, as dependencies between positions: "recurrent" (position i
-needs the layer below at i and itself at i - 1) or "attention" (position i needs the layer below
-at every j <= i). Position-wise parts (feed-forward, the attention combination, the head) add no
-dependency between positions and count as part of their sublayer."""
+needs the layer below at i and itself at i - 1), "attention" (position i needs the layer below
+at every j <= i), "window" (at i - w < j <= i, w = `CostSettings.attention_window`) or "bigbird"
+(at the keys its layer's `BigBirdAttention.key_mask` lets it see). Position-wise parts
+(feed-forward, the attention combination, the head) add no dependency between positions and
+count as part of their sublayer."""
 
 
-def count_steps(model: str, t: int, layers: int) -> tuple[int, int]:
+def count_steps(model: str, t: int, layers: int, settings: CostSettings | None = None) -> tuple[int, int | None]:
     """(sequential steps, maximum path length) of one forward of `model` over t positions, counted
     on its dependency graph: node (sublayer s, position i) for every sublayer of `layers` layers.
+    `settings` gives the attention patterns' sizes (default `CostSettings()`; its `layers` give
+    way to `layers`).
 
     Sequential steps: the nodes on the longest dependency chain, the number of rounds one forward
     needs however many processors run it. Maximum path length: the fewest edges from an input
-    position j to an output position i >= j, the longest over all such pairs. Example: `("rnn",
-    t=8, layers=2)` -> (9, 9); `("transformer", 8, 2)` -> (2, 2).
+    position j to an output position i >= j, the longest over all such pairs; None when a pair is
+    not connected at all (a window of w keys reaches d·(w - 1) positions back through d layers, no
+    further). Example: `("rnn", t=8, layers=2)` -> (9, 9); `("transformer", 8, 2)` -> (2, 2);
+    `("transformer-window", 8, 2)` with w = 3 -> (2, None), with w = 5 -> (2, 2).
     """
+    settings = settings or CostSettings()
+    if SUBLAYERS[model] == ("bigbird",):
+        # Random blocks, different in every layer: no rule by distance, so the model's own masks.
+        return count_on_key_masks(_key_masks(model, t, layers, settings))
     positions = np.arange(t)
     depth = np.zeros(t)  # longest chain ending at each position of the current sublayer
-    # Every position has the same edges and edges never point back in time, so the fewest edges
+    # Every position has the same edges (but for those a window loses before position 0, which no
+    # path from a later position needs), and edges never point back in time, so the fewest edges
     # from j to i depend on i - j alone: distances from position 0 cover every pair.
     distance = np.full(t, np.inf)
     distance[0] = 0.0
@@ -361,12 +450,50 @@ def count_steps(model: str, t: int, layers: int) -> tuple[int, int]:
                 # x(i) = 1 + max(below(i), x(i - 1))  =>  i + 1 + max_{j <= i} (below(j) - j); same with min.
                 depth = positions + 1 + np.maximum.accumulate(depth - positions)
                 distance = positions + 1 + np.minimum.accumulate(distance - positions)
-            elif sublayer == "attention":
-                depth = 1 + np.maximum.accumulate(depth)
-                distance = 1 + np.minimum.accumulate(distance)
+            elif sublayer in ("attention", "window"):
+                width = t if sublayer == "attention" else settings.attention_window
+                depth = 1 + _running(np.maximum, depth, width)
+                distance = 1 + _running(np.minimum, distance, width)
             else:
                 raise ValueError(f"unknown sublayer {sublayer!r}")
-    return int(depth.max()), int(distance.max())
+    longest = distance.max()
+    return int(depth.max()), None if np.isinf(longest) else int(longest)
+
+
+def _running(op: np.ufunc, x: np.ndarray, width: int) -> np.ndarray:
+    """op (np.maximum or np.minimum) over the last `width` entries of x up to each index, itself
+    included. Example: `(np.maximum, [3, 1, 2, 0], 2)` -> [3, 3, 2, 2]."""
+    if width >= x.size:
+        return op.accumulate(x)
+    # Padded in front with copies of x[0], which every window that reaches them already holds.
+    padded = np.pad(x, (width - 1, 0), mode="edge")
+    return op.reduce(np.lib.stride_tricks.sliding_window_view(padded, width), axis=1)
+
+
+def count_on_key_masks(masks: Sequence[torch.Tensor]) -> tuple[int, int | None]:
+    """`count_steps` for a stack of attention sublayers given by their key masks, bool `(t, t)`
+    each, True where query i sees key j of the sublayer below. Every edge joins a sublayer to the
+    one below, so every path from an input to an output has one edge per sublayer: what is left to
+    count is which pairs connect, from the product of the masks (O(t³) arithmetic: seconds at t = 4096).
+    Example: two layers of `[[1, 0, 0], [1, 1, 0], [0, 1, 1]]` -> (2, 2); one -> (1, None)."""
+    t = masks[0].size(0)
+    depth = torch.zeros(t)
+    for mask in masks:
+        depth = 1 + torch.where(mask, depth, -math.inf).amax(dim=1)  # (t,): over the keys each query sees
+    reach = masks[0].float()  # (outputs, inputs): connected
+    for mask in masks[1:]:
+        reach = (mask.float() @ reach > 0).float()
+    pairs = torch.ones(t, t, dtype=torch.bool).tril()  # j <= i
+    connected = bool(reach.bool()[pairs].all())
+    return int(depth.max()), len(masks) if connected else None
+
+
+def _key_masks(model: str, t: int, layers: int, settings: CostSettings) -> list[torch.Tensor]:
+    """The key mask `(t, t)` of each layer of `model` over t positions, read from the model's own
+    attention patterns (`AttentionPattern.key_mask`), so that the count follows what it computes."""
+    gpt = build_model(model, dataclasses.replace(settings, layers=layers), max_len=t)
+    positions = torch.arange(t)
+    return [block.attn.pattern.key_mask(positions, t, causal=True) for block in gpt.blocks]
 
 
 # -- theory -----------------------------------------------------------------------------------------
@@ -378,6 +505,8 @@ QUANTITIES = (
     "sequential_steps",
     "max_path_length",
 )
+COUNTED = ("sequential_steps", "max_path_length")
+"""The quantities counted on the dependency graph (`count_steps`) rather than measured."""
 QUANTITY_LABELS = {
     "train_time": "training step time",
     "train_memory": "training step memory",
@@ -391,8 +520,8 @@ QUANTITY_LABELS = {
 @dataclass(frozen=True)
 class Theory:
     formula: str
-    exponent: int
-    """The exponent of t in the formula, for large t."""
+    exponent: int | None
+    """The exponent of t in the formula, for large t; None where no power of t fits (unbounded)."""
     source: str
     """"lectures" (their table) or "derived" (not in the table; derived here for these models)."""
 
@@ -419,6 +548,31 @@ THEORY: dict[tuple[str, str], Theory] = {
     ("rnn", "train_memory"): Theory("t·k·d", 1, "derived"),
     ("rnn-attention", "train_memory"): Theory("t²·k·d", 2, "derived"),
     ("transformer", "train_memory"): Theory("t·k·d", 1, "derived"),
+    # The attention patterns, none of them in the lectures' table. Training runs the pattern's
+    # blocked computation: each query scores its w keys (window) or m blocks of b keys (BigBird:
+    # m = 2 window blocks + global + random), and the scores and weights, h per pair, are kept for
+    # backward beside the t·k·d activations of every model.
+    ("transformer-window", "train_time"): Theory("t·w·k·d", 1, "derived"),
+    ("transformer-bigbird", "train_time"): Theory("t·m·b·k·d", 1, "derived"),
+    ("transformer-window", "train_memory"): Theory("t·(k+h·w)·d", 1, "derived"),
+    ("transformer-bigbird", "train_memory"): Theory("t·(k+h·m·b)·d", 1, "derived"),
+    # Generation in this implementation: the KV cache keeps every key, and a cached step applies
+    # the pattern as a mask over all of it (MultiHeadAttention), so step i still scores i keys:
+    # the cost of full attention. A cache trimmed to the window would give t·w·k·d and w·k·d.
+    ("transformer-window", "generate_time"): Theory("t·k²·d + t²·k·d", 2, "derived"),
+    ("transformer-bigbird", "generate_time"): Theory("t·k²·d + t²·k·d", 2, "derived"),
+    ("transformer-window", "generate_memory"): Theory("t·k·d", 1, "derived"),
+    ("transformer-bigbird", "generate_memory"): Theory("t·k·d", 1, "derived"),
+    # Every position of a sublayer at once, as with full attention (Vaswani et al. Table 1, O(1)).
+    ("transformer-window", "sequential_steps"): Theory("d", 0, "derived"),
+    ("transformer-bigbird", "sequential_steps"): Theory("d", 0, "derived"),
+    # Vaswani et al.'s O(t/w) for restricted attention counts the layers needed to connect t
+    # positions; with d layers fixed, a key more than d·(w - 1) positions back is not reached at
+    # all. BigBird's 2-hop paths through global tokens hold in the bidirectional model only: a
+    # causal global block sees nothing after itself, so paths run through window and random blocks,
+    # and some pairs are cut off once t is a few times d·b (`count_steps` counts it on the masks).
+    ("transformer-window", "max_path_length"): Theory("∞ past d(w−1)+1", None, "derived"),
+    ("transformer-bigbird", "max_path_length"): Theory("∞ for t ≫ d·b", None, "derived"),
 }
 
 
@@ -525,7 +679,7 @@ def serve_cases() -> None:
         if pid == 0:  # the child: measure, report, exit without running the parent's cleanup
             os.close(read_end)
             try:
-                settings = CostSettings(**{**case["settings"], "lengths": tuple(case["settings"]["lengths"])})
+                settings = CostSettings.from_json(case["settings"])
                 seconds, peak = measure_case(case["model"], case["kind"], case["length"], settings, case["threads"])
                 reply = {"seconds": seconds, "peak_mib": peak}
             except MemoryError:
@@ -597,7 +751,8 @@ class Count:
     model: str
     length: int
     sequential_steps: int
-    max_path_length: int
+    max_path_length: int | None
+    """None: some pair of positions is not connected at all (an infinite path)."""
 
 
 @dataclass
@@ -605,12 +760,14 @@ class TableRow:
     model: str
     quantity: str
     theory: str
-    theory_exponent: int
+    theory_exponent: int | None
     source: str
     fitted_exponent: float | None
-    """None when fewer than two of the fit lengths have a value (cases skipped for memory)."""
+    """None when fewer than two of the fit lengths have a value (cases skipped for memory), or, for
+    a count, when a path is infinite at one of them."""
     fit_lengths: list[int]
-    """The lengths this row's exponent was fitted on: those of `CostResult.fit_lengths` with a value."""
+    """The lengths this row's exponent was fitted on: those of `CostResult.fit_lengths` with a value
+    (all of them for a count: an infinite path is a value that no power of t fits)."""
 
 
 @dataclass
@@ -635,13 +792,21 @@ class CostResult:
     measurements: list[Measurement]
     counts: list[Count]
     table: list[TableRow]
+    models: list[str] = dataclasses.field(default_factory=lambda: list(MODELS))
+    """The models measured, in the order of the tables: MODELS, then those of the attention
+    patterns (`CostSettings.models`)."""
+    # The patterns' sizes (`CostSettings`); they matter where `models` has the patterns' Transformers.
+    attention_window: int = CostSettings.attention_window
+    attention_block: int = CostSettings.attention_block
+    global_blocks: int = CostSettings.global_blocks
+    random_blocks: int = CostSettings.random_blocks
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     def series(self, model: str, quantity: str) -> list[float | None]:
         """The values of `quantity` (one of QUANTITIES) for `model`, one per length."""
-        if quantity in ("sequential_steps", "max_path_length"):
+        if quantity in COUNTED:
             by_length = {c.length: getattr(c, quantity) for c in self.counts if c.model == model}
         else:
             kind, what = quantity.split("_")
@@ -701,7 +866,7 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
 
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    cases = [(t, m, k) for t in settings.lengths for m in MODELS for k in KINDS]  # peers side by side
+    cases = [(t, m, k) for t in settings.lengths for m in settings.models for k in KINDS]  # peers side by side
     show_bar = progress and sys.stderr.isatty()
     total = settings.passes * len(cases)
     bar = tqdm(total=total, disable=not show_bar, unit="case", dynamic_ncols=True, file=sys.stderr)
@@ -736,7 +901,9 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
         bar.close()
         server.close()
     measurements = [best[(m, k, t)] for t, m, k in cases]
-    counts = [Count(m, t, *count_steps(m, t, settings.layers)) for m in MODELS for t in settings.lengths]
+    counts = [
+        Count(m, t, *count_steps(m, t, settings.layers, settings)) for m in settings.models for t in settings.lengths
+    ]
     result = CostResult(
         date=date.today().isoformat(),
         device="cpu",
@@ -758,6 +925,11 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
         measurements=measurements,
         counts=counts,
         table=[],
+        models=list(settings.models),
+        attention_window=settings.attention_window,
+        attention_block=settings.attention_block,
+        global_blocks=settings.global_blocks,
+        random_blocks=settings.random_blocks,
     )
     result.table = fit_table(result)
     return result
@@ -765,14 +937,15 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
 
 def fit_table(result: CostResult) -> list[TableRow]:
     """One row per model and quantity: the theory beside the exponent fitted on those of
-    `fit_lengths` that have a value (a case skipped for memory leaves its length out)."""
+    `fit_lengths` that have a value (a case skipped for memory leaves its length out; a count that
+    is an infinite path at one of them leaves no fit)."""
     rows = []
     for quantity in QUANTITIES:
-        for model in MODELS:
-            points = [
-                (t, v) for t, v in zip(result.lengths, result.series(model, quantity), strict=True) if v is not None
-            ]
-            points = [(t, v) for t, v in points if t in result.fit_lengths]
+        for model in result.models:
+            series = zip(result.lengths, result.series(model, quantity), strict=True)
+            # A missing reading leaves its length out; a missing count is an infinite path, which no
+            # power of t fits (`fit_exponent` gives None).
+            points = [(t, v) for t, v in series if t in result.fit_lengths and (v is not None or quantity in COUNTED)]
             lengths, values = [t for t, _ in points], [v for _, v in points]
             fitted = fit_exponent(lengths, values) if len(points) >= 2 else None
             theory = THEORY[(model, quantity)]
@@ -788,56 +961,102 @@ def _case_line(m: Measurement, died: str | None) -> str:
     return f"{what}: {m.seconds:.4f} s, {m.peak_mib:,.2f} MiB"
 
 
-def format_table(result: CostResult) -> str:
-    """The measurements per length, then the cost table: theory beside the fitted exponents."""
-    lines = [
-        f"attnlab cost on {result.device} ({result.machine}), {result.threads} thread"
-        f"{'s' if result.threads != 1 else ''}, torch {result.torch}, {result.date}",
-        f"width k={result.width}, layers d={result.layers}, heads {result.heads}, vocab {result.vocab}, "
-        f"batch {result.batch}; time: {result.timing_method}",
-        f"memory: {result.memory_method}",
-        "",
+def model_groups(models: Sequence[str]) -> list[tuple[str, ...]]:
+    """The models in tables of at most three, as wide as a terminal: the lectures' three, then the
+    attention patterns two at a time beside the full-attention Transformer they vary.
+    Example: `MODELS + ("transformer-window",)` -> [MODELS, ("transformer", "transformer-window")]."""
+    extra = [m for m in models if m not in MODELS]
+    return [tuple(m for m in models if m in MODELS)] + [
+        ("transformer", *extra[i : i + 2]) for i in range(0, len(extra), 2)
     ]
-    columns = [(m, q) for q in ("train_time", "train_memory", "generate_time", "generate_memory") for m in MODELS]
-    short = {"rnn": "RNN", "rnn-attention": "RNN+att", "transformer": "Transf."}
+
+
+def _measurement_lines(result: CostResult, group: tuple[str, ...]) -> list[str]:
+    """The readings of `group` per length: training, then generation, time and memory side by side."""
     units = {
         "train_time": "train s",
         "train_memory": "train MiB",
         "generate_time": "gen s",
         "generate_memory": "gen MiB",
     }
-    header = f"{'t':>6} " + " ".join(f"{short[m] + ' ' + units[q]:>18}" for m, q in columns[:6])
-    header2 = f"{'t':>6} " + " ".join(f"{short[m] + ' ' + units[q]:>18}" for m, q in columns[6:])
-    for head, cols in ((header, columns[:6]), (header2, columns[6:])):
+    lines = []
+    for quantities in (("train_time", "train_memory"), ("generate_time", "generate_memory")):
+        columns = [(m, q) for q in quantities for m in group]
+        head = f"{'t':>6} " + " ".join(f"{SHORT_LABELS[m] + ' ' + units[q]:>18}" for m, q in columns)
         lines += [head, "-" * len(head)]
-        series = {c: result.series(*c) for c in cols}
+        series = {c: result.series(*c) for c in columns}
         for i, t in enumerate(result.lengths):
             cells = []
-            for model, quantity in cols:
+            for model, quantity in columns:
                 spec = ".4f" if quantity.endswith("time") else ",.2f"
                 cells.append(f"{optional_number(series[(model, quantity)][i], spec):>18}")
             lines.append(f"{t:>6} " + " ".join(cells))
         lines.append("")
-    fit = result.fit_lengths
-    lines.append(f"the cost table: theory beside the exponent of t fitted on t = {fit[0]}..{fit[-1]}")
-    header = f"{'':<22}" + "".join(f"{MODEL_LABELS[m]:>32}" for m in MODELS)
-    lines += [header, f"{'quantity':<22}" + "".join(f"{'theory':>17} {'exp.':>4} {'fit':>9}" for _ in MODELS)]
-    lines.append("-" * len(header))
+    return lines
+
+
+def _theory_lines(result: CostResult, group: tuple[str, ...], notes: list[str]) -> list[str]:
+    """The cost table of `group`: per quantity, each model's theory beside its fitted exponent ("∞"
+    for an infinite path). Appends to `notes` the rows fitted on fewer lengths than the others."""
     by_key = {(r.model, r.quantity): r for r in result.table}
-    notes = []
+    theory_width = max(17, *(len(by_key[(m, q)].theory) + 1 for m in group for q in QUANTITIES))
+    cell = theory_width + 15
+    lines = [
+        f"{'':<22}" + "".join(f"{MODEL_LABELS[m]:>{cell}}" for m in group),
+        f"{'quantity':<22}" + "".join(f"{'theory':>{theory_width}} {'exp.':>4} {'fit':>9}" for _ in group),
+    ]
+    lines.append("-" * len(lines[0]))
     for quantity in QUANTITIES:
         cells = []
-        for model in MODELS:
+        for model in group:
             r = by_key[(model, quantity)]
             star = "*" if r.source == "derived" else ""
-            fitted = optional_number(r.fitted_exponent, ".2f")
-            if r.fitted_exponent is not None and r.fit_lengths != fit:
+            if r.fitted_exponent is None and quantity in COUNTED:
+                fitted = "∞"  # counts are never missing: a None fit is a pair that no path connects
+            else:
+                fitted = optional_number(r.fitted_exponent, ".2f")
+            if r.fitted_exponent is not None and r.fit_lengths != result.fit_lengths:
                 fitted += "†"
                 notes.append(
                     f"{MODEL_LABELS[model]} {QUANTITY_LABELS[quantity]} on t = {', '.join(map(str, r.fit_lengths))}"
                 )
-            cells.append(f"{r.theory + star:>17} {r.theory_exponent:>4} {fitted:>9}")
-        lines.append(f"{QUANTITY_LABELS[quantity]:<22}" + "".join(f"{c:>32}" for c in cells))
+            exponent = optional_number(r.theory_exponent, "d")
+            cells.append(f"{r.theory + star:>{theory_width}} {exponent:>4} {fitted:>9}")
+        lines.append(f"{QUANTITY_LABELS[quantity]:<22}" + "".join(f"{c:>{cell}}" for c in cells))
+    return lines
+
+
+def _path_text(length: int | None) -> str:
+    """A counted path length, "∞" where no path connects a pair."""
+    return "∞" if length is None else str(length)
+
+
+def format_table(result: CostResult) -> str:
+    """The measurements per length, then the cost table: theory beside the fitted exponents. Models
+    beyond the lectures' three (the attention patterns) get tables of their own after theirs."""
+    lines = [
+        f"attnlab cost on {result.device} ({result.machine}), {result.threads} thread"
+        f"{'s' if result.threads != 1 else ''}, torch {result.torch}, {result.date}",
+        f"width k={result.width}, layers d={result.layers}, heads {result.heads}, vocab {result.vocab}, "
+        f"batch {result.batch}; time: {result.timing_method}",
+        f"memory: {result.memory_method}",
+    ]
+    patterns = {
+        "transformer-window": f"window w={result.attention_window}",
+        "transformer-bigbird": f"BigBird blocks b={result.attention_block}, {result.global_blocks} global, "
+        f"{result.random_blocks} random",
+    }
+    if len(result.models) > len(MODELS):
+        lines.append("attention patterns: " + "; ".join(patterns[m] for m in result.models if m in patterns))
+    lines.append("")
+    groups = model_groups(result.models)
+    for group in groups:
+        lines += _measurement_lines(result, group)
+    fit = result.fit_lengths
+    lines.append(f"the cost table: theory beside the exponent of t fitted on t = {fit[0]}..{fit[-1]}")
+    notes: list[str] = []
+    for i, group in enumerate(groups):
+        lines += ([""] if i else []) + _theory_lines(result, group, notes)
     lines.append("* not in the lectures' table: derived for these models (see attnlab.cost.THEORY)")
     if notes:
         lines.append("† fitted on the lengths that ran: " + "; ".join(notes))
@@ -846,8 +1065,8 @@ def format_table(result: CostResult) -> str:
     lines.append("")
     lines.append(
         f"counted at t={last}, d={result.layers}: sequential steps "
-        + ", ".join(f"{MODEL_LABELS[m]} {counted[m].sequential_steps}" for m in MODELS)
+        + ", ".join(f"{MODEL_LABELS[m]} {counted[m].sequential_steps}" for m in result.models)
         + "; max path length "
-        + ", ".join(f"{MODEL_LABELS[m]} {counted[m].max_path_length}" for m in MODELS)
+        + ", ".join(f"{MODEL_LABELS[m]} {_path_text(counted[m].max_path_length)}" for m in result.models)
     )
     return "\n".join(lines)

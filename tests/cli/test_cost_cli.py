@@ -11,7 +11,7 @@ from importlib.util import find_spec
 import pytest
 
 from attnlab.cli import main
-from attnlab.cost import MODELS, QUANTITIES, QUICK_LENGTHS, THEORY, count_steps
+from attnlab.cost import MODELS, QUANTITIES, QUICK_LENGTHS, THEORY, CostSettings, count_steps
 from helpers import assert_user_error, cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -118,3 +118,50 @@ def test_json_prints_the_same_object_it_writes(capsys, tmp_path):
     assert printed == json.loads((tmp_path / "cost.json").read_text(encoding="utf-8"))
     assert printed["lengths"] == [8, 16] and printed["heads"] == 2 and printed["passes"] == 1
     assert len(printed["measurements"]) == 12 and len(printed["table"]) == 18
+
+
+@pytest.fixture(scope="module")
+def attention_run(tmp_path_factory):
+    """`attnlab cost --quick --attention window,bigbird --json --out DIR`: (printed JSON, stderr, DIR)."""
+    out = tmp_path_factory.mktemp("cost-attention")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["cost", "--quick", "--attention", "window,bigbird", "--threads", "1", "--json", "--out", str(out)])
+    assert code == 0, stderr.getvalue()
+    return json.loads(stdout.getvalue()), stderr.getvalue(), out
+
+
+@needs_matplotlib
+def test_attention_adds_the_pattern_transformers_to_a_quick_run(attention_run):
+    result, err, folder = attention_run
+    models = [*MODELS, "transformer-window", "transformer-bigbird"]
+    assert result["models"] == models
+    # --quick narrows the patterns below its lengths (8, 16, 32), so that they leave keys out.
+    assert (result["attention_window"], result["attention_block"]) == (8, 4)
+    cases = {(m["model"], m["kind"], m["length"]) for m in result["measurements"]}
+    assert cases == {(m, k, t) for m in models for k in ("train", "generate") for t in QUICK_LENGTHS}
+    assert all(m["seconds"] > 0 and m["peak_mib"] > 0 for m in result["measurements"])
+    assert sum(line.startswith("cost: ") and " t=" in line for line in err.splitlines()) == 30
+
+    table = {(r["model"], r["quantity"]): r for r in result["table"]}
+    assert set(table) == {(m, q) for m in models for q in QUANTITIES}
+    settings = CostSettings(layers=1, attention_window=8, attention_block=4)
+    for c in result["counts"]:
+        assert (c["sequential_steps"], c["max_path_length"]) == count_steps(c["model"], c["length"], 1, settings)
+    # One layer of an 8-key window connects t = 8 but not 16 or 32: the fitted path is infinite.
+    window = {c["length"]: c["max_path_length"] for c in result["counts"] if c["model"] == "transformer-window"}
+    assert window == {8: 1, 16: None, 32: None}
+    assert table[("transformer-window", "max_path_length")]["fitted_exponent"] is None
+    for model in ("transformer-window", "transformer-bigbird"):
+        for quantity in ("train_time", "train_memory", "generate_time", "generate_memory", "sequential_steps"):
+            assert math.isfinite(table[(model, quantity)]["fitted_exponent"]), (model, quantity)
+    for name in ("cost_time.png", "cost_memory.png", "cost_generate.png"):
+        assert (folder / name).read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [("lstm", "attention must be among window, bigbird, got 'lstm'"), ("window,linformer", "no causal model")],
+)
+def test_a_bad_attention_pattern_is_one_line_naming_the_choices(capsys, value, fragment):
+    assert_user_error(cli(capsys, "cost", "--quick", "--attention", value), fragment)

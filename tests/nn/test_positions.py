@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import (
-    POSITIONS,
+    INPUT_POSITIONS,
     LearnedPositions,
     NoPositions,
     SinusoidalPositions,
@@ -65,7 +65,7 @@ def test_sinusoidal_dot_product_depends_only_on_offset(d_model, k):
 def test_build_positions_by_name(kind, cls):
     module = build_positions(kind, 10, 6)
     assert type(module) is cls
-    assert POSITIONS[kind] is cls
+    assert INPUT_POSITIONS[kind] is cls
     out = module(torch.arange(4))
     assert out.shape == (4, 6)
 
@@ -98,7 +98,7 @@ def test_sinusoidal_module_returns_table_rows():
     assert torch.equal(module(positions), sinusoidal_positions(12, 6)[5:8])
 
 
-@pytest.mark.parametrize("kind", sorted(POSITIONS))
+@pytest.mark.parametrize("kind", sorted(INPUT_POSITIONS))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_positions_follow_module_dtype(kind, dtype):
     # Adding float32 vectors to a bf16 model's embeddings would promote its activations to float32.

@@ -46,3 +46,57 @@ def test_bad_arguments(tmp_path):
         plot_positions(16, 10, tmp_path / "p.svg")
     with pytest.raises(ValueError, match="d_model >= 2"):
         plot_positions(1, 10, tmp_path / "p.png")
+
+
+def test_fourier_picture_queries_find_the_key_d_back(tmp_path):
+    from attnlab.viz.positions import plot_scheme
+
+    plot = plot_scheme("fourier", tmp_path / "f.png", d_model=32, n_positions=40, shift=5)
+    expected = np.array(
+        [[f(math.pi * k * t / 40) for k in range(1, 17) for f in (math.cos, math.sin)] for t in range(40)]
+    )
+    np.testing.assert_allclose(plot.heatmap, expected, atol=1e-6)  # the lecture's e_t, written out
+    for label, scores in plot.curves.items():
+        t = int(label.rsplit("= ", 1)[1])
+        assert int(np.argmax(scores)) == t - 5, label
+
+
+def test_alibi_picture_has_the_paper_slopes(tmp_path):
+    from attnlab.viz.positions import plot_scheme
+
+    plot = plot_scheme("alibi", tmp_path / "a.png", n_heads=4, n_positions=10)
+    for h, curve in enumerate(plot.curves.values()):  # four heads: 2^-2, 2^-4, 2^-6, 2^-8
+        np.testing.assert_allclose(curve, -(2.0 ** (-2 * (h + 1))) * np.arange(10))
+    assert np.isnan(plot.heatmap[0, 1]) and plot.heatmap[9, 0] == pytest.approx(-0.25 * 9)
+
+
+def test_rope_picture_dot_products_follow_the_offset_alone(tmp_path):
+    from attnlab.viz.positions import plot_scheme
+
+    d = 16
+    plot = plot_scheme("rope", tmp_path / "r.png", d_model=d, n_positions=40)
+    thetas = np.array([10000 ** (-2 * i / d) for i in range(d // 2)])
+    closed_form = 2 * np.cos(np.outer(plot.offsets, thetas)).sum(axis=1)  # q = 1: each pair gives 2 cos(k θ_i)
+    assert len(plot.curves) == 3
+    for curve in plot.curves.values():
+        np.testing.assert_allclose(curve, closed_form, atol=1e-4)
+
+
+def test_relative_picture_is_the_clipped_offset(tmp_path):
+    from attnlab.viz.positions import plot_scheme
+
+    plot = plot_scheme("relative", tmp_path / "s.png", n_positions=12, max_distance=3)
+    for i in range(12):
+        for j in range(12):
+            assert plot.heatmap[i, j] == max(-3, min(3, j - i))
+
+
+def test_positions_cli_draws_each_kind_and_refuses_bad_ones(tmp_path, capsys):
+    from helpers import assert_user_error, cli
+
+    for kind in ("fourier", "rope", "alibi", "relative"):
+        code, out, _ = cli(capsys, "positions", "--kind", kind, "--out", str(tmp_path / f"{kind}.png"))
+        assert code == 0 and kind in out and png_size(tmp_path / f"{kind}.png") == (1650, 630)
+    assert_user_error(cli(capsys, "positions", "--kind", "rotary", "--out", str(tmp_path / "x.png")), "rotary", "rope")
+    assert_user_error(cli(capsys, "positions", "--kind", "rope", "--d-model", "7", "--out", str(tmp_path / "y.png")))
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()

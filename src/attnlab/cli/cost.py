@@ -1,5 +1,6 @@
 """attnlab cost [--lengths 64,128,...] [--width K] [--layers D] [--heads H] [--repeats N] [--passes N] [--threads N]
-[--max-memory MIB] [--fit-from T] [--quick] [--out DIR] [--json]"""
+[--max-memory MIB] [--fit-from T] [--attention window,bigbird] [--attention-window W] [--attention-block B] [--quick]
+[--out DIR] [--json]"""
 
 import argparse
 import sys
@@ -17,6 +18,11 @@ def lengths_list(text: str) -> tuple[int, ...]:
         ) from None
 
 
+def names_list(text: str) -> tuple[str, ...]:
+    """ "window,bigbird" -> ("window", "bigbird"); the names are checked by CostSettings."""
+    return tuple(part.strip() for part in text.split(","))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "cost",
@@ -24,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="For an RNN, an RNN with attention and a Transformer of the same width and depth, measure "
         "the time and peak memory of one training step and of generating t tokens as t grows (each case in a "
         "fresh process), count sequential steps and maximum path length, and fit the exponent of t on log-log "
-        "axes beside the lectures' theory. Writes cost.json and log-log plots to --out.",
+        "axes beside the lectures' theory. --attention adds Transformers with sparse attention patterns (window, "
+        "BigBird) as extra columns. Writes cost.json and log-log plots to --out.",
     )
     p.add_argument(
         "--lengths",
@@ -34,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=positive_int, help="model width k of every model (default 64; 16 with --quick)")
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
-    p.add_argument("--repeats", type=positive_int, help="timed calls per case, median reported (default 3; 1 --quick)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="timed calls per case, the fastest reported (default 3; 1 with --quick)"
+    )
     p.add_argument("--passes", type=positive_int, help="sweeps over all cases, the smallest reading kept (default 1)")
     p.add_argument(
         "--threads",
@@ -52,6 +61,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fit-from", type=positive_int, metavar="T", help="fit exponents on lengths >= T (default: the larger half)"
     )
     p.add_argument(
+        "--attention",
+        type=names_list,
+        metavar="PATTERNS",
+        help="also measure a Transformer with each of these attention patterns, as extra columns: window, bigbird "
+        "(default none; linformer cannot be causal)",
+    )
+    p.add_argument(
+        "--attention-window",
+        type=positive_int,
+        metavar="W",
+        help="keys a query of 'window' sees (default 64; 8 with --quick)",
+    )
+    p.add_argument(
+        "--attention-block",
+        type=positive_int,
+        metavar="B",
+        help="block length of 'bigbird' (default 32; 4 with --quick)",
+    )
+    p.add_argument(
         "--quick", action="store_true", help="tiny lengths and model: checks that it runs in seconds, measures little"
     )
     p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
@@ -67,7 +95,12 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.fileio import atomic_write_text
 
-    quick = dict(lengths=QUICK_LENGTHS, width=16, layers=1, heads=2, repeats=1) if args.quick else {}
+    # --quick: patterns narrower than its lengths, so that they leave keys out as at full size.
+    quick = (
+        dict(lengths=QUICK_LENGTHS, width=16, layers=1, heads=2, repeats=1, attention_window=8, attention_block=4)
+        if args.quick
+        else {}
+    )
     given = dict(
         lengths=args.lengths,
         width=args.width,
@@ -77,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         passes=args.passes,
         fit_from=args.fit_from,
         max_memory_mib=args.max_memory,
+        attention=args.attention,
+        attention_window=args.attention_window,
+        attention_block=args.attention_block,
     )
     try:
         settings = CostSettings(**{**quick, **{k: v for k, v in given.items() if v is not None}})

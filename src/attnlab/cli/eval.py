@@ -1,4 +1,4 @@
-"""attnlab eval RUN [--split NAME] [--beam N] [--json]"""
+"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]"""
 
 import argparse
 
@@ -16,9 +16,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--split",
         default="val",
         help="val or train (LM); val, test2016 or test2017 (translation); val, dev or test (classification, "
-        "tagging); val or test (masked LM)",
+        "tagging); val or test (masked LM, node classification)",
     )
     p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
+    p.add_argument(
+        "--context",
+        type=int,
+        help="language models: evaluate on blocks of N tokens instead of the training block_size (does "
+        "the position scheme extrapolate? learned positions cannot go past their table)",
+    )
+    p.add_argument("--max-tokens", type=int, help="language models: only the split's first N tokens")
     p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -40,11 +47,14 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         data_dir=args.data_dir,
         beam=args.beam,
+        context=args.context,
+        max_tokens=args.max_tokens,
     )
     if args.json:
         from attnlab.cli import print_json
 
-        print_json({"run": str(run.path), "step": run.step, "split": args.split, **metrics})
+        extra = {flag: getattr(args, flag) for flag in ("context", "max_tokens") if getattr(args, flag) is not None}
+        print_json({"run": str(run.path), "step": run.step, "split": args.split, **extra, **metrics})
     else:
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         print(f"{run.path} (step {run.step}), {args.split} split: {shown}")

@@ -1,31 +1,65 @@
-"""attnlab positions [--d-model D] [--n N] [--out FILE.png]"""
+"""attnlab positions [--kind KIND] [--d-model D] [--n N] [--heads H] [--shift D] [--max-distance K] [--out FILE.png]"""
 
 import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
 
+KINDS = ("sinusoidal", "fourier", "rope", "alibi", "relative")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "positions",
-        help="draw the sinusoidal positional encodings",
-        description="Draw the sinusoidal position table of 'Attention Is All You Need' (§3.5) as a heatmap, beside "
-        "the dot product PE[p] · PE[p + k] against the offset k for a few positions p: one curve, whatever p.",
+        help="draw a position scheme: sinusoidal, fourier, rope, alibi or relative",
+        description="Draw a position scheme as two panels: what it is, and what attention sees of it against the "
+        "offset between a query and a key. sinusoidal: the §3.5 table and PE[p] · PE[p + k] (one curve, whatever p); "
+        "fourier: the lecture's basis and the scores of a query whose W_Q is the shift matrix R(d); rope: the "
+        "rotation angles and the rotated dot products; alibi: each head's linear bias; relative: which of Shaw et "
+        "al.'s clipped offset vectors each (query, key) pair reads.",
     )
-    p.add_argument("--d-model", type=positive_int, default=128, help="model width, the table's columns (default 128)")
-    p.add_argument("--n", type=positive_int, default=100, help="positions, the table's rows (default 100)")
+    p.add_argument("--kind", default="sinusoidal", help=f"one of {', '.join(KINDS)} (default sinusoidal)")
+    p.add_argument("--d-model", type=positive_int, default=None, help="width (default 128; 64 for fourier and rope)")
+    p.add_argument("--n", type=positive_int, default=None, help="positions drawn (default 100; 64 but sinusoidal)")
+    p.add_argument("--heads", type=positive_int, default=8, help="alibi: the number of heads (default 8)")
+    p.add_argument("--shift", type=positive_int, default=3, help="fourier: the shift d of R(d) (default 3)")
+    p.add_argument("--max-distance", type=positive_int, default=8, help="relative: the clipping k (default 8)")
     p.add_argument("--out", type=Path, default=Path("positions.png"), help="the PNG to write (default positions.png)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.config import close_matches
     from attnlab.errors import UserError
-    from attnlab.viz.positions import plot_positions
+    from attnlab.viz.positions import plot_positions, plot_scheme
 
-    if args.d_model < 2 or args.n < 2:
-        raise UserError(f"--d-model and --n must be >= 2, got {args.d_model} and {args.n}")
-    plot = plot_positions(args.d_model, args.n, args.out)
+    if args.kind not in KINDS:
+        raise UserError(
+            f"unknown --kind {args.kind!r}{close_matches(args.kind, KINDS)}; choose one of {', '.join(KINDS)}"
+        )
+    sinusoidal = args.kind == "sinusoidal"
+    d_model = args.d_model or (128 if sinusoidal else 64)
+    n = args.n or (100 if sinusoidal else 64)
+    if d_model < 2 or n < 2:
+        raise UserError(f"--d-model and --n must be >= 2, got {d_model} and {n}")
+    if args.kind in ("fourier", "rope") and d_model % 2:
+        raise UserError(f"--kind {args.kind} pairs its dimensions: --d-model must be even, got {d_model}")
+    if args.kind == "fourier" and args.shift >= n:
+        raise UserError(f"--shift {args.shift} must be below --n {n}, or no query has a key that far back")
+    if sinusoidal:
+        plot = plot_positions(d_model, n, args.out)
+        width, height = plot.size
+        print(f"sinusoidal positions ({n} x {d_model}) saved to {plot.path} ({width} x {height} px)")
+        return 0
+    plot = plot_scheme(
+        args.kind,
+        args.out,
+        d_model=d_model,
+        n_positions=n,
+        n_heads=args.heads,
+        shift=args.shift,
+        max_distance=args.max_distance,
+    )
     width, height = plot.size
-    print(f"sinusoidal positions ({args.n} x {args.d_model}) saved to {plot.path} ({width} x {height} px)")
+    print(f"{args.kind} positions ({n} positions) saved to {plot.path} ({width} x {height} px)")
     return 0

@@ -8,8 +8,9 @@ is built with PyTorch's C++ extension tools on first use (~1 minute, cached afte
 `TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), so it is opt-in:
 `generate_tokens(..., fused=True)`, `attnlab sample --fused`, `attnlab bench --fused`.
 
-What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), any positional encoding
-(all of attnlab's are added to the embeddings, which stay in Python), the activations of
+What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), full attention,
+any position scheme added at the input (the embeddings stay in Python; rotary, ALiBi and relative
+positions act inside attention, and those models decode eagerly), the activations of
 `attnlab.nn.ACTIVATIONS`, with or without biases, fp32 on the CPU. `supports` says whether a
 model qualifies; the decoding loop falls back to the model's own forward otherwise.
 
@@ -56,6 +57,7 @@ def supports(model: nn.Module, cache: list[KVCache]) -> bool:
     return (
         model.config.norm == "pre"
         and _runs_here(model, model.lm_head.weight)
+        and all(block.attn.plain for block in model.blocks)
         and all(layer.k.is_contiguous() and layer.v.is_contiguous() for layer in cache)
     )
 
@@ -115,7 +117,11 @@ def supports_decoder(model: nn.Module) -> bool:
     Transformer in fp32 on the CPU, in inference, with a known activation."""
     from attnlab.models import Seq2SeqTransformer
 
-    return isinstance(model, Seq2SeqTransformer) and _runs_here(model, model.output.weight)
+    return (
+        isinstance(model, Seq2SeqTransformer)
+        and _runs_here(model, model.output.weight)
+        and all(block.self_attn.plain for block in model.decoder)
+    )
 
 
 class FusedDecoderState:
@@ -214,14 +220,18 @@ def gpt_step(model: nn.Module, cache: list[KVCache]) -> FusedStep | None:
     """`FusedStep(model, extension(), cache)`, or None with a warning when the model does not
     qualify (`supports`) or the step cannot be built."""
     make = functools.partial(FusedStep, model, cache=cache)
-    return _when_built(supports(model, cache), "pre-norm GPTs", make, stacklevel=5)
+    return _when_built(supports(model, cache), _COVERS.format(family="pre-norm GPTs"), make, stacklevel=5)
 
 
 def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> FusedDecoderState | None:
     """`FusedDecoderState(model, extension(), src, max_len)`, or None with a warning when the model
     does not qualify (`supports_decoder`) or the step cannot be built."""
     make = functools.partial(FusedDecoderState, model, src=src, max_len=max_len)
-    return _when_built(supports_decoder(model), "encoder-decoder Transformers", make, stacklevel=4)
+    covers = _COVERS.format(family="encoder-decoder Transformers")
+    return _when_built(supports_decoder(model), covers, make, stacklevel=4)
+
+
+_COVERS = "{family} with full attention and positions at the input"
 
 
 def _when_built(qualifies: bool, covers: str, make: Callable[[ModuleType], T], stacklevel: int) -> T | None:

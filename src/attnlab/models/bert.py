@@ -24,21 +24,34 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlab.nn import ACTIVATIONS, TransformerBlock, normal_init, padding_mask_from_ids, sinusoidal_positions
+from attnlab.nn import (
+    ACTIVATIONS,
+    AttentionOptions,
+    TransformerBlock,
+    build_positions,
+    context_limit,
+    normal_init,
+    padding_mask_from_ids,
+    sinusoidal_positions,
+)
 
 HEADS = ("mlm", "sequence", "token", "none")
 
 
 @dataclass(frozen=True)
-class BertConfig:
-    """Everything that fixes the shape and behaviour of a BERT. Validated on construction."""
+class BertConfig(AttentionOptions):
+    """Everything that fixes the shape and behaviour of a BERT. Validated on construction. The
+    attention variants' fields (`attention`, `linformer_k`, ...) come from `AttentionOptions`."""
 
     kind: str = "bert"
     """Always "bert": lets a task pick the model family by `model.kind`."""
     vocab_size: int = 8000
     """Number of token ids."""
     max_len: int = 128
-    """Number of learned position embeddings: the longest input."""
+    """Number of learned position embeddings: the longest input (with learned positions or Linformer)."""
+    positions: str = "learned"
+    """Position scheme, one of attnlab.nn.POSITIONS: BERT's "learned", another at the input, or one
+    inside attention (rope, alibi, relative)."""
     type_vocab_size: int = 2
     """Number of segment embeddings (sentence A / sentence B)."""
     d_model: int = 256
@@ -93,6 +106,9 @@ class BertConfig:
             raise ValueError(f"pad_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
         if self.position_init not in ("normal", "sinusoidal"):
             raise ValueError(f"position_init must be 'normal' or 'sinusoidal', got {self.position_init!r}")
+        self.check_attention(self.positions, causal=False, head_dim=self.head_dim, d_model=self.d_model)
+        if self.position_init == "sinusoidal" and self.positions != "learned":
+            raise ValueError(f"position_init 'sinusoidal' starts learned positions; positions is {self.positions!r}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
         if self.pooling not in ("cls", "mean"):
@@ -115,17 +131,25 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.max_len = config.max_len
         self.token = nn.Embedding(config.vocab_size, config.d_model)
-        self.position = nn.Embedding(config.max_len, config.d_model)
+        # BERT's own table stays an nn.Embedding (its checkpoints name it so); other schemes by name.
+        self.position = (
+            nn.Embedding(config.max_len, config.d_model)
+            if config.positions == "learned"
+            else build_positions(config.positions, config.max_len, config.d_model)
+        )
+        table = config.max_len if config.positions == "learned" else self.position.max_positions
+        self.max_len = context_limit(table, config.attention, config.max_len)
         self.segment = nn.Embedding(config.type_vocab_size, config.d_model)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         t = ids.size(1)
-        if t > self.max_len:
+        if self.max_len is not None and t > self.max_len:
             raise ValueError(f"sequence of {t} tokens is longer than max_len {self.max_len}")
+        if not isinstance(self.position, nn.Embedding):
+            self.position.grow(t)
         if segments is None:
             segments = torch.zeros_like(ids)  # a single sentence is all segment A
         pos = torch.arange(t, device=ids.device)  # (T,)
@@ -171,6 +195,7 @@ class Bert(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
+        spec = config.attention_spec(config.positions, config.max_len)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 config.d_model,
@@ -180,8 +205,9 @@ class Bert(nn.Module):
                 activation=config.activation,
                 norm=config.norm,  # BERT keeps the original Transformer's order, "post" (§3)
                 eps=config.layer_norm_eps,
+                spec=spec.for_layer(i),
             )
-            for _ in range(config.n_layers)
+            for i in range(config.n_layers)
         )
         # Pre-norm leaves the residual stream unnormalised; one LayerNorm closes the stack.
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None

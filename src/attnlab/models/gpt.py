@@ -17,24 +17,27 @@ from torch import nn
 from attnlab.nn import (
     ACTIVATIONS,
     NORM_ORDERS,
-    POSITIONS,
+    AttentionOptions,
     KVCache,
     Linear,
     TransformerBlock,
     build_positions,
+    context_limit,
     kernels,
     normal_init,
 )
 
 
 @dataclass(frozen=True)
-class GPTConfig:
-    """Everything that fixes the shape and behaviour of a GPT. Validated on construction."""
+class GPTConfig(AttentionOptions):
+    """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The
+    attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`."""
 
     vocab_size: int | None = None
     """Number of token ids. None while the config is still waiting for its tokenizer."""
     block_size: int = 256
-    """Longest context the model attends over (number of learned positions)."""
+    """The training context: the longest sequence a batch holds, the number of learned positions,
+    and the KV cache's length. Schemes other than learned positions can evaluate past it."""
     n_layer: int = 6
     """Number of Transformer blocks."""
     n_head: int = 6
@@ -46,7 +49,8 @@ class GPTConfig:
     bias: bool = True
     """Biases in linear layers and LayerNorms (GPT-2: True)."""
     positions: str = "learned"
-    """Positional encoding, one of attnlab.nn.POSITIONS."""
+    """Position scheme, one of attnlab.nn.POSITIONS: at the input (learned, sinusoidal, fourier,
+    none) or inside attention (rope, alibi, relative)."""
     activation: str = "gelu"
     """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS."""
     norm: str = "pre"
@@ -68,8 +72,7 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {sorted(POSITIONS)}, got {self.positions!r}")
+        self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.n_embd)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORM_ORDERS:
@@ -97,6 +100,7 @@ class GPT(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
         self.positions = build_positions(config.positions, config.block_size, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
+        spec = config.attention_spec(config.positions, config.block_size)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 config.n_embd,
@@ -107,8 +111,9 @@ class GPT(nn.Module):
                 bias=config.bias,
                 norm=config.norm,
                 eps=config.layer_norm_eps,
+                spec=spec.for_layer(i),
             )
-            for _ in range(config.n_layer)
+            for i in range(config.n_layer)
         )
         # Post-norm blocks end in a LayerNorm already; pre-norm stacks need one before the head.
         self.final_norm = (
@@ -124,6 +129,12 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest sequence this model can read: block_size for learned positions (and
+        Linformer's projections), None (any) for schemes that compute a position's encoding."""
+        return context_limit(self.positions.max_positions, self.config.attention, self.config.block_size)
 
     def num_parameters(self, *, exclude_positions: bool = True) -> int:
         """Parameter count (shared weights once); by default without position embeddings, as GPT-2 counts."""
@@ -147,8 +158,13 @@ class GPT(nn.Module):
         would wait on the device at every decoding step)."""
         t = idx.size(1)
         if positions is None:
-            if start + t > self.config.block_size:
-                raise ValueError(f"sequence of {start + t} tokens is longer than block_size {self.config.block_size}")
+            limit = self.max_context
+            if limit is not None and start + t > limit:
+                raise ValueError(
+                    f"sequence of {start + t} tokens is longer than block_size {limit}, "
+                    f"the most that {self.config.positions} positions can place"
+                )
+            self.positions.grow(start + t)
             positions = torch.arange(start, start + t, device=idx.device)  # (T,)
         return self.dropout(self.token_embedding(idx) + self.positions(positions))
 

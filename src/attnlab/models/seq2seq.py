@@ -23,7 +23,7 @@ from torch import nn
 from attnlab.nn import (
     ACTIVATIONS,
     NORM_ORDERS,
-    POSITIONS,
+    AttentionOptions,
     DecoderBlock,
     KVCache,
     Linear,
@@ -34,8 +34,10 @@ from attnlab.nn import (
 
 
 @dataclass(frozen=True)
-class Seq2SeqConfig:
-    """Shape and behaviour of an encoder–decoder Transformer. Validated on construction."""
+class Seq2SeqConfig(AttentionOptions):
+    """Shape and behaviour of an encoder–decoder Transformer. Validated on construction. The
+    attention variants (`attention`, `rope_theta`, ...; `AttentionOptions`) apply to the
+    self-attention of both stacks."""
 
     kind: str = "transformer"
     """Model family tag in run configs; always "transformer" for this class."""
@@ -54,9 +56,9 @@ class Seq2SeqConfig:
     norm: str = "post"
     """Residual order: "post" as in the paper, or "pre"."""
     positions: str = "sinusoidal"
-    """Positional encoding, one of attnlab.nn.POSITIONS."""
+    """Position scheme, one of attnlab.nn.POSITIONS (at the input, or inside self-attention)."""
     max_len: int = 256
-    """Longest sequence (source or target, in tokens) the positional table covers."""
+    """Longest sequence (source or target, in tokens), whatever the position scheme."""
     tie_embeddings: bool = True
     """Share one matrix between the source embedding, the target embedding and the output projection."""
     pad_id: int = 0
@@ -79,8 +81,8 @@ class Seq2SeqConfig:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {sorted(POSITIONS)}, got {self.positions!r}")
+        # causal: the decoder's self-attention, which the spec covers too
+        self.check_attention(self.positions, causal=True, head_dim=self.d_model // self.n_heads, d_model=self.d_model)
 
 
 @dataclass
@@ -114,11 +116,14 @@ class Seq2SeqTransformer(nn.Module):
         self.positions = build_positions(c.positions, c.max_len, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         block_args = dict(dropout=c.dropout, activation=c.activation, norm=c.norm, eps=c.layer_norm_eps)
+        spec = c.attention_spec(c.positions, c.max_len)
         self.encoder = nn.ModuleList(
-            TransformerBlock(c.d_model, c.n_heads, c.d_ff, **block_args) for _ in range(c.n_encoder_layers)
+            TransformerBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(i), **block_args)
+            for i in range(c.n_encoder_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderBlock(c.d_model, c.n_heads, c.d_ff, **block_args) for _ in range(c.n_decoder_layers)
+            DecoderBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(c.n_encoder_layers + i), **block_args)
+            for i in range(c.n_decoder_layers)
         )
         self.encoder_norm = self._final_norm()
         self.decoder_norm = self._final_norm()
@@ -148,6 +153,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def _embed(self, ids: torch.Tensor, embedding: nn.Embedding, start: int = 0) -> torch.Tensor:
         t = ids.size(1)
+        # max_len bounds every scheme here: translation has no use for longer sentences than it
+        # was configured for, and the decoder's caches are that long.
         if start + t > self.config.max_len:
             raise ValueError(f"sequence of {start + t} tokens is longer than max_len {self.config.max_len}")
         pos = torch.arange(start, start + t, device=ids.device)

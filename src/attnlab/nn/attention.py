@@ -8,15 +8,15 @@ References:
 - gpt-fast: an explicit, preallocated KV cache object for incremental decoding.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import kernels
+from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.projection import Linear, linear
+from attnlab.nn.variants import AttentionSpec
 
 
 def scaled_dot_product_attention(
@@ -34,13 +34,7 @@ def scaled_dot_product_attention(
     The weights are those of the softmax, before dropout. A query whose keys are all masked gets
     zero weights and a zero output, never NaN.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        # A row with every key masked is softmax(-inf, ..., -inf) = NaN; it attends to nothing.
-        weights = weights.masked_fill(~mask, 0.0)
+    weights = attention_weights(q, k, mask)
     applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return applied @ v, weights
 
@@ -152,9 +146,15 @@ class MultiHeadAttention(nn.Module):
 
     The explicit path materialises the weights (needed when they are returned); otherwise the fused
     `torch.nn.functional.scaled_dot_product_attention` kernel runs. Both compute the same function.
+
+    `spec` (self-attention only) picks a position scheme that acts inside attention (rotary, ALiBi,
+    relative: `self.positions`) and a pattern of keys other than all of them (window, BigBird,
+    Linformer: `self.pattern`); the default is the paper's attention.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True, spec: AttentionSpec | None = None
+    ) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -164,6 +164,14 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
+        spec = spec or AttentionSpec()
+        self.positions = spec.build_positions(n_heads, self.head_dim)
+        self.pattern = spec.build_pattern(n_heads, self.head_dim)
+
+    @property
+    def plain(self) -> bool:
+        """Full attention with positions only at the input: what attnlab's C++ kernels compute."""
+        return self.positions is None and self.pattern is None
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -202,9 +210,16 @@ class MultiHeadAttention(nn.Module):
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
         b, t_q, c = x.shape
-        if memory is None and memory_kv is None:
+        self_attention = memory is None and memory_kv is None
+        if self_attention:
             qkv = self.in_proj(x)  # (B, T, 3C)
-            if cache is None and mask is None and not need_weights and not (self.training and self.dropout > 0):
+            if (
+                self.plain
+                and cache is None
+                and mask is None
+                and not need_weights
+                and not (self.training and self.dropout > 0)
+            ):
                 y = kernels.self_attention(qkv, self.n_heads, causal)  # inside kernels.enabled() only
                 if y is not None:
                     return self.out_proj(y), None
@@ -215,6 +230,11 @@ class MultiHeadAttention(nn.Module):
             q = linear(x, self.in_proj.weight[:c], bias)
             k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         q = self._split_heads(q)  # (B, H, Tq, D)
+        q_pos = None
+        if self_attention and not self.plain:
+            q_pos = self._query_positions(t_q, cache, positions, x.device)
+            if self.positions is not None:  # rotary: the keys enter the cache rotated
+                q, k = self.positions.rotate(q, k, q_pos)
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead
         # masks added below always keep each query's own position.
         may_empty_rows = mask is not None
@@ -227,28 +247,77 @@ class MultiHeadAttention(nn.Module):
         elif cache is not None:
             k, v = cache.append(k, v)
         t_k = k.size(2)
-
         dropout_p = self.dropout if self.training else 0.0
+
+        if self.pattern is not None and q_pos is not None:
+            if cache is None and not need_weights:  # the whole sequence: the pattern's blocked computation
+                padding = _key_padding(mask, b, t_k)
+                y = self.pattern(q, k, v, causal=causal, key_padding=padding, terms=self.positions, dropout_p=dropout_p)
+                return self.out_proj(self._merge_heads(y)), None
+            # A few queries against a cache, or the weights asked for: the pattern as a mask.
+            sees = self.pattern.key_mask(q_pos, t_k, causal=causal or cache is not None)  # (Tq, Tk)
+            mask = sees if mask is None else mask & sees
+        score_bias, value_bias = None, False
+        if self.positions is not None and q_pos is not None:
+            q_pos, k_pos = q_pos[:, None], torch.arange(t_k, device=x.device)[None, :]  # (Tq, 1), (1, Tk)
+            score_bias = self.positions.score_bias(q, q_pos, k_pos)
+            value_bias = not self.positions.fused  # a term from the weights: the formula's path
+
         # In a compiled one-query step the formula's few operators fuse into the kernels around
         # them, where the fused kernel is one more call with its fixed cost: compiled greedy
         # decoding 1.17-1.36x faster at 4x4x128; at 6x6x384, 0.85-0.96x, within that machine's
         # noise (benchmarks/decode_ab.py attention).
-        formula = need_weights or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
+        formula = (
+            need_weights or value_bias or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
+        )
         # A square causal problem has a dedicated flag in the fused kernel; anything else needs
         # the mask written out.
-        fused_causal = causal and mask is None and t_q == t_k and not formula
+        fused_causal = causal and mask is None and score_bias is None and t_q == t_k and not formula
         if causal and not fused_causal and t_q > 1:
             look_ahead = causal_mask(t_q, t_k, device=x.device)
             mask = look_ahead if mask is None else mask & look_ahead
 
         if formula:
-            y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+            weights = attention_weights(q, k, mask, score_bias)
+            applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
+            y = applied @ v
+            if value_bias:
+                y = y + self.positions.value_bias(applied, q_pos, k_pos)
             weights = weights if need_weights else None
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal)
+            attn_mask = mask
+            if score_bias is not None:  # a float mask: the bias, and -inf where a key is hidden
+                attn_mask = score_bias if mask is None else score_bias.masked_fill(~mask, float("-inf"))
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal
+            )
             if may_empty_rows:
                 # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
                 y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
-        y = y.transpose(1, 2).contiguous().view(b, t_q, c)  # (B, Tq, C): concat(head_1..head_h)
-        return self.out_proj(y), weights
+        return self.out_proj(self._merge_heads(y)), weights
+
+    def _merge_heads(self, y: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = y.shape
+        return y.transpose(1, 2).contiguous().view(b, t, self.d_model)  # (B, Tq, C): concat(head_1..head_h)
+
+    @staticmethod
+    def _query_positions(
+        t_q: int, cache: KVCache | None, positions: torch.Tensor | None, device: torch.device
+    ) -> torch.Tensor:
+        """The queries' positions `(Tq,)` long in their sequence: given (the static decoding
+        step), after what the cache holds, or from 0."""
+        if positions is not None:
+            return positions
+        start = cache.length if cache is not None else 0
+        return torch.arange(start, start + t_q, device=device)
+
+
+def _key_padding(mask: torch.Tensor | None, batch: int, t_k: int) -> torch.Tensor | None:
+    """A key-padding mask `(B, 1, 1, Tk)` (`padding_mask_from_ids`) as `(B, Tk)`, for the attention
+    patterns, which take no other mask."""
+    if mask is None:
+        return None
+    if mask.dim() != 4 or mask.shape[1:3] != (1, 1) or mask.size(-1) != t_k:
+        raise ValueError(f"attention patterns take a key-padding mask (B, 1, 1, Tk) alone, got {tuple(mask.shape)}")
+    return mask[:, 0, 0, :].expand(batch, t_k)

@@ -14,6 +14,7 @@ from torch import nn
 from attnlab.nn import kernels
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.variants import AttentionSpec
 
 NORM_ORDERS = ("pre", "post")
 
@@ -22,7 +23,8 @@ class TransformerBlock(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection and a LayerNorm.
 
     This is the encoder layer of the paper (Figure 1, left). Under a causal mask it is also the
-    decoder layer of a decoder-only model (GPT), which has no cross-attention.
+    decoder layer of a decoder-only model (GPT), which has no cross-attention. `spec` picks the
+    self-attention's position scheme and pattern (`attnlab.nn.variants`).
     """
 
     def __init__(
@@ -36,13 +38,14 @@ class TransformerBlock(nn.Module):
         bias: bool = True,
         norm: str = "pre",
         eps: float = 1e-5,
+        spec: AttentionSpec | None = None,
     ) -> None:
         super().__init__()
         if norm not in NORM_ORDERS:
             raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
         self.pre_norm = norm == "pre"
         self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, spec=spec)
         self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.dropout = nn.Dropout(dropout)
@@ -94,13 +97,16 @@ class DecoderBlock(nn.Module):
         bias: bool = True,
         norm: str = "post",
         eps: float = 1e-5,
+        spec: AttentionSpec | None = None,
     ) -> None:
         super().__init__()
         if norm not in NORM_ORDERS:
             raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
         self.pre_norm = norm == "pre"
         self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        # `spec` (positions inside attention, a pattern of keys) is the self-attention's alone: the
+        # cross-attention reads every source position, whose order the encoder has already seen.
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, spec=spec)
         self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
         self.norm3 = nn.LayerNorm(d_model, eps=eps, bias=bias)

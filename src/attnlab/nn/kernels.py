@@ -113,6 +113,19 @@ def self_attention(qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tenso
     return _SelfAttention.apply(qkv.contiguous(), n_heads, causal)
 
 
+def unsupported_attention(model: nn.Module) -> str | None:
+    """What in `model`'s attention the kernels do not compute (positions inside attention, a
+    pattern other than full), in words; None when they cover all of it."""
+    config = getattr(model, "config", None)
+    if all(getattr(m, "plain", True) for m in model.modules()):
+        return None
+    positions, pattern = getattr(config, "positions", "?"), getattr(config, "attention", "?")
+    return (
+        f"the kernels compute full attention with positions at the input, "
+        f"not positions={positions}, attention={pattern}"
+    )
+
+
 ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 """The C++ side's numbering of the feed-forward activations (`attnlab::Activation` in vecmath.h),
 for these kernels and the fused decoding steps."""
@@ -166,11 +179,13 @@ _NO_BIAS = torch.empty(0)
 
 def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple, list[torch.Tensor]] | None:
     """The C++ kernel's settings for `block` on x, and its parameters in the C++ side's order; None
-    where the block is not one the kernel runs: a pre-norm `TransformerBlock` with self-attention
-    and no mask but the causal one, no dropout in training, fp32 CPU parameters."""
+    where the block is not one the kernel runs: a pre-norm `TransformerBlock` with full
+    self-attention, positions only at the input, and no mask but the causal one, no dropout in
+    training, fp32 CPU parameters."""
     attn, norm1 = block.attn, block.norm1
     if (
         not block.pre_norm
+        or not attn.plain
         or x.dim() != 3
         or attn.head_dim not in HEAD_DIMS
         or block.ffn.activation not in ACTIVATION_CODES

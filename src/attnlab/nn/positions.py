@@ -1,16 +1,31 @@
-"""Positional encodings, chosen by name so that new variants plug in without touching the models.
+"""Positions: how a Transformer knows where each token is, chosen by name.
 
-Every encoding is a module mapping positions `(T,)` (long) to vectors `(T, C)` that are added to
-the token embeddings. Self-attention alone is permutation-equivariant; these vectors are what
-tells it where each token is.
+Self-attention alone is permutation-equivariant; a position scheme is what tells it the order. Two
+kinds plug in at two points, behind one registry (`POSITIONS`):
 
-References: Vaswani et al. 2017 §3.5 (sinusoidal); Radford et al. 2018/2019 (learned, GPT).
+- at the input (`InputPositions`): vectors `(T, C)` added to the token embeddings —
+  `learned` (GPT, BERT), `sinusoidal` (Vaswani et al. §3.5), `fourier` (the UIUC lecture's
+  Fourier basis), `none`;
+- inside attention (`AttentionPositions`, one per attention layer): `rope` rotates q and k,
+  `alibi` adds a bias to the scores, `relative` (Shaw et al.) adds learned vectors to the keys
+  and the values. These know only offsets i − j, so they can run past the training length.
+
+References:
+- Vaswani et al. 2017, §3.5 (sinusoidal); Radford et al. 2018/2019 (learned).
+- Shaw, Uszkoreit & Vaswani 2018, "Self-Attention with Relative Position Representations", Eq. 3–5.
+- Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", §3.4.
+- Press, Smith & Lewis 2022, "Train Short, Test Long: Attention with Linear Biases" (ALiBi), §3.
+- UIUC CS 447 lecture on Transformers: the Fourier basis e_t and its shift matrix R(d).
 """
 
+import difflib
 import math
 
 import torch
 from torch import nn
+
+# ---------------------------------------------------------------------------------------------
+# At the input: vectors added to the token embeddings.
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
@@ -29,30 +44,97 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
     return table.float()
 
 
-class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal encodings (no parameters)."""
+def fourier_positions(n_positions: int, d_model: int, period: int) -> torch.Tensor:
+    """The lecture's Fourier basis: e_t = [cos(πt/T), sin(πt/T), cos(2πt/T), sin(2πt/T), …,
+    cos(π(D/2)t/T), sin(π(D/2)t/T)], T = `period` — pair k (k = 1 … D/2) turns at πk/T a step.
+
+    Returns float32 `(n_positions, d_model)` (d_model even). Its defining property: a shift in time
+    is a matrix product, e_{t−d} = R(d) e_t (`fourier_shift`), so attention can learn "look d back".
+    """
+    if d_model % 2:
+        raise ValueError(f"the Fourier basis comes in (cos, sin) pairs: d_model must be even, got {d_model}")
+    t = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    k = torch.arange(1, d_model // 2 + 1, dtype=torch.float64)  # (C/2,)
+    angle = math.pi * t * k / period  # (T, C/2)
+    return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(1).float()  # (T, C): cos, sin, ...
+
+
+def fourier_shift(d: int, d_model: int, period: int) -> torch.Tensor:
+    """R(d) `(C, C)`: block-diagonal, one 2×2 rotation by −πkd/T per pair, so that
+    `fourier_positions(...)[t - d] == R(d) @ fourier_positions(...)[t]` for every t."""
+    k = torch.arange(1, d_model // 2 + 1, dtype=torch.float64)
+    a = math.pi * k * d / period  # (C/2,)
+    blocks = torch.stack([torch.stack([a.cos(), a.sin()], -1), torch.stack([-a.sin(), a.cos()], -1)], -2)
+    # [cos(x − a), sin(x − a)] = [[cos a, sin a], [−sin a, cos a]] [cos x, sin x]
+    return torch.block_diag(*blocks).float()
+
+
+class InputPositions(nn.Module):
+    """Vectors `(T, C)` for positions `(T,)` long, added to the token embeddings.
+
+    `max_positions` is the longest sequence the scheme can place (None: any). Tables of fixed
+    functions grow when a longer sequence comes (`grow`), so a model trained at one length can be
+    evaluated at a longer one."""
+
+    max_positions: int | None = None
+
+    def grow(self, n_positions: int) -> None:
+        """Make room for positions up to `n_positions` − 1 (called by the models before `forward`)."""
+
+
+class TablePositions(InputPositions):
+    """A fixed table computed by `make(n_positions)`: no parameters, extended on demand."""
 
     def __init__(self, n_positions: int, d_model: int) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_positions(n_positions, d_model), persistent=False)
+        self.d_model = d_model
+        self.register_buffer("table", self.make(n_positions), persistent=False)
+
+    def make(self, n_positions: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def grow(self, n_positions: int) -> None:
+        if n_positions > self.table.size(0):
+            self.table = self.make(n_positions).to(self.table.device, self.table.dtype)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.table[positions]
 
 
-class LearnedPositions(nn.Module):
-    """One trained vector per absolute position (GPT, BERT)."""
+class SinusoidalPositions(TablePositions):
+    """Fixed sinusoidal encodings (no parameters), §3.5."""
+
+    def make(self, n_positions: int) -> torch.Tensor:
+        return sinusoidal_positions(n_positions, self.d_model)
+
+
+class FourierPositions(TablePositions):
+    """The lecture's Fourier basis (`fourier_positions`), its period T the model's training length:
+    over 0 … T−1 no two positions share a vector."""
+
+    def __init__(self, n_positions: int, d_model: int) -> None:
+        self.period = n_positions
+        super().__init__(n_positions, d_model)
+
+    def make(self, n_positions: int) -> torch.Tensor:
+        return fourier_positions(n_positions, self.d_model, self.period)
+
+
+class LearnedPositions(InputPositions):
+    """One trained vector per absolute position (GPT, BERT); none past the table."""
 
     def __init__(self, n_positions: int, d_model: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(n_positions, d_model)
+        self.max_positions = n_positions
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.embedding(positions)
 
 
-class NoPositions(nn.Module):
-    """No positional information at all: the model sees a bag of tokens (for the lectures' "why?")."""
+class NoPositions(InputPositions):
+    """No vectors at the input: a bag of tokens (the lectures' "why?"), or a model whose positions
+    live inside attention."""
 
     def __init__(self, n_positions: int, d_model: int) -> None:
         super().__init__()
@@ -65,18 +147,177 @@ class NoPositions(nn.Module):
         return self.zero.expand(*positions.shape, self.d_model)
 
 
-POSITIONS: dict[str, type[nn.Module]] = {
+# ---------------------------------------------------------------------------------------------
+# Inside attention: hooks that `MultiHeadAttention` calls on its self-attention.
+
+
+class AttentionPositions(nn.Module):
+    """Positions inside one self-attention layer. `MultiHeadAttention` calls three hooks, each a
+    no-op here: `rotate` on q and k before they meet (and before k enters a KV cache), `score_bias`
+    on the scores, `value_bias` on the output. Positions are absolute indices in the sequence; what
+    the schemes below use of them is the offset j − i alone.
+
+    Shapes: q `(B, H, *S, Tq, D)`; q_pos long broadcastable to `(*S, Tq, 1)`; k_pos long
+    broadcastable to `(*S, Tq, Tk)`; *S are the block dimensions of a blocked attention pattern.
+    """
+
+    fused = True
+    """Whether attention may still take PyTorch's fused kernel (a score bias goes in as a float mask)."""
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and the new k `(B, H, T, D)`, both at positions pos `(T,)` -> the same shapes."""
+        return q, k
+
+    def score_bias(self, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the scaled scores q·kᵀ/√D, broadcastable to `(B, H, *S, Tq, Tk)`; None: nothing."""
+        return None
+
+    def value_bias(self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the output weights @ v, `(B, H, *S, Tq, D)`, from the weights
+        `(B, H, *S, Tq, Tk)` (after softmax and dropout); None: nothing."""
+        return None
+
+
+def rope_angles(pos: torch.Tensor, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """The rotation angles p·θ_i, θ_i = theta^(−2i/D), i = 0 … D/2 − 1: float32 `(T, D/2)` for pos `(T,)`."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim)
+    return pos.float().unsqueeze(-1) * inv_freq  # (T, D/2)
+
+
+def rope_rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate x `(..., T, D)` pairwise by angles `(T, D/2)`: pair i is (x_i, x_{i+D/2}), the
+    half-split layout of GPT-NeoX and Llama (the paper's adjacent pairs, with the head's dimensions
+    permuted; either way q·k depends on the positions only through their offset, RoFormer Eq. 16)."""
+    half = x.size(-1) // 2
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, D/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class RotaryPositions(AttentionPositions):
+    """RoPE (Su et al. 2021): q and k rotated by position-dependent angles, no parameters. A key
+    is rotated once, when it is made; a KV cache holds rotated keys, so a decoding step rotates
+    only the new position."""
+
+    def __init__(self, n_heads: int, head_dim: int, *, theta: float = 10000.0, **_: object) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rope rotates pairs of dimensions: the head size must be even, got {head_dim}")
+        self.head_dim, self.theta = head_dim, theta
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = rope_angles(pos, self.head_dim, self.theta)  # once for both
+        return rope_rotate(q, angles), rope_rotate(k, angles)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The head slopes m of ALiBi (Press et al. 2022, §3): for n a power of 2 the geometric
+    sequence 2^(−8/n), 2^(−16/n), …, 2^(−8); otherwise the slopes of the power of 2 just below n,
+    then every other slope of the next power of 2 until there are n. float32 `(n_heads,)`."""
+
+    def geometric(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    slopes = geometric(below) + geometric(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiPositions(AttentionPositions):
+    """ALiBi: no position vectors, a per-head linear penalty −m·|i − j| on the scores. Under a
+    causal mask j ≤ i, so this is the paper's −m·(i − j); without one (an encoder) the same
+    penalty both ways."""
+
+    def __init__(self, n_heads: int, head_dim: int, **_: object) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def score_bias(self, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        distance = (k_pos - q_pos).abs()  # (*S, Tq, Tk)
+        slopes = self.slopes.view(-1, *([1] * distance.dim()))  # (H, 1, ..., 1)
+        return (-slopes.float() * distance).to(q.dtype)  # (H, *S, Tq, Tk)
+
+
+class RelativePositions(AttentionPositions):
+    """Shaw et al. 2018: learned vectors a^K_ij, a^V_ij for the offset j − i, clipped to
+    [−k, k] (Eq. 5), shared by the heads (§3.3), one table per layer:
+        e_ij = q_i · (k_j + a^K_ij) / √D   (Eq. 4),    z_i = Σ_j α_ij (v_j + a^V_ij)   (Eq. 3).
+    The 2k+1 distinct a^K make the key term cheap: q·a^K for each offset once, `(Tq, 2k+1)`, then
+    gathered by offset (Shaw §3.3's efficient form)."""
+
+    fused = False  # the value term needs the weights
+
+    def __init__(self, n_heads: int, head_dim: int, *, max_distance: int = 16, **_: object) -> None:
+        super().__init__()
+        self.max_distance, self.head_dim = max_distance, head_dim
+        self.keys = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * 0.02)  # a^K by offset + k
+        self.values = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * 0.02)  # a^V
+
+    def offsets(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """clip(j − i, −k, k) + k: long, `(*S, Tq, Tk)`."""
+        k = self.max_distance
+        return (k_pos - q_pos).clamp(-k, k) + k
+
+    def score_bias(self, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        by_offset = q @ self.keys.to(q.dtype).t()  # (B, H, *S, Tq, 2k+1)
+        index = self.offsets(q_pos, k_pos)
+        index = index.expand(*by_offset.shape[:-1], index.size(-1))  # (B, H, *S, Tq, Tk)
+        return torch.gather(by_offset, -1, index) / math.sqrt(self.head_dim)
+
+    def value_bias(self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        index = self.offsets(q_pos, k_pos).expand_as(weights)  # (B, H, *S, Tq, Tk)
+        by_offset = weights.new_zeros(*weights.shape[:-1], 2 * self.max_distance + 1)
+        by_offset.scatter_add_(-1, index, weights)  # Σ_j α_ij over the keys at each clipped offset
+        return by_offset @ self.values.to(weights.dtype)  # (B, H, *S, Tq, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry: one name per scheme, at the input or inside attention.
+
+INPUT_POSITIONS: dict[str, type[InputPositions]] = {
     "learned": LearnedPositions,
     "sinusoidal": SinusoidalPositions,
+    "fourier": FourierPositions,
     "none": NoPositions,
 }
+ATTENTION_POSITIONS: dict[str, type[AttentionPositions]] = {
+    "rope": RotaryPositions,
+    "alibi": ALiBiPositions,
+    "relative": RelativePositions,
+}
+POSITIONS: tuple[str, ...] = (*INPUT_POSITIONS, *ATTENTION_POSITIONS)
+"""Every scheme's name, for configs: `model.positions`."""
 
 
-def build_positions(kind: str, n_positions: int, d_model: int) -> nn.Module:
-    """The positional encoding called `kind` (one of `POSITIONS`)."""
-    if kind not in POSITIONS:
-        raise ValueError(f"unknown positional encoding {kind!r}; choose one of {sorted(POSITIONS)}")
-    return POSITIONS[kind](n_positions, d_model)
+def check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+    """ValueError naming `field`, its choices and the close matches, when `value` is not one of
+    `choices`. Example: `("positions", "rop", POSITIONS)` -> "positions must be one of 'learned',
+    ..., got 'rop' (did you mean 'rope'?)"."""
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=2, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(f"{field} must be one of {', '.join(map(repr, choices))}, got {value!r}{hint}")
+
+
+def check_positions(kind: str) -> None:
+    """ValueError naming the choices (and close matches) when `kind` is not a scheme."""
+    check_choice("positions", kind, POSITIONS)
+
+
+def build_positions(kind: str, n_positions: int, d_model: int) -> InputPositions:
+    """What scheme `kind` adds at the input: its vectors, or `NoPositions` for a scheme that acts
+    inside attention (`build_attention_positions`)."""
+    check_positions(kind)
+    return INPUT_POSITIONS.get(kind, NoPositions)(n_positions, d_model)
+
+
+def build_attention_positions(kind: str, n_heads: int, head_dim: int, **options: object) -> AttentionPositions | None:
+    """One attention layer's share of scheme `kind` (`rope`, `alibi`, `relative`); None for the
+    schemes that act at the input. Options: `theta` (rope), `max_distance` (relative)."""
+    check_positions(kind)
+    cls = ATTENTION_POSITIONS.get(kind)
+    return None if cls is None else cls(n_heads, head_dim, **options)
 
 
 def embedding_scale(d_model: int) -> float:

@@ -145,17 +145,52 @@ class LanguageModeling:
 
     @torch.no_grad()
     def evaluate(
-        self, model: GPT, device: torch.device, *, split: str = "val", batch_size: int = 64, **_: object
+        self,
+        model: GPT,
+        device: torch.device,
+        *,
+        split: str = "val",
+        batch_size: int = 64,
+        context: int | None = None,
+        max_tokens: int | None = None,
+        **_: object,
     ) -> dict[str, float]:
         """Loss and perplexity over every non-overlapping block of a split: deterministic. (Other
-        keywords of the common task interface, such as a translation's beam size, do not apply.)"""
+        keywords of the common task interface, such as a translation's beam size, do not apply.)
+
+        context: the block length to evaluate at (default the training block_size); longer ones
+            measure whether the position scheme extrapolates (Press et al. 2022). max_tokens: only
+            the split's first tokens (a fixed prefix, so runs compare on the same text)."""
         if split not in ("train", "val"):
             raise UserError(f"unknown split {split!r} for a language model; choose val or train")
+        block = self.model_config.block_size if context is None else context
+        check_context(model, block)
+        tokens = self.tokens(split)
+        if max_tokens is not None:
+            tokens = tokens[: max_tokens + 1]
+        if len(tokens) <= block:
+            raise UserError(f"the {split} split has {len(tokens)} tokens, fewer than one block of {block} + 1")
+        batch_size = max(1, batch_size * self.model_config.block_size // block)  # about the same tokens a batch
         model.eval()
         total, count = 0.0, 0
-        for x, y in sequential_blocks(self.tokens(split), self.model_config.block_size, batch_size):
+        for x, y in sequential_blocks(tokens, block, batch_size):
             _, loss = model(x.to(device), y.to(device))
             total += loss.item() * y.numel()
             count += y.numel()
         mean = total / count if count else math.nan
         return {f"{split}_loss": mean, f"{split}_ppl": perplexity(mean)}
+
+
+def check_context(model: GPT, context: int) -> None:
+    """UserError when `model` cannot read `context` tokens at once: learned positions (and
+    Linformer) stop at block_size; the other schemes compute any position."""
+    if context < 1:
+        raise UserError(f"--context must be >= 1, got {context}")
+    limit = model.max_context
+    if limit is not None and context > limit:
+        c = model.config
+        raise UserError(
+            f"this model has {c.positions} positions and attention {c.attention!r}: it reads at most "
+            f"block_size {limit} tokens, not {context}; evaluate at --context {limit} or less "
+            "(rope, alibi, relative, sinusoidal, fourier and none can run past their training length)"
+        )

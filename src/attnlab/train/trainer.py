@@ -332,6 +332,9 @@ def train(
     fused_kernels = tc.fused_kernels and kernels.extension() is not None
     if tc.fused_kernels:
         log("attnlab's C++ kernels: " + ("on" if fused_kernels else "not built here; PyTorch's operators instead"))
+        uncovered = kernels.unsupported_attention(model) if fused_kernels else None
+        if uncovered:
+            log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
     model.train()
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan

@@ -1,16 +1,22 @@
-"""Log–log plots of `attnlab cost`: measured cost against t for the three models, each line labelled
+"""Log–log plots of `attnlab cost`: measured cost against t for each model measured, each line labelled
 with its fitted exponent beside the theory's, a dotted line of the theory's slope through the
 longest measured point, and the lengths the fit used shaded."""
 
 from pathlib import Path
 
-from attnlab.cost import MODEL_LABELS, MODELS, QUANTITY_LABELS, CostResult
+from attnlab.cost import MODEL_LABELS, QUANTITY_LABELS, CostResult
 from attnlab.viz.figure import DPI, check_png_path, new_figure, save_png
 
 PANEL_IN = (4.6, 3.4)
 """Width and height of one panel in inches; a picture of n panels is about n·4.6 × 3.4 inches at
 `DPI` (the tight bounding box trims or adds a few pixels)."""
-COLORS = {"rnn": "tab:blue", "rnn-attention": "tab:orange", "transformer": "tab:green"}
+COLORS = {
+    "rnn": "tab:blue",
+    "rnn-attention": "tab:orange",
+    "transformer": "tab:green",
+    "transformer-window": "tab:red",
+    "transformer-bigbird": "tab:purple",
+}
 UNITS = {"time": "seconds", "memory": "peak MiB above the model"}
 
 PLOTS = {
@@ -36,7 +42,7 @@ def plot_quantities(result: CostResult, quantities: tuple[str, ...], path: str |
     fit = result.fit_lengths
     for ax, quantity in zip(axes, quantities, strict=True):
         ax.axvspan(fit[0], fit[-1], color="0.93", zorder=0, label=f"fitted on t = {fit[0]}..{fit[-1]}")
-        for model in MODELS:
+        for model in result.models:
             points = [(t, v) for t, v in zip(result.lengths, result.series(model, quantity), strict=True) if v]
             if not points:
                 continue

@@ -70,3 +70,161 @@ def plot_positions(d_model: int, n_positions: int, path: str | Path) -> Position
     right.legend(fontsize=8)
     save_png(fig, path, tight=False)
     return PositionsPlot(path, table, offsets, dots, png_size(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The other schemes, one two-panel picture each: what the scheme is (left), and what attention
+# sees of it against the offset between a query and a key (right).
+
+
+@dataclass(frozen=True)
+class SchemePlot:
+    """What `plot_scheme` drew. heatmap: the left panel's matrix; offsets `(K,)` and curves (one
+    `(K,)` array per label): the right panel; size: the PNG's (width, height) in pixels."""
+
+    path: Path
+    kind: str
+    heatmap: np.ndarray
+    offsets: np.ndarray
+    curves: dict[str, np.ndarray]
+    size: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Panels:
+    heatmap: np.ndarray
+    heatmap_title: str
+    heatmap_labels: tuple[str, str]
+    offsets: np.ndarray
+    curves: dict[str, np.ndarray]
+    curve_title: str
+    curve_labels: tuple[str, str]
+    symmetric: bool = True  # the heatmap's colour scale centred on zero
+
+
+def _fourier(d_model: int, n: int, shift: int) -> _Panels:
+    """The lecture's basis, and the scores e_s · R(d) e_t of a query at t whose W_Q is the shift R(d)."""
+    from attnlab.nn.positions import fourier_positions, fourier_shift
+
+    table = fourier_positions(n, d_model, n).double().numpy()  # (n, d)
+    queries = table @ fourier_shift(shift, d_model, n).double().numpy().T  # row t: R(d) e_t = e_{t-d}
+    ts = sorted({n - 1, n // 2, max(shift, n // 4)})
+    keys = np.arange(n)
+    curves = {f"query at t = {t}": table @ queries[t] for t in ts}  # peaks at key t - d
+    return _Panels(
+        table,
+        f"Fourier basis e_t (T = {n}, {d_model} dims)",
+        ("dimension", "position t"),
+        keys,
+        curves,
+        f"scores e_s · R({shift}) e_t: each query finds the key {shift} back",
+        ("key position s", "score"),
+    )
+
+
+def _alibi(n_heads: int, n: int) -> _Panels:
+    """Each head's penalty −m·(i − j) on the scores (causal), and its slope against the distance."""
+    from attnlab.nn.positions import alibi_slopes
+
+    slopes = alibi_slopes(n_heads).double().numpy()
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    first = np.where(j <= i, -slopes[0] * (i - j), np.nan)  # the steepest head, future masked
+    offsets = np.arange(n)
+    curves = {f"head {h + 1}: m = {m:.4g}": -m * offsets for h, m in enumerate(slopes)}
+    return _Panels(
+        first,
+        f"ALiBi bias of head 1 (m = {slopes[0]:.4g})",
+        ("key j", "query i"),
+        offsets,
+        curves,
+        f"bias −m·(i − j) per head ({n_heads} heads)",
+        ("distance i − j", "bias on the score"),
+        symmetric=False,
+    )
+
+
+def _rope(d_model: int, n: int) -> _Panels:
+    """cos of each pair's angle p·θ_i, and ⟨R(p) q, R(p + k) q⟩ for q = (1, …, 1) from several p."""
+    import torch
+
+    from attnlab.nn.positions import rope_angles, rope_rotate
+
+    positions = torch.arange(n)
+    angles = rope_angles(positions, d_model)  # (n, d/2)
+    ones = torch.ones(1, n, d_model, dtype=torch.float64)
+    rotated = rope_rotate(ones, angles.double())[0].numpy()  # (n, d): R(p) q for every p
+    starts = sorted({0, n // 4, n // 2})
+    offsets = np.arange(n - starts[-1])
+    curves = {f"p = {p}": rotated[p + offsets] @ rotated[p] for p in starts}
+    return _Panels(
+        angles.cos().double().numpy(),
+        f"RoPE: cos(p·θ_i), {d_model // 2} pairs",
+        ("pair i", "position p"),
+        offsets,
+        curves,
+        "⟨R(p) q, R(p + k) q⟩, q = 1: the offset alone, decaying",
+        ("offset k", "dot product"),
+    )
+
+
+def _relative(max_distance: int, n: int) -> _Panels:
+    """Which of Shaw et al.'s 2k + 1 vectors each (query, key) pair reads: clip(j − i, −k, k)."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    index = np.clip(j - i, -max_distance, max_distance).astype(np.float64)
+    offsets = np.arange(-n + 1, n)
+    curves = {f"k = {max_distance}": np.clip(offsets, -max_distance, max_distance).astype(np.float64)}
+    return _Panels(
+        index,
+        f"relative positions: clip(j − i, ±{max_distance})",
+        ("key j", "query i"),
+        offsets,
+        curves,
+        "the vector a_(j−i) used, by offset",
+        ("offset j − i", "clipped offset"),
+    )
+
+
+SCHEMES_DRAWN = ("sinusoidal", "fourier", "rope", "alibi", "relative")
+
+
+def plot_scheme(
+    kind: str,
+    path: str | Path,
+    *,
+    d_model: int = 64,
+    n_positions: int = 64,
+    n_heads: int = 8,
+    shift: int = 3,
+    max_distance: int = 8,
+) -> SchemePlot:
+    """Draw position scheme `kind` (one of SCHEMES_DRAWN but sinusoidal, which `plot_positions`
+    draws) as a two-panel PNG at `path`; return what was drawn."""
+    path = check_png_path(path)
+    makers = {
+        "fourier": lambda: _fourier(d_model, n_positions, shift),
+        "alibi": lambda: _alibi(n_heads, n_positions),
+        "rope": lambda: _rope(d_model, n_positions),
+        "relative": lambda: _relative(max_distance, n_positions),
+    }
+    if kind not in makers:
+        raise ValueError(f"kind must be one of {sorted(makers)}, got {kind!r}")
+    panels = makers[kind]()
+    fig = new_figure(WIDTH_IN, HEIGHT_IN)
+    left, right = fig.subplots(1, 2, width_ratios=[1.15, 1])
+    bound = float(np.nanmax(np.abs(panels.heatmap)))
+    scale = {"vmin": -bound, "vmax": bound, "cmap": "RdBu"} if panels.symmetric else {"cmap": "viridis"}
+    image = left.imshow(panels.heatmap, aspect="auto", interpolation="nearest", **scale)
+    left.set_xlabel(panels.heatmap_labels[0])
+    left.set_ylabel(panels.heatmap_labels[1])
+    left.set_title(panels.heatmap_title)
+    fig.colorbar(image, ax=left, shrink=0.9)
+    for n, (label, curve) in enumerate(panels.curves.items()):
+        style = {"linewidth": 2.4} if n == 0 else {"linewidth": 1.2, "linestyle": "--"}
+        right.plot(panels.offsets, curve, label=label, **style)
+    right.set_xlabel(panels.curve_labels[0])
+    right.set_ylabel(panels.curve_labels[1])
+    right.set_title(panels.curve_title, fontsize=9)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, ncol=2 if len(panels.curves) > 4 else 1)
+    save_png(fig, path, tight=False)
+    return SchemePlot(path, kind, panels.heatmap, panels.offsets, panels.curves, png_size(path))
