@@ -118,9 +118,10 @@ def test_seeds_trains_each_seed_and_reports_mean_and_sd(tmp_path, capsys):
     assert summary["sd"]["test_accuracy"] == pytest.approx(np.std(accuracies, ddof=1))
     seeds_in_configs = {load(out / f"seed-{s}").config.train.seed for s in (1337, 1338, 1339)}
     assert seeds_in_configs == {1337, 1338, 1339}
-    again = ("train", "cora-gcn", "--data-dir", PLANETOID, "--out", out, "--seeds", "3", "--resume")
-    code, stdout, _ = cli(capsys, *again)
-    assert code == 0 and "3 seed(s): " in stdout and "test accuracy" in stdout  # finished runs report again
+    again = ("train", "cora-gcn", "--data-dir", PLANETOID, "--out", out, *QUICK, "--seeds", "3", "--resume")
+    code, stdout, err = cli(capsys, *again)
+    assert code == 0, err
+    assert "3 seed(s): " in stdout and "test accuracy" in stdout, stdout  # finished runs report again
 
 
 def test_attention_draws_a_nodes_neighbourhood(gat_run, tmp_path, capsys):
