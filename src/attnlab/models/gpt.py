@@ -237,9 +237,10 @@ class GPT(nn.Module):
 
         Returns logits `(B, T, V)`; with `targets` `(B, T)` (long, -1 = ignore) it returns
         `(logits, loss)`, the mean cross-entropy (plus, in training, the experts' auxiliary
-        losses). With `cache`, idx holds only the new tokens and positions continue after those cached; with `cache` and `positions` `(T,)` long, the new
-        tokens sit at those positions and attend to the whole preallocated cache (the static-shape
-        decoding step, see `KVCache.write`). `last_only` computes logits for the last position
+        losses). With `cache`, idx holds only the new tokens and positions continue after those
+        cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions
+        and attend to the whole preallocated cache (the static-shape decoding step, see
+        `KVCache.write`). `last_only` computes logits for the last position
         alone, `(B, 1, V)`, which is all a decoding step needs.
         """
         if last_only and targets is not None:
