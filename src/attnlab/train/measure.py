@@ -2,9 +2,12 @@
 embeddings, Kaplan et al. 2020's N) and the training FLOPs per token, counted on a real step.
 
 The FLOPs are counted, not estimated from a formula: `torch.utils.flop_counter.FlopCounterMode`
-adds up the matrix products (and fused attention) of one forward and backward pass of a training
-batch, so a gated feed-forward, a mixture of experts or a shared block is charged what it really
-computes. Element-wise work (norms, activations, softmax) is not counted, as in the papers' 6N.
+adds up the matrix products of one forward and backward pass of a training batch, so a gated
+feed-forward, a mixture of experts (its capacity-sized expert batches) or a shared block is charged
+what it really computes. Attention runs on PyTorch's math path while counting: the counter has no
+formula for the CPU flash kernel and would leave the scores out; the math path's two batched
+products per head are counted in full, T x T (a causal kernel may skip the masked half).
+Element-wise work (norms, activations, softmax) is not counted, as in the papers' 6N.
 """
 
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.tasks import TASKS
@@ -49,7 +53,7 @@ def measure_run(run_dir: str | Path) -> ModelMeasure:
     load_weights(run_dir, model)
     model.train()
     batch = task.train_batch(0, torch.Generator().manual_seed(tc.seed))
-    with FlopCounterMode(display=False) as counter:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         task.loss(model, batch, torch.device("cpu"), tc.label_smoothing).backward()
     return ModelMeasure(
         count_parameters(model), non_embedding_parameters(model), counter.get_total_flops() / task.batch_tokens(batch)
