@@ -96,9 +96,10 @@ def kaplan_learning_rate(n: int) -> float:
 
 
 def non_embedding_count(model: GPTConfig) -> int:
-    """N of a GPT config, counted on a model built on the meta device (no memory, no data)."""
-    with torch.device("meta"):
-        return non_embedding_parameters(GPT(dataclasses.replace(model, vocab_size=model.vocab_size or 1)))
+    """N of a GPT config, counted on the model built with a one-token vocabulary (N does not
+    depend on it; the ladder's sizes build in milliseconds, which the meta device does not: its
+    first random init loads the compiler)."""
+    return non_embedding_parameters(GPT(dataclasses.replace(model, vocab_size=1)))
 
 
 def plan(
@@ -401,6 +402,7 @@ def fit_summary(result: ScaleResult) -> dict[str, Any]:
         "kaplan_alpha_n": KAPLAN_ALPHA_N,
         "tokens": result.rows[0].tokens if result.rows else 0,
         "tokens_per_param": {r.size: r.tokens_per_param for r in result.rows},
+        "points": [{"size": r.size, "n": r.non_embedding_params, "val_loss": r.val_loss} for r in result.rows],
         "frontier": [dataclasses.asdict(p) for p in result.frontier],
     }
 
