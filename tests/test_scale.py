@@ -98,6 +98,15 @@ def test_the_ladder_owns_sizes_and_steps(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_help_states_the_librarys_defaults(capsys):
+    from attnlab.train.scaling import DEFAULT_SIZES, DEFAULT_TOKENS
+
+    code, out, _ = cli(capsys, "scale", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and f"default {DEFAULT_TOKENS:,})" in text
+    assert f"from {DEFAULT_SIZES[0]} to {DEFAULT_SIZES[-1]}" in text and f"default: {len(DEFAULT_SIZES)} sizes" in text
+
+
 def test_each_size_learns_at_kaplans_rate_unless_one_is_set(tmp_path):
     sizes = parse_sizes("1x16,2x32,2x48,3x64")
     runs = plan(sizes, 10_000, tmp_path)

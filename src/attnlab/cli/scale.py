@@ -7,8 +7,6 @@ from attnlab.cli import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from attnlab.train.scaling import DEFAULT_SIZES, DEFAULT_TOKENS
-
     p = sub.add_parser(
         "scale",
         help="train a ladder of GPT sizes and fit a scaling law (Kaplan et al. 2020)",
@@ -19,18 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "OUT/scale_fit.json and OUT/scale.png. Resumable like `attnlab ablate`.",
     )
     p.add_argument("--data", default="", metavar="FILE", help="a UTF-8 text file (default: bundled Tiny Shakespeare)")
+    # The defaults live in attnlab.train.scaling (DEFAULT_SIZES, DEFAULT_TOKENS), which imports torch:
+    # not at parser time.
     p.add_argument(
         "--sizes",
-        default=",".join(DEFAULT_SIZES),
         metavar="LxC,...",
-        help=f"the ladder: layers x width, heads of 16 (default {','.join(DEFAULT_SIZES)})",
+        help="the ladder: layers x width, heads of 16, e.g. 1x32,2x64,4x128 (default: 6 sizes from 1x32 "
+        "to 4x128, 12k to 790k non-embedding parameters)",
     )
     p.add_argument(
-        "--tokens",
-        type=positive_int,
-        default=DEFAULT_TOKENS,
-        metavar="N",
-        help=f"training tokens for every size (default {DEFAULT_TOKENS:,})",
+        "--tokens", type=positive_int, metavar="N", help="training tokens for every size (default 6,000,000)"
     )
     p.add_argument(
         "--set",
@@ -59,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from attnlab.config import flatten, parse_overrides
-    from attnlab.train.scaling import fit_summary, format_report, parse_sizes, run_scale
+    from attnlab.train.scaling import DEFAULT_SIZES, DEFAULT_TOKENS, fit_summary, format_report, parse_sizes, run_scale
 
-    sizes = parse_sizes(args.sizes)
+    sizes = parse_sizes(args.sizes or DEFAULT_SIZES)
+    tokens = args.tokens or DEFAULT_TOKENS
     overrides = flatten(parse_overrides(args.overrides))
     log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = run_scale(
-        sizes, args.tokens, args.out, data=args.data, overrides=overrides, jobs=args.jobs, device=args.device, log=log
+        sizes, tokens, args.out, data=args.data, overrides=overrides, jobs=args.jobs, device=args.device, log=log
     )
     if not result.complete:
         left = sum(o.status not in ("done", "trained") for o in result.outcomes)

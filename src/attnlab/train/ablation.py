@@ -392,7 +392,8 @@ def format_table(result: AblationResult) -> str:
     seeds = rows[0].seeds if rows else 0
     text.append(
         f"{seeds} seed(s) per variant, {result.steps} steps of {result.tokens_per_step} tokens; losses on validation "
-        f"(early: step {result.steps // 4}); FLOPs counted on one training step; params and FLOPs of the seed-0 model"
+        f"(early: step {result.steps // 4}); FLOPs counted on one training step; params and FLOPs of the seed-0 model; "
+        "steps/s over training time, comparable between runs trained with the same --jobs on the same machine"
     )
     return "\n".join(text)
 

@@ -46,9 +46,11 @@ from attnlab.train.sweep import PlannedRun, RunOutcome, eval_rows, run_all, si, 
 KAPLAN_ALPHA_N = 0.076
 """Kaplan et al. 2020 Eq. 1.1: L(N) = (N_c / N)^0.076, N_c = 8.8e13, for models trained to convergence on WebText2."""
 BASE_PRESET = "shakespeare-char-cpu"
-# Six sizes from 12k to 790k non-embedding parameters (64x); about 15 minutes on 2 cores with --jobs 2.
+# Six sizes from 12k to 790k non-embedding parameters (64x), 6M characters each (~6 epochs of Tiny
+# Shakespeare, 8 to 480 tokens per parameter): about 15 minutes on 2 cores with --jobs 2, where
+# 4x128 alone takes ~14 (one core; the others share the second).
 DEFAULT_SIZES = ("1x32", "2x32", "2x48", "2x64", "3x96", "4x128")
-DEFAULT_TOKENS = 2_000_000
+DEFAULT_TOKENS = 6_000_000
 HEAD_DIM = 16
 LADDER_KEYS = ("model.n_layer", "model.n_embd", "model.n_head", "train.max_iters", "train.lr_decay_iters")
 EVALS_PER_RUN = 16
@@ -165,7 +167,7 @@ class PowerLaw:
     def rse(self) -> float:
         """Residual standard error of log L, sqrt(SSR / (n - p)): what picks the better law."""
         dof = self.n_points - self.n_fitted
-        return math.sqrt(self.ssr / dof) if dof > 0 else math.nan
+        return math.sqrt(self.ssr / dof) if dof > 0 else math.inf  # no residual left: never the better law
 
     @property
     def law(self) -> str:
@@ -187,8 +189,9 @@ def _with_offset(log_n: np.ndarray, log_l: np.ndarray, loss: np.ndarray, e: floa
     slope, intercept = _line(log_n, np.log(loss - e))
     alpha = -slope
     log_n_c = intercept / alpha if alpha != 0 else math.inf
+    n_c = math.exp(log_n_c) if log_n_c < 700 else math.inf  # a flat ladder (alpha ~ 0) has no scale
     pred = np.log(e + np.exp(intercept + slope * log_n))
-    return alpha, math.exp(log_n_c) if math.isfinite(log_n_c) else math.inf, float(np.sum((log_l - pred) ** 2))
+    return alpha, n_c, float(np.sum((log_l - pred) ** 2))
 
 
 def fit_power_law(n: Sequence[float], loss: Sequence[float]) -> PowerLaw:
@@ -324,7 +327,10 @@ def run_scale(
     signal returns without rows."""
     out = Path(out)
     runs = plan(sizes, tokens, out, data=data, overrides=overrides, device=device)
-    outcomes = run_all(runs, jobs=jobs, log=log)
+    # The largest first: with several jobs, the smaller runs fill the other processes meanwhile.
+    by_cost = sorted(runs, key=lambda r: non_embedding_count(r.config.model), reverse=True)
+    done = {o.name: o for o in run_all(by_cost, jobs=jobs, log=log)}
+    outcomes = [done[r.name] for r in runs]
     result = ScaleResult([], [], [], {}, outcomes)
     if not result.complete:
         return result
