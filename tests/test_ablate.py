@@ -7,8 +7,13 @@ import dataclasses
 import io
 import json
 import math
+import os
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,9 +53,8 @@ SPEC = """
 base = "base.toml"
 seeds = 2
 [set]
-"train.max_iters" = 20
-"train.eval_interval" = 5
-{extra}
+"train.max_iters" = {steps}
+"train.eval_interval" = {every}
 [variants.narrow]
 set = {{ "model.n_embd" = 16 }}
 [variants.wide]
@@ -72,14 +76,15 @@ COLUMNS = [
 ]
 
 
-def write_spec(folder: Path, extra: str = "", wide: int = 32, corpus: Path | None = None) -> Path:
-    """A two-variant spec (n_embd 16 and `wide`) over a tiny base in `folder`; `extra`: more lines of [set]."""
+def write_spec(folder: Path, wide: int = 32, corpus: Path | None = None, steps: int = 20, every: int = 5) -> Path:
+    """A two-variant spec (n_embd 16 and `wide`) over a tiny base in `folder`, `steps` long with an
+    evaluation `every` steps."""
     if corpus is None:
         corpus = folder / "corpus.txt"
         corpus.write_text(bundled_shakespeare()[:20_000], encoding="utf-8")
     (folder / "base.toml").write_text(BASE.format(corpus=corpus.as_posix()), encoding="utf-8")
     spec = folder / "spec.toml"
-    spec.write_text(SPEC.format(extra=extra, wide=wide), encoding="utf-8")
+    spec.write_text(SPEC.format(wide=wide, steps=steps, every=every), encoding="utf-8")
     return spec
 
 
@@ -183,7 +188,9 @@ def test_a_half_done_run_continues_from_its_checkpoint_in_a_worker(study, tmp_pa
     assert train(run.config, run.folder, progress=False, stop=StopAt(8)).stopped_by == "SIGTERM"
     assert latest_checkpoint(run.folder).step == 8
 
-    result = run_ablation(spec, out, jobs=2)
+    lines = []
+    result = run_ablation(spec, out, jobs=2, log=lines.append)
+    assert "[1/1] wide/seed1: continuing at step 8 (20 steps)" in lines
     assert [o.status for o in result.outcomes] == ["done", "done", "done", "trained"]
     assert latest_checkpoint(run.folder).step == 20
     # Resumed from step 8, the run is the uninterrupted one: the trainer's resume is exact on a CPU.
@@ -314,3 +321,23 @@ def test_every_shipped_variant_builds_and_takes_a_training_step(tmp_path):
         _, loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
         assert math.isfinite(loss.item()), run.name
+
+
+def test_a_signal_stops_the_study_after_a_checkpoint(tmp_path):
+    """SIGTERM: the run in training finishes its step and saves, no other run starts, exit 0.
+    (That such a run continues is the half-done test's.)"""
+    spec = write_spec(tmp_path, steps=2000, every=20)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnlab", "ablate", str(spec), "--out", str(out), "--seeds", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first = out / "narrow" / "seed0"
+    deadline = time.monotonic() + 60
+    while not (first / "checkpoint.json").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert err.strip().endswith("attnlab ablate: stopped with 2 run(s) unfinished; the same command continues")
+    assert 20 <= latest_checkpoint(first).step < 2000
+    assert not (out / "wide").exists() and not (out / "ablation.csv").exists()

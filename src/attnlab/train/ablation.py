@@ -223,6 +223,8 @@ def check_data(config: RunConfig) -> None:
     if path and not Path(path).expanduser().is_file():
         raise UserError(f"corpus file {path} does not exist; give --data-dir FOLDER (the folder that holds it)")
     folder = getattr(config.data, "data_dir", None)
+    if folder == "":
+        raise UserError(f"this {config.task!r} spec reads a data folder: pass --data-dir FOLDER")
     if folder is not None and not Path(folder).expanduser().is_dir():
         raise UserError(f"data folder {folder!r} does not exist; pass --data-dir FOLDER")
 

@@ -96,8 +96,9 @@ def run_all(runs: Sequence[PlannedRun], *, jobs: int = 1, log: Callable[[str], N
     """Train every run of `runs` that is not finished, `jobs` at a time; one outcome per run, in order.
 
     jobs = 1 trains in this process with its torch threads as they are; more start that many
-    worker processes (spawned), each with `threads_per_job(jobs)` threads. `log` gets one line
-    as each run starts and ends."""
+    worker processes (spawned, so a script that calls this needs Python's `if __name__ ==
+    "__main__":` guard), each with `threads_per_job(jobs)` threads. `log` gets one line as each
+    run starts and ends."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     say = log or (lambda line: None)
