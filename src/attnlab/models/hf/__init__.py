@@ -1,0 +1,69 @@
+"""Import Hugging Face checkpoints from a local folder into attnlab models, and export to transformers.
+
+Nothing is ever downloaded: fetch the folder first (e.g. `huggingface-cli download
+openai-community/gpt2`) and pass its path. One module per family, all sharing the readers of
+`_common` (config.json, safetensors / weights-only PyTorch files, shard indexes, shape checks):
+- `gpt2`: `load_gpt2(folder)` -> `GPT`;
+- `bert`: `load_bert(folder)` -> `LoadedBert` (`Bert` + WordPiece tokenizer);
+- `marian`: `to_marian(model)` -> a transformers `MarianMTModel` computing the same function.
+Each module's docstring gives its source format and its HF -> attnlab name map.
+"""
+
+from attnlab.models.hf._common import CONFIG_FILE, HF_ACTIVATIONS, TOKENIZER_FILE, WEIGHT_FILES
+from attnlab.models.hf.bert import (
+    BERT_DEFAULTS,
+    BERT_FIXED_SWITCHES,
+    BERT_HEADS,
+    BERT_IGNORED_TENSOR,
+    BERT_LAYER_TENSORS,
+    BERT_MLM_TENSORS,
+    BERT_POOLER_TENSORS,
+    BERT_QKV,
+    BERT_TOP_TENSORS,
+    TOKENIZER_CONFIG_FILE,
+    VOCAB_FILE,
+    LoadedBert,
+    bert_config_from_hf,
+    load_bert,
+)
+from attnlab.models.hf.gpt2 import (
+    BLOCK_TENSORS,
+    HF_DEFAULTS,
+    HF_FIXED_SWITCHES,
+    IGNORED_TENSOR,
+    TOP_TENSORS,
+    gpt2_config_from_hf,
+    load_gpt2,
+)
+from attnlab.models.hf.marian import MARIAN_LAYER_NORM_EPS, marian_feature_order, to_marian
+
+__all__ = [
+    "BERT_DEFAULTS",
+    "BERT_FIXED_SWITCHES",
+    "BERT_HEADS",
+    "BERT_IGNORED_TENSOR",
+    "BERT_LAYER_TENSORS",
+    "BERT_MLM_TENSORS",
+    "BERT_POOLER_TENSORS",
+    "BERT_QKV",
+    "BERT_TOP_TENSORS",
+    "BLOCK_TENSORS",
+    "CONFIG_FILE",
+    "HF_ACTIVATIONS",
+    "HF_DEFAULTS",
+    "HF_FIXED_SWITCHES",
+    "IGNORED_TENSOR",
+    "MARIAN_LAYER_NORM_EPS",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "TOP_TENSORS",
+    "VOCAB_FILE",
+    "WEIGHT_FILES",
+    "LoadedBert",
+    "bert_config_from_hf",
+    "gpt2_config_from_hf",
+    "load_bert",
+    "load_gpt2",
+    "marian_feature_order",
+    "to_marian",
+]
