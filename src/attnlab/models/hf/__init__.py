@@ -5,6 +5,8 @@ openai-community/gpt2`) and pass its path. One module per family, all sharing th
 `_common` (config.json, safetensors / weights-only PyTorch files, shard indexes, shape checks):
 - `gpt2`: `load_gpt2(folder)` -> `GPT`;
 - `bert`: `load_bert(folder)` -> `LoadedBert` (`Bert` + WordPiece tokenizer);
+- `llama`: `load_llama(folder)` -> `GPT` with RMSNorm, SwiGLU, rotary positions, grouped-query attention;
+- `mixtral`: `load_mixtral(folder)` -> the same `GPT` with a mixture of SwiGLU experts;
 - `marian`: `to_marian(model)` -> a transformers `MarianMTModel` computing the same function.
 Each module's docstring gives its source format and its HF -> attnlab name map.
 """
@@ -35,7 +37,9 @@ from attnlab.models.hf.gpt2 import (
     gpt2_config_from_hf,
     load_gpt2,
 )
+from attnlab.models.hf.llama import LLAMA_DEFAULTS, LLAMA_FIXED_SWITCHES, llama_config_from_hf, load_llama
 from attnlab.models.hf.marian import MARIAN_LAYER_NORM_EPS, marian_feature_order, to_marian
+from attnlab.models.hf.mixtral import MIXTRAL_DEFAULTS, MIXTRAL_FIXED_SWITCHES, load_mixtral, mixtral_config_from_hf
 
 __all__ = [
     "BERT_DEFAULTS",
@@ -53,7 +57,11 @@ __all__ = [
     "HF_DEFAULTS",
     "HF_FIXED_SWITCHES",
     "IGNORED_TENSOR",
+    "LLAMA_DEFAULTS",
+    "LLAMA_FIXED_SWITCHES",
     "MARIAN_LAYER_NORM_EPS",
+    "MIXTRAL_DEFAULTS",
+    "MIXTRAL_FIXED_SWITCHES",
     "TOKENIZER_CONFIG_FILE",
     "TOKENIZER_FILE",
     "TOP_TENSORS",
@@ -62,8 +70,12 @@ __all__ = [
     "LoadedBert",
     "bert_config_from_hf",
     "gpt2_config_from_hf",
+    "llama_config_from_hf",
     "load_bert",
     "load_gpt2",
+    "load_llama",
+    "load_mixtral",
     "marian_feature_order",
+    "mixtral_config_from_hf",
     "to_marian",
 ]

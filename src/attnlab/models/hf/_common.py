@@ -9,7 +9,8 @@ Every error is a `CheckpointError` naming the file, the key and the fix.
 
 import json
 import pickle
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,58 @@ def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors; save model.state_dict() or use save_pretrained")
     return tensors
+
+
+class CheckpointTensors:
+    """A checkpoint's tensors, handed out by name and checked against attnlab's shapes.
+
+    Names are used without `prefix` ("model." in a `*ForCausalLM` checkpoint, absent in a bare
+    `*Model` one); tensors matching `ignored` (buffers attnlab computes itself) are dropped. Every
+    message names a tensor as the file stores it. `check_all_taken` then refuses what was never
+    asked for: a tensor attnlab would silently drop means the checkpoint is not what config.json says.
+    """
+
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor], source: Path, *, prefix: str, ignored: re.Pattern | None = None
+    ) -> None:
+        self.source = source
+        self.prefix = prefix if any(key.startswith(prefix) for key in tensors) else ""
+        self._tensors: dict[str, torch.Tensor] = {}
+        for key, tensor in tensors.items():
+            name = key.removeprefix(self.prefix)
+            if name in self._tensors:
+                raise CheckpointError(f"{source}: tensor {name} is stored twice (with and without {self.prefix!r})")
+            if ignored is None or not ignored.fullmatch(name):
+                self._tensors[name] = tensor
+        self._taken: set[str] = set()
+
+    def stored_name(self, name: str) -> str:
+        """`name` as the file stores it (the output head is never under the prefix)."""
+        return name if name == "lm_head.weight" else self.prefix + name
+
+    def has(self, name: str) -> bool:
+        return name in self._tensors
+
+    def take(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """Tensor `name`, checked to have the shape of `like`."""
+        if name not in self._tensors:
+            raise CheckpointError(
+                f"{self.source}: missing tensor {self.stored_name(name)}; the weights file is incomplete or "
+                "belongs to another config.json, re-save it with save_pretrained"
+            )
+        self._taken.add(name)
+        return checked(self.stored_name(name), self._tensors[name], like, False, self.source)
+
+    def rows(self, names: Sequence[str], like: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """Tensors `names`, `sizes[j]` rows each, stacked along rows into one shaped like `like`.
+        Example: q, k, v projections (H·D, C), (Hkv·D, C), (Hkv·D, C) -> in_proj ((H + 2·Hkv)·D, C)."""
+        parts = like.split(list(sizes))
+        return torch.cat([self.take(name, part) for name, part in zip(names, parts, strict=True)])
+
+    def check_all_taken(self, family: str) -> None:
+        for name in self._tensors:
+            if name not in self._taken:
+                raise CheckpointError(
+                    f"{self.source}: unexpected tensor {self.stored_name(name)} for the {family} that config.json "
+                    "describes; the weights and config.json come from different models"
+                )
