@@ -7,11 +7,13 @@ openai-community/gpt2`) and pass its path. One module per family, all sharing th
 - `bert`: `load_bert(folder)` -> `LoadedBert` (`Bert` + WordPiece tokenizer);
 - `llama`: `load_llama(folder)` -> `GPT` with RMSNorm, SwiGLU, rotary positions, grouped-query attention;
 - `mixtral`: `load_mixtral(folder)` -> the same `GPT` with a mixture of SwiGLU experts;
+- `auto`: `load_causal_lm(folder)` -> any of the three causal LMs with its tokenizer, by model_type;
 - `marian`: `to_marian(model)` -> a transformers `MarianMTModel` computing the same function.
 Each module's docstring gives its source format and its HF -> attnlab name map.
 """
 
 from attnlab.models.hf._common import CONFIG_FILE, HF_ACTIVATIONS, TOKENIZER_FILE, WEIGHT_FILES
+from attnlab.models.hf.auto import CAUSAL_LM_LOADERS, LoadedCausalLM, is_hf_folder, load_causal_lm
 from attnlab.models.hf.bert import (
     BERT_DEFAULTS,
     BERT_FIXED_SWITCHES,
@@ -52,6 +54,7 @@ __all__ = [
     "BERT_QKV",
     "BERT_TOP_TENSORS",
     "BLOCK_TENSORS",
+    "CAUSAL_LM_LOADERS",
     "CONFIG_FILE",
     "HF_ACTIVATIONS",
     "HF_DEFAULTS",
@@ -68,10 +71,13 @@ __all__ = [
     "VOCAB_FILE",
     "WEIGHT_FILES",
     "LoadedBert",
+    "LoadedCausalLM",
     "bert_config_from_hf",
     "gpt2_config_from_hf",
+    "is_hf_folder",
     "llama_config_from_hf",
     "load_bert",
+    "load_causal_lm",
     "load_gpt2",
     "load_llama",
     "load_mixtral",

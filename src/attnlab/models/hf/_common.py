@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
 from attnlab.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -203,3 +204,31 @@ class CheckpointTensors:
                     f"{self.source}: unexpected tensor {self.stored_name(name)} for the {family} that config.json "
                     "describes; the weights and config.json come from different models"
                 )
+
+
+def read_lm_tokenizer(folder: Path, hf: Mapping[str, Any], source: str, vocab_size: int) -> BPETokenizer:
+    """The BPE tokenizer of a causal language model folder (its `tokenizer.json`), with the
+    `bos_token_id` and `eos_token_id` of its config.json (the first one where it lists several)
+    and the file's own rules for adding them when encoding."""
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no {TOKENIZER_FILE} in {folder}; download the tokenizer with the weights")
+    tokenizer = load_tokenizer(path)
+    if not isinstance(tokenizer, BPETokenizer):
+        raise CheckpointError(f"{path} is not a BPE tokenizer; a GPT-2, Llama or Mixtral checkpoint needs its BPE file")
+    special: dict[str, int | None] = {}
+    for key in ("bos_token_id", "eos_token_id"):
+        value = hf.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]  # Llama 3 instruct ends a turn with either of two tokens; the first ends text
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CheckpointError(f"{source}: {key} must be a token id, a list of them or null, got {hf[key]!r}")
+        special[key] = value
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but {CONFIG_FILE} says vocab_size="
+            f"{vocab_size}; the tokenizer belongs to another model"
+        )
+    return BPETokenizer(
+        tokenizer.tokenizer, bos_id=special["bos_token_id"], eos_id=special["eos_token_id"], add_special_tokens=True
+    )
