@@ -33,9 +33,19 @@ from typing import Any
 from attnlab.config import close_matches, flatten, load_preset_or_file, nest, presets
 from attnlab.errors import ConfigError, UserError
 from attnlab.fileio import atomic_write_text
+from attnlab.train.checkpoint import read_config
 from attnlab.train.config import RunConfig, apply_overrides, resolve
 from attnlab.train.measure import measure_run
-from attnlab.train.sweep import PlannedRun, RunOutcome, eval_rows, run_all, si, steps_per_sec, text_table
+from attnlab.train.sweep import (
+    PlannedRun,
+    RunOutcome,
+    eval_rows,
+    run_all,
+    si,
+    steps_per_sec,
+    text_table,
+    validation_loss,
+)
 
 SPECS_FOLDER = "presets/ablations"
 SPEC_KEYS = ("base", "description", "seeds", "set", "variants")
@@ -316,7 +326,7 @@ def summarize(variant: str, folders: Sequence[Path], max_iters: int) -> Ablation
         evals = {int(r["step"]): r for r in eval_rows(folder)}
         early.append(evals.get(max_iters // 4, {}).get("val_loss", math.nan))
         last = evals.get(max_iters, {})
-        final.append(last.get("val_loss", math.nan))
+        final.append(_final_loss(folder, last))
         metric = next((m for m in DOWNSTREAM if m in last), "val_ppl")
         downstream.append(last[metric] if metric in last else math.exp(final[-1]))
         speeds.append(steps_per_sec(folder))
@@ -332,6 +342,19 @@ def summarize(variant: str, folders: Sequence[Path], max_iters: int) -> Ablation
         *_mean_sd(downstream),
         len(folders),
     )
+
+
+FINAL_EVAL_TOKENS = 200_000
+"""A language model's final loss is measured on its validation split's first this many tokens."""
+
+
+def _final_loss(folder: Path, last_eval: dict[str, float]) -> float:
+    """The final validation loss: for a language model over a fixed FINAL_EVAL_TOKENS of the
+    validation split (the trainer's estimate from a few random batches adds its own noise to the
+    seed spread); for other tasks the last evaluation's."""
+    if read_config(folder).task == "lm":
+        return validation_loss(folder, max_tokens=FINAL_EVAL_TOKENS)
+    return last_eval.get("val_loss", math.nan)
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -394,7 +417,9 @@ def format_table(result: AblationResult) -> str:
     seeds = rows[0].seeds if rows else 0
     text.append(
         f"{seeds} seed(s) per variant, {result.steps} steps of {result.tokens_per_step} tokens; losses on validation "
-        f"(early: step {result.steps // 4}); FLOPs counted on one training step; params and FLOPs of the seed-0 model; "
+        f"(early: the trainer's estimate at step {result.steps // 4}; final: a language model's first "
+        f"{FINAL_EVAL_TOKENS:,} validation tokens, other tasks' last evaluation); FLOPs counted on one training "
+        "step; params and FLOPs of the seed-0 model; "
         "steps/s over training time, comparable between runs trained with the same --jobs on the same machine"
     )
     return "\n".join(text)

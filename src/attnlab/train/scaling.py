@@ -31,17 +31,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from attnlab.config import flatten, load_preset_or_file, merge, nest
 from attnlab.errors import UserError
 from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
-from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import load_weights, read_config
 from attnlab.train.config import apply_overrides, resolve
 from attnlab.train.measure import measure_run, non_embedding_parameters
-from attnlab.train.sweep import PlannedRun, RunOutcome, eval_rows, run_all, si, steps_per_sec, text_table
+from attnlab.train.sweep import (
+    PlannedRun,
+    RunOutcome,
+    eval_rows,
+    run_all,
+    si,
+    steps_per_sec,
+    text_table,
+    validation_loss,
+)
 
 KAPLAN_ALPHA_N = 0.076
 """Kaplan et al. 2020 Eq. 1.1: L(N) = (N_c / N)^0.076, N_c = 8.8e13, for models trained to convergence on WebText2."""
@@ -360,15 +366,6 @@ def run_scale(
     result.frontier = compute_frontier(result.curves)
     write_results(result, out)
     return result
-
-
-def validation_loss(run_dir: Path) -> float:
-    """A run's loss over every block of its validation split (its last weights, on the CPU)."""
-    config = read_config(run_dir)
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=config.train.batch_size)
-    model = task.build_model()
-    load_weights(run_dir, model)
-    return task.evaluate(model.eval(), torch.device("cpu"), split="val")["val_loss"]
 
 
 CSV_FIELDS = (

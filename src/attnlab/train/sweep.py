@@ -28,7 +28,8 @@ import torch
 
 from attnlab.config import flatten
 from attnlab.errors import UserError
-from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint, read_config
+from attnlab.tasks import TASKS
+from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint, load_weights, read_config
 from attnlab.train.config import RunConfig
 from attnlab.train.signals import StopRequest
 from attnlab.train.trainer import train
@@ -248,3 +249,14 @@ def si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g}{suffix}"
     return f"{x:.3g}"
+
+
+def validation_loss(run_dir: Path, *, max_tokens: int | None = None) -> float:
+    """A language model run's loss over every block of its validation split (its last weights, on
+    the CPU), or over the split's first `max_tokens` tokens: the same text for every run, where
+    metrics.csv holds the trainer's estimate from a few random batches."""
+    config = read_config(run_dir)
+    task = TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=config.train.batch_size)
+    model = task.build_model()
+    load_weights(run_dir, model)
+    return task.evaluate(model.eval(), torch.device("cpu"), split="val", max_tokens=max_tokens)["val_loss"]
