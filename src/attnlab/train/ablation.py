@@ -22,6 +22,7 @@ the task's downstream metric. The runs are ordinary run folders, trained resumab
 Layout: OUT/<variant>/seed<k>/ (seed k trains with train.seed = base seed + k), OUT/ablation.csv.
 """
 
+import json
 import math
 import re
 import statistics
@@ -346,15 +347,25 @@ def summarize(variant: str, folders: Sequence[Path], max_iters: int) -> Ablation
 
 FINAL_EVAL_TOKENS = 200_000
 """A language model's final loss is measured on its validation split's first this many tokens."""
+FINAL_EVAL_FILE = "final_eval.json"
 
 
 def _final_loss(folder: Path, last_eval: dict[str, float]) -> float:
     """The final validation loss: for a language model over a fixed FINAL_EVAL_TOKENS of the
     validation split (the trainer's estimate from a few random batches adds its own noise to the
     seed spread); for other tasks the last evaluation's."""
-    if read_config(folder).task == "lm":
-        return validation_loss(folder, max_tokens=FINAL_EVAL_TOKENS)
-    return last_eval.get("val_loss", math.nan)
+    if read_config(folder).task != "lm":
+        return last_eval.get("val_loss", math.nan)
+    # Kept beside the run: a finished study's table is asked for again (every resumed call).
+    saved = folder / FINAL_EVAL_FILE
+    key = {"max_tokens": FINAL_EVAL_TOKENS, "step": int(last_eval.get("step", -1))}
+    if saved.exists():
+        record = json.loads(saved.read_text())
+        if {k: record.get(k) for k in key} == key:
+            return record["val_loss"]
+    loss = validation_loss(folder, max_tokens=FINAL_EVAL_TOKENS)
+    atomic_write_text(saved, json.dumps(key | {"val_loss": loss}) + "\n")
+    return loss
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
