@@ -83,8 +83,8 @@ def test_universal_transformer_adds_position_and_step_signals_before_each_step()
     table = sinusoidal_positions(24, 16)
     with torch.no_grad():
         x = model._embed(idx, torch.arange(10))
-        for t in range(3):  # Dehghani et al. §2.1: P_pos + P_t, then the shared block
-            x = model.blocks[0](x + table[:10] + table[t], causal=True)[0]
+        for t in range(3):  # Dehghani et al. §2.1: P_pos + P_t (at the embeddings' 0.02), then the shared block
+            x = model.blocks[0](x + 0.02 * (table[:10] + table[t]), causal=True)[0]
         torch.testing.assert_close(model(idx), model.lm_head(model.final_norm(x)))
 
 

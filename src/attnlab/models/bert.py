@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import (
+    EMBEDDING_STD,
     AttentionOptions,
     BlockOptions,
     Linear,
@@ -232,7 +233,7 @@ class Bert(nn.Module):
 
         self.blocks = build_stack(block, config.n_layers, config.block_sharing)
         universal = config.block_sharing == "universal"
-        self.step_signal = StepSignal(config.d_model, config.max_len) if universal else None
+        self.step_signal = StepSignal(config.d_model, config.max_len, scale=EMBEDDING_STD) if universal else None
         # Pre-norm leaves the residual stream unnormalised; one norm closes the stack.
         self.final_norm = (
             build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)

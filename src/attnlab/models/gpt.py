@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import (
+    EMBEDDING_STD,
     NORM_ORDERS,
     AttentionOptions,
     BlockOptions,
@@ -132,7 +133,9 @@ class GPT(nn.Module):
             )
 
         self.blocks = build_stack(block, c.n_layer, c.block_sharing)
-        self.step_signal = StepSignal(c.n_embd, c.block_size) if c.block_sharing == "universal" else None
+        self.step_signal = (
+            StepSignal(c.n_embd, c.block_size, scale=EMBEDDING_STD) if c.block_sharing == "universal" else None
+        )
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
             build_norm(c.normalization, c.n_embd, eps=c.layer_norm_eps, bias=c.bias)

@@ -11,7 +11,7 @@ from attnlab.nn.feedforward import (
     build_feedforward,
     gated_width,
 )
-from attnlab.nn.init import normal_init
+from attnlab.nn.init import EMBEDDING_STD, normal_init
 from attnlab.nn.masks import causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.moe import Experts, MixtureOfExperts, collect_aux_loss, moe_stats
 from attnlab.nn.norms import NORMALIZATIONS, ReZero, RMSNorm, build_norm
@@ -43,6 +43,7 @@ from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
 __all__ = [
+    "EMBEDDING_STD",
     "FEEDFORWARDS",
     "GATED_UNITS",
     "NORMALIZATIONS",
