@@ -210,3 +210,33 @@ def test_bpe_corpus_trains(tiny_toml, tmp_path):
     assert run.tokenizer.vocab_size <= 300 and run.config.model.vocab_size == run.tokenizer.vocab_size
     text = "Citizen: we are accounted poor citizens"
     assert run.tokenizer.decode(run.tokenizer.encode(text)) == text
+
+
+def test_adam_l2_penalises_every_parameter_through_the_gradient():
+    """optimizer = "adam": the GAT/GCN recipe, an L2 term λθ added to every gradient (biases too)."""
+    from attnlab.train.optim import adam_l2
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    optimizer = adam_l2(model, lr=0.1, betas=(0.9, 0.999), weight_decay=0.5)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.5]
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == 2  # weight and bias
+    x = torch.randn(4, 3)
+    model(x).square().sum().backward()
+    optimizer.step()
+    # The same step by hand: Adam's first step moves each entry by lr * sign(g + λθ).
+    loss = reference(x).square().sum() + 0.5 / 2 * sum(p.square().sum() for p in reference.parameters())
+    loss.backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q - 0.1 * q.grad / (q.grad.abs() + 1e-8))
+
+
+def test_patience_needs_a_validation_metric(tiny_toml, tmp_path):
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.patience and train.watch_loss need a validation metric"):
+        train(run_config(tiny_toml, "train.patience=3"), tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match="optimizer must be one of"):
+        run_config(tiny_toml, "train.optimizer=sgd")

@@ -1,4 +1,5 @@
-"""attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]"""
+"""attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]
+attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)"""
 
 import argparse
 from pathlib import Path
@@ -14,17 +15,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or one head (PNG), or all layers and heads with a layer/head picker and the exact weight under the "
         "pointer (one self-contained HTML page). Language models show causal self-attention, BERT models "
         "bidirectional self-attention, translation models the decoder's cross-attention from the translation "
-        "of --text to --text (--kind self: the encoder's self-attention).",
+        "of --text to --text (--kind self: the encoder's self-attention). A GAT run (node classification) takes "
+        "--node ID instead: the node's neighbourhood with each edge weighted by each head's attention, and "
+        "histograms of every layer's attention entropy against uniform attention (PNG).",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
-    p.add_argument("--text", required=True, help="the text to look at (translation: the source sentence)")
+    p.add_argument("--text", help="the text to look at (translation: the source sentence)")
+    p.add_argument("--node", type=int, metavar="ID", help="a GAT run: the node whose neighbourhood to draw")
+    p.add_argument("--data-dir", help="with --node: read the graph from this folder instead of the run's data.data_dir")
     p.add_argument("--layer", type=non_negative_int, help="layer to draw, from 0 (default the last)")
     p.add_argument("--head", type=non_negative_int, help="one head of the layer (default: all heads in a grid)")
     p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
     p.add_argument("--beam", type=positive_int, default=5, help="translation: beam size; 1 = greedy (default 5)")
-    p.add_argument(
-        "--out", type=Path, default=Path("attention.html"), help="FILE.png or FILE.html (default attention.html)"
-    )
+    p.add_argument("--out", type=Path, help="FILE.png or FILE.html (default attention.html; attention.png with --node)")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
@@ -37,8 +40,16 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.viz.maps import attention_maps
 
-    path = _check_out(args.out)
+    if (args.text is None) == (args.node is None):
+        raise UserError("give --text TEXT (a text model) or --node ID (a GAT run), one of the two")
+    if args.node is not None:
+        return _node(args)
+    if args.data_dir:
+        raise UserError("--data-dir goes with --node (a graph run); a text model reads --text")
+    path = _check_out(args.out if args.out is not None else Path("attention.html"))
     loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    if loaded.config.task == "nodes":
+        raise UserError(f"{args.run_dir} is a node-classification run: draw a node's attention with --node ID")
     if getattr(loaded.config.model, "attention", "full") == "linformer" and args.kind != "cross":
         raise UserError(
             f"{args.run_dir} uses Linformer attention: each query attends to k projections of all the tokens, "
@@ -80,6 +91,63 @@ def run(args: argparse.Namespace) -> int:
     if maps.output:
         print(maps.output)
     print(f"{maps.kind} ({shown}) saved to {path}")
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    """--node ID: a GAT run's attention around one node, as one PNG."""
+    import dataclasses
+
+    from attnlab import load
+    from attnlab.device import resolve_device
+    from attnlab.errors import UserError
+    from attnlab.models.gat import GAT
+    from attnlab.tasks import TASKS
+    from attnlab.viz.figure import check_png_path, png_size
+    from attnlab.viz.graph_attention import node_attention, plot_node_attention
+
+    if args.layer is not None or args.head is not None or args.kind is not None:
+        raise UserError("--layer, --head and --kind go with --text; --node draws every layer and head of a GAT")
+    path = check_png_path(args.out if args.out is not None else Path("attention.png"))
+    device = resolve_device(args.device)
+    loaded = load(args.run_dir, device=device, checkpoint=args.checkpoint)
+    if loaded.config.task != "nodes":
+        raise UserError(
+            f"--node is for node-classification runs; {args.run_dir} is a {loaded.config.task!r} run: use --text"
+        )
+    if not isinstance(loaded.model, GAT):
+        raise UserError(
+            f"--node draws a GAT's attention over each neighbourhood; {args.run_dir} holds a "
+            f"{loaded.config.model.kind!r} model (train one with the cora-gat or citeseer-gat preset)"
+        )
+    data = loaded.config.data
+    if args.data_dir:
+        data = dataclasses.replace(data, data_dir=args.data_dir)
+    task = TASKS["nodes"](data, loaded.config.model, loaded.path, resume=True, splits=())
+    x, edges, labels = task.inputs(device)
+    att = node_attention(loaded.model, x, edges, labels, args.node)
+    plot_node_attention(att, path, title=f"GAT on {task.graph.name}")
+    width, height = png_size(path)
+    shown = {
+        "out": str(path),
+        "node": att.node,
+        "neighbours": [j for j in att.neighbours if j != att.node],
+        "class": att.classes[att.neighbours.index(att.node)],
+        "predicted": att.predicted,
+        "layers": att.n_layers,
+        "heads": [w.shape[0] for w in att.weights],
+        "mean_entropy": [float(e.mean()) for e in att.entropies],
+        "mean_uniform_entropy": float(att.uniform.mean()),
+    }
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(shown)
+        return 0
+    print(
+        f"node {att.node} ({len(shown['neighbours'])} neighbours), {att.n_layers} layers x {shown['heads']} heads; "
+        f"{width} x {height} px saved to {path}"
+    )
     return 0
 
 

@@ -8,14 +8,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "eval",
         help="evaluate a trained run on held-out data",
         description="Evaluate a run on a split: loss and perplexity for language models (every block, "
-        "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU).",
+        "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU); "
+        "accuracy for classification, tagging and node classification.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument(
         "--split",
         default="val",
         help="val or train (LM); val, test2016 or test2017 (translation); val, dev or test (classification, "
-        "tagging); val or test (masked LM)",
+        "tagging); val or test (masked LM, node classification)",
     )
     p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
     p.add_argument(
@@ -33,36 +34,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from attnlab import load
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.tasks import TASKS
+    from attnlab.train.evaluate import evaluate_run
 
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
-    device = resolve_device(args.device)
-    run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    data = run.config.data
-    if args.data_dir:
-        if not hasattr(data, "data_dir"):
-            raise UserError(f"--data-dir is for tasks that read a data folder, not a {run.config.task!r} run")
-        data = dataclasses.replace(data, data_dir=args.data_dir)
-    task = TASKS[run.config.task](data, run.config.model, run.path, resume=True, splits=(args.split,))
-    extra = {}
-    for flag in ("context", "max_tokens"):
-        value = getattr(args, flag)
-        if value is not None:
-            if run.config.task != "lm":
-                raise UserError(f"--{flag.replace('_', '-')} is for language models, not a {run.config.task!r} run")
-            if value < 1:
-                raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-            extra[flag] = value
-    metrics = task.evaluate(run.model, device, split=args.split, beam=args.beam, **extra)
+    run, metrics = evaluate_run(
+        args.run_dir,
+        args.split,
+        device=resolve_device(args.device),
+        checkpoint=args.checkpoint,
+        data_dir=args.data_dir,
+        beam=args.beam,
+        context=args.context,
+        max_tokens=args.max_tokens,
+    )
     if args.json:
         from attnlab.cli import print_json
 
+        extra = {flag: getattr(args, flag) for flag in ("context", "max_tokens") if getattr(args, flag) is not None}
         print_json({"run": str(run.path), "step": run.step, "split": args.split, **extra, **metrics})
     else:
         shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())

@@ -1,4 +1,4 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N]"""
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]"""
 
 import argparse
 import shlex
@@ -43,6 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train in N processes on this machine (distributed data parallel: gloo on CPU, nccl with one "
         "GPU per process): launches torchrun with the same arguments; train.batch_size is the global batch",
     )
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        metavar="N",
+        help="train N runs with seeds train.seed, train.seed+1, ... into OUT/seed-S, one after another, and print "
+        "the mean ± sd of their scores (the best validation score, and each run's best weights on --eval-split)",
+    )
+    p.add_argument(
+        "--eval-split",
+        metavar="SPLIT",
+        help="with --seeds: the split each run's best weights are evaluated on (default: the task's reported "
+        "split, test for node classification; none for the others)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
@@ -75,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
     out = args.out if args.out is not None else Path("runs") / name
+    if args.eval_split and args.seeds is None:
+        raise UserError("--eval-split goes with --seeds; evaluate a single run with `attnlab eval RUN --split SPLIT`")
+    if args.seeds is not None:
+        if args.nproc is not None:
+            raise UserError("--seeds trains its runs one after another in this process; drop --nproc")
+        return _train_seeds(args, config, out)
     ranks = ranks_from_environment()
     if args.nproc is not None and not ranks.launched:
         preflight(config, args.nproc, resolve_device(config.train.device))
@@ -121,6 +140,64 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
+    """--seeds N: the runs one after another, then their scores as mean ± sd."""
+    from attnlab.tasks import TASKS
+    from attnlab.train.seeds import mean_sd, seed_folder, train_seeds
+    from attnlab.train.signals import StopRequest
+
+    task = TASKS[config.task]
+    split = args.eval_split or getattr(task, "report_split", None)
+    with StopRequest() as stop:
+        progress = not args.quiet and not args.json
+        runs = train_seeds(config, out, args.seeds, split=split, resume=args.resume, progress=progress, stop=stop)
+    # One score per run: the best validation score (the task's selection metric) and each number
+    # the evaluation on the split returned (its accuracy, its loss, ...).
+    selection = task.selection[0] if task.selection is not None else None
+    rows = []
+    for r in runs:
+        row = {"seed": r.seed, "run": str(r.result.run_dir), "step": r.result.step, "elapsed_sec": r.result.elapsed_sec}
+        if selection is not None and r.result.best is not None:
+            row[f"best_{selection}"] = r.result.best
+        for k, v in r.evaluation.items():  # {"accuracy": a, "test_loss": l, "examples": n} -> test_accuracy, test_loss
+            if isinstance(v, float):
+                row[k if k.startswith(f"{split}_") else f"{split}_{k}"] = v
+        rows.append(row)
+    scores = [k for k in rows[0] if k not in ("seed", "run", "step")]
+    summary = {k: mean_sd([float(row[k]) for row in rows]) for k in scores}
+    stopped = runs[-1].result.stopped_by
+    if stopped is not None:
+        sys.stderr.write(
+            f"attnlab train: stopped during seed {runs[-1].seed} ({stopped}); continue the series with: "
+            f"{resume_command(args, out)}\n"
+        )
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json(
+            {
+                "runs": rows,
+                "seeds": len(rows),
+                "mean": {k: m for k, (m, _) in summary.items()},
+                "sd": {k: sd for k, (_, sd) in summary.items()},
+                "stopped_by": stopped,
+            }
+        )
+        return 0
+    for row in rows:
+        print(
+            f"seed {row['seed']}: "
+            + ", ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in scores if k != "elapsed_sec")
+            + f" (step {row['step']}, {row['elapsed_sec']:.1f}s)"
+        )
+    print(
+        f"{len(rows)} seed(s): "
+        + ", ".join(f"{k.replace('_', ' ')} {m:.4f} ± {sd:.4f}" for k, (m, sd) in summary.items())
+        + f". Run folders: {seed_folder(out, runs[0].seed).parent}/seed-*"
+    )
+    return 0
+
+
 def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None) -> str:
     """The `attnlab train` command line that continues this run (shell-quoted), with `--nproc`
     for a job of `nproc` processes."""
@@ -132,6 +209,10 @@ def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None
             words += [flag, value]
     if nproc is not None:
         words += ["--nproc", str(nproc)]
+    if args.seeds is not None:
+        words += ["--seeds", str(args.seeds)]
+    if args.eval_split:
+        words += ["--eval-split", args.eval_split]
     return shlex.join([*words, "--out", str(out), "--resume"])
 
 

@@ -1,4 +1,4 @@
-"""Building blocks shared by every model: attention, masks, positions, feed-forward, blocks."""
+"""Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
@@ -11,8 +11,9 @@ from attnlab.nn.feedforward import (
     build_feedforward,
     gated_width,
 )
+from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_softmax, segment_sum, undirected
 from attnlab.nn.init import EMBEDDING_STD, normal_init
-from attnlab.nn.masks import causal_mask, padding_mask, padding_mask_from_ids
+from attnlab.nn.masks import adjacency_mask, causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.moe import Experts, MixtureOfExperts, collect_aux_loss, moe_stats
 from attnlab.nn.norms import NORMALIZATIONS, ReZero, RMSNorm, build_norm
 from attnlab.nn.parts import SHARING, BlockOptions, BlockParts, StepSignal, build_stack
@@ -92,13 +93,20 @@ __all__ = [
     "NoPositions",
     "SinusoidalPositions",
     "TransformerBlock",
+    "add_self_loops",
+    "adjacency_mask",
     "build_positions",
     "causal_mask",
     "embedding_scale",
+    "dropout",
+    "in_degree",
     "linear",
     "normal_init",
     "padding_mask",
     "padding_mask_from_ids",
     "scaled_dot_product_attention",
+    "segment_softmax",
+    "segment_sum",
     "sinusoidal_positions",
+    "undirected",
 ]

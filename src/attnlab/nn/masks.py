@@ -39,3 +39,17 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
 def padding_mask_from_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Key-padding mask from token ids: `True` where `ids != pad_id`. ids `(B, T)` -> `(B, 1, 1, T)`."""
     return (ids != pad_id)[:, None, None, :]
+
+
+def adjacency_mask(edge_index: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """Self-attention restricted to a graph: node i may attend to node j when there is an edge
+    j → i, and always to itself (GAT's masked attention, Veličković et al. 2018 §2.1).
+
+    edge_index: `(2, E)` long, row 0 the sources j, row 1 the targets i (`attnlab.nn.graph`).
+    Returns bool `(N, N)`, rows the attending nodes (queries), columns the attended (keys). Dense:
+    for attention over all N nodes as one sequence, which is N × N anyway. Example: the edge 0 → 1
+    of 2 nodes -> `[[T, F], [T, T]]`.
+    """
+    mask = torch.eye(n_nodes, dtype=torch.bool, device=edge_index.device)
+    mask[edge_index[1], edge_index[0]] = True
+    return mask

@@ -8,16 +8,20 @@ constructed for a run folder, `model_config`, `tokenizer`, `build_model()`,
 `train_batch(index, generator)`, `batch_tokens(batch)`, `loss(model, batch, device, label_smoothing)`,
 `evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`; optionally
 `initialize(model)`, called once on a new run's fresh model (fine-tuning copies a pre-trained
-encoder in there).
+encoder in there); `uses_tokenizer = False` for a task whose run folder has no tokenizer.json
+(node classification); `report_split`, the split `attnlab train --seeds` evaluates each run on.
 """
 
 from attnlab.tasks.classification import Classification, ClassificationDataConfig
 from attnlab.tasks.lm import LanguageModeling, LMDataConfig
 from attnlab.tasks.mlm import MaskedLM, MLMDataConfig
+from attnlab.tasks.nodes import NodeClassification, NodesDataConfig
 from attnlab.tasks.tagging import Tagging, TaggingDataConfig
 from attnlab.tasks.translation import Translation, TranslationDataConfig
 
-TASKS = {task.name: task for task in (LanguageModeling, Translation, MaskedLM, Classification, Tagging)}
+TASKS = {
+    task.name: task for task in (LanguageModeling, Translation, MaskedLM, Classification, Tagging, NodeClassification)
+}
 
 __all__ = [
     "TASKS",
@@ -27,6 +31,8 @@ __all__ = [
     "LanguageModeling",
     "MLMDataConfig",
     "MaskedLM",
+    "NodeClassification",
+    "NodesDataConfig",
     "Tagging",
     "TaggingDataConfig",
     "Translation",

@@ -324,7 +324,8 @@ class Run:
 
     path: Path
     config: RunConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None
+    """None for a task without one (node classification)."""
     model: nn.Module
     step: int
 
@@ -341,7 +342,8 @@ def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
     config = read_config(run_dir)
-    model = TASKS[config.task].build_model_from_config(config.model)
+    task = TASKS[config.task]
+    model = task.build_model_from_config(config.model)
     step = load_weights(run_dir, model, best=checkpoint == "best")
-    tokenizer = load_tokenizer(run_dir / TOKENIZER)
+    tokenizer = load_tokenizer(run_dir / TOKENIZER) if getattr(task, "uses_tokenizer", True) else None
     return Run(run_dir, config, tokenizer, model.to(device).eval(), step)

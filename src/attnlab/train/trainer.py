@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.device import autocast, keep_freed_memory, resolve_device, slow_dtype_note
-from attnlab.errors import CheckpointError, UserError
+from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.nn import collect_aux_loss, kernels, moe_stats
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
@@ -38,7 +38,7 @@ from attnlab.train.checkpoint import (
 from attnlab.train.config import RunConfig, TrainConfig
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.guards import StepGuard, grad_norm
-from attnlab.train.optim import adamw
+from attnlab.train.optim import adam_l2, adamw
 from attnlab.train.precision import Precision
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from attnlab.train.signals import StopRequest
@@ -199,6 +199,10 @@ def train(
     if device.type == "cpu":
         keep_freed_memory()  # large activations reused, not page-faulted in again at every step
     preflight(config, ddp.world_size, device)
+    if (tc.patience > 0 or tc.watch_loss) and TASKS[config.task].selection is None:
+        raise ConfigError(
+            f"train.patience and train.watch_loss need a validation metric to watch; a {config.task!r} run has none"
+        )
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     precision = Precision(device, tc.dtype)
 
@@ -239,17 +243,22 @@ def train(
     step_loss = ddp.wrap(
         lambda m, batch: _plus_aux(task.loss(m, batch, device, tc.label_smoothing), m), model, step_model
     )
-    optimizer = adamw(
-        model,
-        lr=tc.learning_rate,
-        betas=(tc.beta1, tc.beta2),
-        weight_decay=tc.weight_decay,
-        device=device,
-        kernel=tc.fused_kernels,  # the clipping and AdamW step as well as the blocks
-    )
+    if tc.optimizer == "adam":
+        optimizer = adam_l2(model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
+    else:
+        optimizer = adamw(
+            model,
+            lr=tc.learning_rate,
+            betas=(tc.beta1, tc.beta2),
+            weight_decay=tc.weight_decay,
+            device=device,
+            kernel=tc.fused_kernels,  # the clipping and AdamW step as well as the blocks
+        )
     batches = torch.Generator().manual_seed(tc.seed)
     selection = task.selection  # (metric, "min" | "max") that picks the best checkpoint, or None
     step, elapsed, best = 0, 0.0, None
+    stale = 0  # evaluations in a row without progress (early stopping, train.patience)
+    peaks: dict[str, float] = {}  # with train.watch_loss: the best selection metric and val_loss seen so far
     state: dict[str, Any] = {}
     if resume:
         load_weights(run_dir, model)
@@ -261,6 +270,7 @@ def train(
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         precision.load_state_dict(state.get("grad_scaler", {}))
         step, elapsed, best = state["step"], state["elapsed_sec"], state.get("best")
+        stale, peaks = state.get("stale", 0), state.get("peaks", {})
     ddp.seed(tc.seed, state, device)
     metrics = _metrics_sinks(config, run_dir, step if resume else None) if ddp.is_main else MetricsSinks()
 
@@ -273,11 +283,26 @@ def train(
             model.train()
         return ddp.broadcast(out)
 
-    def is_better(results: dict[str, float]) -> bool:
+    def judge(results: dict[str, float]) -> tuple[bool, bool]:
+        """Whether these weights are the new best, and whether the evaluation is progress (it
+        restarts the patience). Alone, the selection metric decides both, strictly. With
+        train.watch_loss, as GAT's reference code: progress when the metric or val_loss reaches
+        its best so far (ties included), a new best when both do."""
         if selection is None:
-            return False
-        value = results[selection[0]]
-        return best is None or (value < best if selection[1] == "min" else value > best)
+            return False, False
+        metric, mode = selection
+        at_least = (lambda a, b: a <= b) if mode == "min" else (lambda a, b: a >= b)
+        if not tc.watch_loss:
+            better = best is None or (results[metric] < best if mode == "min" else results[metric] > best)
+            return better, better
+        if "val_loss" not in results:
+            raise ConfigError(f"train.watch_loss needs a val_loss, which a {config.task!r} run does not report")
+        reached = {
+            metric: metric not in peaks or at_least(results[metric], peaks[metric]),
+            "val_loss": "val_loss" not in peaks or results["val_loss"] <= peaks["val_loss"],
+        }
+        peaks.update({k: results[k] for k, hit in reached.items() if hit})
+        return all(reached.values()), any(reached.values())
 
     def checkpoint(best_record: dict[str, Any] | None = None) -> None:
         state = {
@@ -285,6 +310,8 @@ def train(
             "step": step,
             "elapsed_sec": elapsed,
             "best": best,
+            "stale": stale,
+            "peaks": peaks,
             "optimizer": optimizer.state_dict(),
             "batch_rng": batches.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -324,7 +351,12 @@ def train(
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
     stopped_by = None
-    while step < tc.max_iters:
+
+    def patience_spent() -> bool:
+        return tc.patience > 0 and stale >= tc.patience
+
+    stopped_early = False
+    while step < tc.max_iters and not patience_spent():
         lr = _learning_rate(tc, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -388,18 +420,31 @@ def train(
             bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
         bar.update(1)
 
+        saved = False
         if step % tc.eval_interval == 0 or step == tc.max_iters:
             pause = time.perf_counter()
             results = evaluate(step) | moe_stats(model)  # the experts' last training batch
             metrics.write(step=step, kind="eval", lr=lr, elapsed_sec=elapsed, **results)
-            improved = is_better(results)
+            improved, progress = judge(results)
             if improved:
                 best = results[selection[0]]
-            log(f"step {step}: {_describe(results)}{' (best)' if improved else ''}")
-            checkpoint({"step": step, selection[0]: best} if improved else None)
+            stale = 0 if progress else stale + 1
+            stopped_early = patience_spent()
+            if stopped_early and step % tc.log_interval != 0:
+                elapsed += pause - window_start  # the training since the last log row
+            if improved or stopped_early or step % tc.log_interval == 0 or step == tc.max_iters:
+                log(
+                    f"step {step}: {_describe(results)}{' (best)' if improved else ''}"
+                    + (f"; stopping: no progress in {tc.patience} evaluations" if stopped_early else "")
+                )
+            # With a checkpoint_interval, the evaluations in between save only a new best (the
+            # weights early stopping picks) and the last step.
+            if improved or stopped_early or step == tc.max_iters or _checkpoint_due(tc, step):
+                checkpoint({"step": step, selection[0]: best} if improved else None)
+                saved = True
             window_start += time.perf_counter() - pause  # evaluation is not training time
-        if stop_votes > 0 and step < tc.max_iters:  # (at max_iters the run has finished anyway)
-            if step % tc.eval_interval != 0:  # not saved just now
+        if stop_votes > 0 and step < tc.max_iters and not stopped_early:  # (else the run has finished anyway)
+            if not saved:
                 elapsed += time.perf_counter() - window_start
                 checkpoint()
             stopped_by = (stop.signal_name if stop is not None else None) or "a signal to another rank"
@@ -446,6 +491,11 @@ def _pinned(batch: Any) -> Any:
     if isinstance(batch, tuple | list) and all(isinstance(t, torch.Tensor) for t in batch):
         return type(batch)(t.pin_memory() if t.device.type == "cpu" else t for t in batch)
     return batch
+
+
+def _checkpoint_due(tc: TrainConfig, step: int) -> bool:
+    """Whether the evaluation at `step` saves a checkpoint even when it brings no new best."""
+    return tc.checkpoint_interval == 0 or step % tc.checkpoint_interval == 0
 
 
 def _learning_rate(tc: TrainConfig, step: int) -> float:
