@@ -88,3 +88,9 @@ def test_sparse_product_and_its_gradient_match_the_dense_product():
     reference = w.detach().clone().requires_grad_()
     ((2 * dense) @ reference).square().sum().backward()
     torch.testing.assert_close(w.grad, reference.grad)
+    # Without a transpose (evaluation): the same product, and PyTorch's own gradient if one is taken.
+    untransposed = w.detach().clone().requires_grad_()
+    product = sparse_product(x, values, None, untransposed)
+    torch.testing.assert_close(product, (2 * dense) @ w.detach())
+    product.square().sum().backward()
+    torch.testing.assert_close(untransposed.grad, reference.grad)

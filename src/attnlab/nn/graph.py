@@ -119,13 +119,19 @@ class _SparseProduct(torch.autograd.Function):
 
 
 def sparse_product(
-    x: torch.Tensor, values: torch.Tensor, transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: torch.Tensor
+    x: torch.Tensor,
+    values: torch.Tensor,
+    transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    w: torch.Tensor,
 ) -> torch.Tensor:
     """x' @ w for x' the sparse CSR matrix with x's structure and `values (nnz,)` in place of its
-    own (e.g. after dropout); `transpose` is `sparse_transpose(x)`. Differentiable in `w` (in, out)
-    only: x' is data. Returns dense `(N, out)`."""
-    crow_t, col_t, order = transpose
+    own (e.g. after dropout); `transpose` is `sparse_transpose(x)`, or None where no gradient will
+    be taken (evaluation: the product alone, without the cost of a transpose). Differentiable in
+    `w` (in, out) only: x' is data. Returns dense `(N, out)`."""
     shape = tuple(x.shape)
     rows = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, shape, check_invariants=False)
+    if transpose is None:
+        return rows @ w  # (PyTorch's own backward, should a gradient be taken after all)
+    crow_t, col_t, order = transpose
     cols = torch.sparse_csr_tensor(crow_t, col_t, values[order], shape[::-1], check_invariants=False)
     return _SparseProduct.apply(rows, cols, w)
