@@ -21,10 +21,11 @@ from attnlab.errors import ConfigError
 T = TypeVar("T")
 
 
-def presets() -> list[str]:
-    """Names of the presets shipped with attnlab (TOML files in `attnlab/presets`)."""
-    folder = resources.files("attnlab") / "presets"
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+def presets(folder: str = "presets") -> list[str]:
+    """Names of the presets shipped with attnlab (TOML files in `attnlab/presets`), or of the
+    named files in another folder of the package (`"presets/ablations"`: the ablation specs)."""
+    root = resources.files("attnlab").joinpath(*folder.split("/"))
+    return sorted(p.name.removesuffix(".toml") for p in root.iterdir() if p.name.endswith(".toml"))
 
 
 def close_matches(word: str, choices: typing.Iterable[str]) -> str:
@@ -43,10 +44,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
 
 
-def load_preset_or_file(name: str) -> tuple[str, dict[str, Any]]:
+def load_preset_or_file(name: str, folder: str = "presets", what: str = "preset") -> tuple[str, dict[str, Any]]:
     """Read a preset by exact name, or a TOML file by path. Returns `(run name, document)`.
 
     Presets are an exact table of names; a path is anything ending in `.toml` or naming a file.
+    `folder` and `what` name another table of shipped files, e.g. ("presets/ablations", "ablation spec").
     """
     path = Path(name)
     if name.endswith(".toml") or path.is_file():
@@ -54,12 +56,13 @@ def load_preset_or_file(name: str) -> tuple[str, dict[str, Any]]:
             raise ConfigError(f"config file {name} does not exist")
         stem = path.parent.name if path.name == "config.toml" else path.stem
         return stem, read_toml(path)
-    if name not in presets():
+    names = presets(folder)
+    if name not in names:
         raise ConfigError(
-            f"unknown preset {name!r}{close_matches(name, presets())}; "
-            f"presets are {', '.join(presets())}, or give a path to a .toml file"
+            f"unknown {what} {name!r}{close_matches(name, names)}; "
+            f"{what}s are {', '.join(names)}, or give a path to a .toml file"
         )
-    text = (resources.files("attnlab") / "presets" / f"{name}.toml").read_text(encoding="utf-8")
+    text = resources.files("attnlab").joinpath(*folder.split("/"), f"{name}.toml").read_text(encoding="utf-8")
     return name, tomllib.loads(text)
 
 
@@ -69,7 +72,7 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
     Values are read as TOML (`10`, `1e-3`, `true`, `"text"`, `[0.9, 0.95]`); anything that is not
     valid TOML is taken as a plain string, so `data.path=input.txt` needs no quotes.
     """
-    out: dict[str, Any] = {}
+    pairs = []
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -79,13 +82,34 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
+        pairs.append((key, value))
+    return nest(pairs)
+
+
+def nest(pairs: typing.Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Dotted keys to nested tables, later pairs winning:
+    `[("model.n_layer", 2), ("train.seed", 1)]` -> `{"model": {"n_layer": 2}, "train": {"seed": 1}}`."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
         *parents, leaf = key.split(".")
         node = out
         for p in parents:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {p} is a value, not a section")
+                raise ConfigError(f"cannot set {key}: {p} is a value, not a section")
         node[leaf] = value
+    return out
+
+
+def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables to dotted keys, the inverse of `nest`:
+    `{"model": {"n_layer": 2}, "task": "lm"}` -> `{"model.n_layer": 2, "task": "lm"}`."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
     return out
 
 

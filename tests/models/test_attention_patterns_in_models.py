@@ -126,4 +126,4 @@ def test_linformer_bert_stops_at_max_len_and_kernels_step_aside():
     model = bert(attention="linformer", linformer_k=8)
     with pytest.raises(ValueError, match="max_len"):
         model(torch.randint(1, V, (1, 17)))
-    assert "attention=linformer" in kernels.unsupported_attention(model)
+    assert "attention=linformer" in kernels.unsupported_parts(model)

@@ -259,7 +259,7 @@ def test_longer_than_max_len():
         ({"n_layers": 0}, "n_layers"),
         ({"d_model": 18, "n_heads": 4}, "divisible"),
         ({"dropout": 1.0}, "dropout"),
-        ({"activation": "swish"}, "activation"),
+        ({"activation": "mish"}, "activation"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
         ({"pad_id": V}, "pad_id"),
         ({"head": "lm"}, "head"),

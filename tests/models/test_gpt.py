@@ -134,7 +134,7 @@ def test_tied_weight_gets_gradient_from_both_uses():
         ({"dropout": -0.1}, "dropout"),
         ({"dropout": float("nan")}, "dropout"),
         ({"positions": "rotary"}, "positions"),
-        ({"activation": "swish"}, "activation"),
+        ({"activation": "mish"}, "activation"),
         ({"norm": "sandwich"}, "norm"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
     ],
@@ -148,7 +148,7 @@ def test_config_validation_names_the_field(overrides, field):
     ("overrides", "allowed"),
     [
         ({"positions": "rotary"}, ["learned", "none", "sinusoidal"]),
-        ({"activation": "swish"}, ["gelu", "gelu_tanh", "relu"]),
+        ({"activation": "mish"}, ["gelu", "gelu_tanh", "relu", "swish", "swiglu"]),
         ({"norm": "sandwich"}, ["pre", "post"]),
     ],
 )

@@ -158,8 +158,8 @@ def test_cpp_training_kernels_step_aside_for_positions_inside_attention(position
     model = gpt(positions)
     x = torch.randn(2, 8, 16)
     assert kernels._block_setup(model.blocks[0], x, True) is None
-    assert "positions=" + positions in kernels.unsupported_attention(model)
-    assert kernels.unsupported_attention(gpt("learned")) is None
+    assert "positions=" + positions in kernels.unsupported_parts(model)
+    assert kernels.unsupported_parts(gpt("learned")) is None
     with kernels.enabled():  # whether or not the extension builds here, the result is PyTorch's
         idx = torch.randint(0, V, (2, 8))
         torch.testing.assert_close(model(idx), gpt(positions)(idx), rtol=0, atol=0)

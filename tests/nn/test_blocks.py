@@ -73,8 +73,8 @@ def test_feed_forward_acts_on_each_position_alone():
 
 
 def test_feed_forward_unknown_activation_raises():
-    with pytest.raises(ValueError, match="swish"):
-        FeedForward(C, D_FF, activation="swish")
+    with pytest.raises(ValueError, match="mish"):
+        FeedForward(C, D_FF, activation="mish")
 
 
 def attention(x: torch.Tensor, block: TransformerBlock, **kwargs) -> torch.Tensor:

@@ -23,6 +23,8 @@ SUBCOMMANDS = (
     "plot",
     "report",
     "cost",
+    "ablate",
+    "scale",
 )
 
 

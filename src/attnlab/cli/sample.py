@@ -1,4 +1,4 @@
-"""attnlab sample RUN --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+"""attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 [--compile | --fused]"""
 
 import argparse
@@ -13,7 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="generate text from a trained language model",
         description="Continue a prompt with a trained language model.",
     )
-    p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN",
+        help="a run folder written by `attnlab train`, or a Hugging Face GPT-2, Llama or Mixtral folder "
+        "(config.json, model.safetensors, tokenizer.json)",
+    )
     p.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=500, help="tokens to generate (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default 0.8)")
@@ -45,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.decode import encode_prompt, sampling_picker, stream_text
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
+    from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
 
     if args.temperature < 0:
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
@@ -53,17 +59,22 @@ def run(args: argparse.Namespace) -> int:
     if args.compile and args.fused:
         raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
     device = resolve_device(args.device)
-    run = load(args.run_dir, device=device)
-    if run.config.task != "lm":
-        raise UserError(f"{args.run_dir} is a {run.config.task!r} run; `attnlab sample` needs a language model")
-    prompt_ids = encode_prompt(run.tokenizer, args.prompt, device)
+    if is_hf_folder(args.run_dir):
+        loaded = load_causal_lm(args.run_dir)
+        model, tokenizer = loaded.model.to(device), loaded.tokenizer
+    else:
+        run = load(args.run_dir, device=device)
+        if run.config.task != "lm":
+            raise UserError(f"{args.run_dir} is a {run.config.task!r} run; `attnlab sample` needs a language model")
+        model, tokenizer = run.model, run.tokenizer
+    prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
     samples = []
     for i in range(args.num_samples):
         pieces = stream_text(
-            run.model,
-            run.tokenizer,
+            model,
+            tokenizer,
             prompt_ids,
             args.max_new_tokens,
             pick,

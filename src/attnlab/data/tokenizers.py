@@ -86,15 +86,29 @@ class BPETokenizer:
     tokens take the first ids, in the order given: `special_tokens=("<pad>", "<bos>", "<eos>")` gives
     pad 0, bos 1, eos 2 (the translation setup); the default `("<|endoftext|>",)` is GPT-2's one
     separator, which then serves as `eos_id`.
+
+    A published checkpoint's `tokenizer.json` (Llama's, Mistral's) names its special tokens itself:
+    `bos_id` / `eos_id` then come from the checkpoint's config.json, and `add_special_tokens=True`
+    lets the file's own post-processor add them when encoding, as transformers does (Llama's "<s>"
+    before every text). Neither is saved by `save`: they belong to the checkpoint, not the file.
     """
 
-    def __init__(self, tokenizer) -> None:  # tokenizers.Tokenizer
+    def __init__(
+        self,
+        tokenizer,  # tokenizers.Tokenizer
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        add_special_tokens: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
         # Looked up once: decoding loops compare every new token with eos_id.
         self._pad_id = tokenizer.token_to_id("<pad>")
-        self._bos_id = tokenizer.token_to_id("<bos>")
-        eos = tokenizer.token_to_id("<eos>")
-        self._eos_id = eos if eos is not None else tokenizer.token_to_id("<|endoftext|>")
+        self._bos_id = bos_id if bos_id is not None else tokenizer.token_to_id("<bos>")
+        if eos_id is None:
+            eos_id = tokenizer.token_to_id("<eos>")
+        self._eos_id = eos_id if eos_id is not None else tokenizer.token_to_id("<|endoftext|>")
 
     @classmethod
     def train(
@@ -131,19 +145,19 @@ class BPETokenizer:
 
     @property
     def bos_id(self) -> int | None:
-        """Id of "<bos>", or None when the tokenizer has none."""
+        """Id of "<bos>" (or the one given), or None when the tokenizer has none."""
         return self._bos_id
 
     @property
     def eos_id(self) -> int | None:
-        """Id of "<eos>" if present, else of GPT-2's "<|endoftext|>", else None."""
+        """The id given, else of "<eos>" if present, else of GPT-2's "<|endoftext|>", else None."""
         return self._eos_id
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=self.add_special_tokens)]
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """The text of `ids`; with `skip_special`, pad, bos and eos ids are dropped first."""

@@ -56,8 +56,8 @@ def supports(model: nn.Module, cache: list[KVCache]) -> bool:
         return False
     return (
         model.config.norm == "pre"
+        and model.plain
         and _runs_here(model, model.lm_head.weight)
-        and all(block.attn.plain for block in model.blocks)
         and all(layer.k.is_contiguous() and layer.v.is_contiguous() for layer in cache)
     )
 
@@ -120,7 +120,7 @@ def supports_decoder(model: nn.Module) -> bool:
     return (
         isinstance(model, Seq2SeqTransformer)
         and _runs_here(model, model.output.weight)
-        and all(block.self_attn.plain for block in model.decoder)
+        and all(block.plain for block in model.decoder)
     )
 
 

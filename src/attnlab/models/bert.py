@@ -25,23 +25,30 @@ import torch
 from torch import nn
 
 from attnlab.nn import (
-    ACTIVATIONS,
+    EMBEDDING_STD,
     AttentionOptions,
+    BlockOptions,
+    Linear,
+    StepSignal,
     TransformerBlock,
+    build_norm,
     build_positions,
+    build_stack,
     context_limit,
     normal_init,
     padding_mask_from_ids,
     sinusoidal_positions,
 )
+from attnlab.nn.feedforward import pointwise
 
 HEADS = ("mlm", "sequence", "token", "none")
 
 
 @dataclass(frozen=True)
-class BertConfig(AttentionOptions):
+class BertConfig(AttentionOptions, BlockOptions):
     """Everything that fixes the shape and behaviour of a BERT. Validated on construction. The
-    attention variants' fields (`attention`, `linformer_k`, ...) come from `AttentionOptions`."""
+    attention variants' fields (`attention`, `linformer_k`, ...) come from `AttentionOptions`, the
+    block parts' (`normalization`, `experts`, `block_sharing`, `embedding_dim`, ...) from `BlockOptions`."""
 
     kind: str = "bert"
     """Always "bert": lets a task pick the model family by `model.kind`."""
@@ -61,11 +68,12 @@ class BertConfig(AttentionOptions):
     n_layers: int = 4
     """Number of Transformer blocks."""
     d_ff: int = 1024
-    """Feed-forward hidden width (4C in the paper)."""
+    """Feed-forward hidden width (4C in the paper); 2/3 of it for gated units (`BlockOptions.ffn_hidden`)."""
     dropout: float = 0.1
     """Dropout on embeddings, attention weights, residual branches and classifier inputs."""
     activation: str = "gelu"
-    """Feed-forward and MLM-transform non-linearity, one of attnlab.nn.ACTIVATIONS."""
+    """Feed-forward non-linearity, one of attnlab.nn.FEEDFORWARDS; the MLM transform applies the
+    same function (a gated unit's gate function)."""
     layer_norm_eps: float = 1e-12
     """Epsilon of every LayerNorm (BERT's value)."""
     pad_id: int = 0
@@ -98,8 +106,7 @@ class BertConfig(AttentionOptions):
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -124,6 +131,16 @@ class BertConfig(AttentionOptions):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def ffn_size(self) -> int:
+        """The blocks' feed-forward hidden width (d_ff, or 2/3 of it for gated units)."""
+        return self.ffn_width(self.activation, self.d_ff)
+
+    @property
+    def embedding_size(self) -> int:
+        """E: the token embeddings' width (ALBERT's factorization when below d_model)."""
+        return self.embedding_dim or self.d_model
+
 
 class BertEmbeddings(nn.Module):
     """The input representation (§3, Figure 2): token + position + segment embeddings, summed,
@@ -131,7 +148,9 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.token = nn.Embedding(config.vocab_size, config.d_model)
+        e = config.embedding_size
+        self.token = nn.Embedding(config.vocab_size, e)
+        self.token_proj = Linear(e, config.d_model, bias=False) if e != config.d_model else nn.Identity()
         # BERT's own table stays an nn.Embedding (its checkpoints name it so); other schemes by name.
         self.position = (
             nn.Embedding(config.max_len, config.d_model)
@@ -141,7 +160,7 @@ class BertEmbeddings(nn.Module):
         table = config.max_len if config.positions == "learned" else self.position.max_positions
         self.max_len = context_limit(table, config.attention, config.max_len)
         self.segment = nn.Embedding(config.type_vocab_size, config.d_model)
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm = build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,21 +172,23 @@ class BertEmbeddings(nn.Module):
         if segments is None:
             segments = torch.zeros_like(ids)  # a single sentence is all segment A
         pos = torch.arange(t, device=ids.device)  # (T,)
-        x = self.token(ids) + self.position(pos) + self.segment(segments)  # (B, T, C)
+        x = self.token_proj(self.token(ids)) + self.position(pos) + self.segment(segments)  # (B, T, C)
         return self.dropout(self.norm(x))
 
 
 class MaskedLMHead(nn.Module):
     """Masked-LM output (§3.1, Task #1): a dense layer, the activation and a LayerNorm, then a
     decoder whose weight is the token embedding matrix (tied) plus an output bias of its own.
-    x `(B, T, C)` -> logits `(B, T, V)`."""
+    x `(B, T, C)` -> logits `(B, T, V)`. With factorized embeddings the dense layer maps to their
+    width E (ALBERT)."""
 
     def __init__(self, config: BertConfig, token_embedding: nn.Embedding) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
-        self.act = ACTIVATIONS[config.activation]
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.d_model, config.vocab_size)
+        e = config.embedding_size
+        self.dense = nn.Linear(config.d_model, e)
+        self.act = pointwise(config.activation)
+        self.norm = build_norm(config.normalization, e, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(e, config.vocab_size)
         self.decoder.weight = token_embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,21 +217,29 @@ class Bert(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         spec = config.attention_spec(config.positions, config.max_len)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
+
+        def block(i: int) -> TransformerBlock:
+            return TransformerBlock(
                 config.d_model,
                 config.n_heads,
-                config.d_ff,
+                config.ffn_size,
                 dropout=config.dropout,
                 activation=config.activation,
                 norm=config.norm,  # BERT keeps the original Transformer's order, "post" (§3)
                 eps=config.layer_norm_eps,
                 spec=spec.for_layer(i),
+                parts=config.block_parts(i),
             )
-            for i in range(config.n_layers)
+
+        self.blocks = build_stack(block, config.n_layers, config.block_sharing)
+        universal = config.block_sharing == "universal"
+        self.step_signal = StepSignal(config.d_model, config.max_len, scale=EMBEDDING_STD) if universal else None
+        # Pre-norm leaves the residual stream unnormalised; one norm closes the stack.
+        self.final_norm = (
+            build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
+            if config.norm == "pre"
+            else None
         )
-        # Pre-norm leaves the residual stream unnormalised; one LayerNorm closes the stack.
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm == "pre" else None
         self.pooler = nn.Linear(config.d_model, config.d_model)
         self.head: nn.Module | None
         if config.head == "mlm":
@@ -236,8 +265,11 @@ class Bert(nn.Module):
             # CPU, where the check costs nothing: on a GPU it would wait for the device.
             mask = None
         x = self.embeddings(ids, segments)  # (B, T, C)
+        pos = torch.arange(ids.size(1), device=ids.device)
         weights = []
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if self.step_signal is not None:
+                x = self.step_signal(x, pos, i)
             x, w = block(x, mask=mask, need_weights=need_weights)
             if w is not None:
                 weights.append(w)

@@ -1,8 +1,9 @@
 """GPT: a decoder-only Transformer language model (Radford et al. 2018, 2019).
 
 Reads top to bottom: config, then the model — token and position embeddings, N causal blocks,
-a final LayerNorm (pre-norm stacks need it), and a language-model head tied to the token
-embedding (Press & Wolf 2017).
+a final norm (pre-norm stacks need it), and a language-model head tied to the token embedding
+(Press & Wolf 2017). The blocks' parts (norm, feed-forward, experts, key/value heads, sharing)
+are chosen by name through `BlockOptions`; the defaults are GPT-2's.
 
 Shape legend: B batch, T time, C n_embd, V vocab, H heads.
 """
@@ -15,13 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import (
-    ACTIVATIONS,
+    EMBEDDING_STD,
     NORM_ORDERS,
     AttentionOptions,
+    BlockOptions,
     KVCache,
     Linear,
+    StepSignal,
     TransformerBlock,
+    build_norm,
     build_positions,
+    build_stack,
+    collect_aux_loss,
     context_limit,
     kernels,
     normal_init,
@@ -29,9 +35,10 @@ from attnlab.nn import (
 
 
 @dataclass(frozen=True)
-class GPTConfig(AttentionOptions):
+class GPTConfig(AttentionOptions, BlockOptions):
     """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The
-    attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`."""
+    attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`, the
+    block parts' (`normalization`, `experts`, `n_kv_head`, `block_sharing`, ...) from `BlockOptions`."""
 
     vocab_size: int | None = None
     """Number of token ids. None while the config is still waiting for its tokenizer."""
@@ -52,13 +59,14 @@ class GPTConfig(AttentionOptions):
     """Position scheme, one of attnlab.nn.POSITIONS: at the input (learned, sinusoidal, fourier,
     none) or inside attention (rope, alibi, relative)."""
     activation: str = "gelu"
-    """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS."""
+    """Feed-forward non-linearity, one of attnlab.nn.FEEDFORWARDS: a dense layer's activation
+    (relu, gelu, swish, ...) or a gated unit (glu, geglu, reglu, swiglu, liglu)."""
     norm: str = "pre"
     """Residual block order: "pre" (GPT-2) or "post" (the paper)."""
     ffn_mult: int = 4
     """Feed-forward hidden width as a multiple of n_embd."""
     layer_norm_eps: float = 1e-5
-    """Epsilon of every LayerNorm."""
+    """Epsilon of every norm (LayerNorm or RMSNorm)."""
     tie_weights: bool = True
     """Share the token embedding matrix with the output projection."""
 
@@ -73,8 +81,7 @@ class GPTConfig(AttentionOptions):
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.n_embd)
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        self.check_parts(self.activation, n_heads=self.n_head, d_model=self.n_embd)
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         if self.layer_norm_eps <= 0:
@@ -86,7 +93,11 @@ class GPTConfig(AttentionOptions):
 
     @property
     def d_ff(self) -> int:
-        return self.ffn_mult * self.n_embd
+        return self.ffn_width(self.activation, self.ffn_mult * self.n_embd)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
 
 
 class GPT(nn.Module):
@@ -97,38 +108,58 @@ class GPT(nn.Module):
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size is None: set it (it normally comes from the tokenizer)")
         self.config = config
-        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
-        self.positions = build_positions(config.positions, config.block_size, config.n_embd)
-        self.dropout = nn.Dropout(config.dropout)
-        spec = config.attention_spec(config.positions, config.block_size)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                config.n_embd,
-                config.n_head,
-                config.d_ff,
-                dropout=config.dropout,
-                activation=config.activation,
-                bias=config.bias,
-                norm=config.norm,
-                eps=config.layer_norm_eps,
+        c = config
+        # Factorized embeddings (ALBERT §3.1): tokens live in E < C dimensions, projected up to the
+        # model width, and the head projects back down before the (tied) output matrix.
+        e = c.embedding_dim or c.n_embd
+        self.token_embedding = nn.Embedding(c.vocab_size, e)
+        self.embedding_proj = Linear(e, c.n_embd, bias=False) if e != c.n_embd else nn.Identity()
+        self.positions = build_positions(c.positions, c.block_size, c.n_embd)
+        self.dropout = nn.Dropout(c.dropout)
+        spec = c.attention_spec(c.positions, c.block_size)
+
+        def block(i: int) -> TransformerBlock:
+            return TransformerBlock(
+                c.n_embd,
+                c.n_head,
+                c.d_ff,
+                dropout=c.dropout,
+                activation=c.activation,
+                bias=c.bias,
+                norm=c.norm,
+                eps=c.layer_norm_eps,
                 spec=spec.for_layer(i),
+                parts=c.block_parts(i),
             )
-            for i in range(config.n_layer)
+
+        self.blocks = build_stack(block, c.n_layer, c.block_sharing)
+        self.step_signal = (
+            StepSignal(c.n_embd, c.block_size, scale=EMBEDDING_STD) if c.block_sharing == "universal" else None
         )
-        # Post-norm blocks end in a LayerNorm already; pre-norm stacks need one before the head.
+        # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
-            nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
-            if config.norm == "pre"
+            build_norm(c.normalization, c.n_embd, eps=c.layer_norm_eps, bias=c.bias)
+            if c.norm == "pre"
             else nn.Identity()
         )
-        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_weights:
+        self.head_proj = Linear(c.n_embd, e, bias=False) if e != c.n_embd else nn.Identity()
+        self.lm_head = Linear(e, c.vocab_size, bias=False)
+        if c.tie_weights:
             self.lm_head.weight = self.token_embedding.weight
         self.apply(normal_init)
         # GPT-2 §2.3: scale the residual projections by 1/√N, N = number of residual additions.
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @property
+    def plain(self) -> bool:
+        """GPT-2's parts throughout: what attnlab's fused decoding step computes."""
+        return (
+            all(block.plain and not block.shared for block in self.blocks)
+            and isinstance(self.embedding_proj, nn.Identity)
+            and self.step_signal is None
+        )
 
     @property
     def max_context(self) -> int | None:
@@ -149,24 +180,52 @@ class GPT(nn.Module):
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
         p = self.lm_head.weight
         return [
-            KVCache(batch_size, c.n_head, max_len, c.head_dim, device=p.device, dtype=p.dtype) for _ in range(c.n_layer)
+            KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
+            for _ in range(c.n_layer)
         ]
 
-    def _embed(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Token plus position embeddings of idx `(B, T)`, whose first token sits at `start`, or
-        at `positions` `(T,)` when given (their range is the caller's to keep: checking it here
-        would wait on the device at every decoding step)."""
+    def _positions(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The positions `(T,)` of idx `(B, T)`'s tokens: from `start` on, or `positions` when given
+        (their range is the caller's to keep: checking it here would wait on the device at every
+        decoding step)."""
+        if positions is not None:
+            return positions
         t = idx.size(1)
-        if positions is None:
-            limit = self.max_context
-            if limit is not None and start + t > limit:
-                raise ValueError(
-                    f"sequence of {start + t} tokens is longer than block_size {limit}, "
-                    f"the most that {self.config.positions} positions can place"
-                )
-            self.positions.grow(start + t)
-            positions = torch.arange(start, start + t, device=idx.device)  # (T,)
-        return self.dropout(self.token_embedding(idx) + self.positions(positions))
+        limit = self.max_context
+        if limit is not None and start + t > limit:
+            raise ValueError(
+                f"sequence of {start + t} tokens is longer than block_size {limit}, "
+                f"the most that {self.config.positions} positions can place"
+            )
+        self.positions.grow(start + t)
+        return torch.arange(start, start + t, device=idx.device)
+
+    def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings `(B, T, C)` of idx `(B, T)` at positions `(T,)`."""
+        return self.dropout(self.embedding_proj(self.token_embedding(idx)) + self.positions(positions))
+
+    def _stack(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        cache: list[KVCache] | None = None,
+        positions: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """x `(B, T, C)` through the blocks (the Universal Transformer's signal before each step);
+        returns the output and, when asked for, each block's attention weights."""
+        if cache is None and not need_weights:
+            stacked = kernels.pre_norm_stack(self.blocks, x, causal=True)
+            if stacked is not None:  # the whole stack in one C++ call: attnlab's training kernels are on
+                return stacked, []
+        weights = []
+        for i, block in enumerate(self.blocks):
+            if self.step_signal is not None:
+                x = self.step_signal(x, pos, i)
+            layer_cache = None if cache is None else cache[i]
+            x, w = block(x, causal=True, cache=layer_cache, positions=positions, need_weights=need_weights)
+            weights.append(w)
+        return x, weights
 
     def forward(
         self,
@@ -180,38 +239,32 @@ class GPT(nn.Module):
         """Next-token logits for every position of idx `(B, T)` (long).
 
         Returns logits `(B, T, V)`; with `targets` `(B, T)` (long, -1 = ignore) it returns
-        `(logits, loss)`, the mean cross-entropy. With `cache`, idx holds only the new tokens and
-        positions continue after those cached; with `cache` and `positions` `(T,)` long, the new
-        tokens sit at those positions and attend to the whole preallocated cache (the static-shape
-        decoding step, see `KVCache.write`). `last_only` computes logits for the last position
+        `(logits, loss)`, the mean cross-entropy (plus, in training, the experts' auxiliary
+        losses). With `cache`, idx holds only the new tokens and positions continue after those
+        cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions
+        and attend to the whole preallocated cache (the static-shape decoding step, see
+        `KVCache.write`). `last_only` computes logits for the last position
         alone, `(B, 1, V)`, which is all a decoding step needs.
         """
         if last_only and targets is not None:
             raise ValueError("last_only computes one position's logits; the loss needs all of them")
         if positions is not None and cache is None:
             raise ValueError("positions place new tokens in a KV cache; pass cache too")
-        x = self._embed(idx, start=cache[0].length if cache is not None else 0, positions=positions)  # (B, T, C)
-        stacked = kernels.pre_norm_stack(self.blocks, x, causal=True) if cache is None else None
-        if stacked is not None:  # the whole stack in one C++ call: attnlab's training kernels are on
-            x = stacked
-        else:
-            for i, block in enumerate(self.blocks):
-                x, _ = block(x, causal=True, cache=None if cache is None else cache[i], positions=positions)
+        pos = self._positions(idx, cache[0].length if cache is not None else 0, positions)  # (T,)
+        x = self._embed(idx, pos)  # (B, T, C)
+        x, _ = self._stack(x, pos, cache, positions)
         x = self.final_norm(x)
         if last_only:
             x = x[:, -1:, :]
-        logits = self.lm_head(x)  # (B, T, V)
+        logits = self.lm_head(self.head_proj(x))  # (B, T, V)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        aux = collect_aux_loss(self)  # the experts' balancing losses (gathered in training only)
+        return logits, (loss if aux is None else loss + aux)
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """The per-head self-attention weights of every block for idx `(B, T)`: a list of `(B, H, T, T)`."""
-        x = self._embed(idx, start=0)
-        weights = []
-        for block in self.blocks:
-            x, w = block(x, causal=True, need_weights=True)
-            weights.append(w)
-        return weights
+        pos = self._positions(idx, 0)
+        return self._stack(self._embed(idx, pos), pos, need_weights=True)[1]

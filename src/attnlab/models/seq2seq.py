@@ -21,23 +21,26 @@ import torch
 from torch import nn
 
 from attnlab.nn import (
-    ACTIVATIONS,
     NORM_ORDERS,
     AttentionOptions,
+    BlockOptions,
     DecoderBlock,
     KVCache,
     Linear,
     TransformerBlock,
+    build_norm,
     build_positions,
+    build_stack,
     padding_mask_from_ids,
 )
 
 
 @dataclass(frozen=True)
-class Seq2SeqConfig(AttentionOptions):
+class Seq2SeqConfig(AttentionOptions, BlockOptions):
     """Shape and behaviour of an encoder–decoder Transformer. Validated on construction. The
     attention variants (`attention`, `rope_theta`, ...; `AttentionOptions`) apply to the
-    self-attention of both stacks."""
+    self-attention of both stacks, the block parts (`normalization`, `experts`, `n_kv_head`,
+    `block_sharing` = all, ...; `BlockOptions`) to the blocks of both."""
 
     kind: str = "transformer"
     """Model family tag in run configs; always "transformer" for this class."""
@@ -48,11 +51,11 @@ class Seq2SeqConfig(AttentionOptions):
     n_encoder_layers: int = 3
     n_decoder_layers: int = 3
     d_ff: int = 512
-    """Hidden width of the position-wise feed-forward network."""
+    """Hidden width of the position-wise feed-forward network (2/3 of it for gated units)."""
     dropout: float = 0.1
     """Dropout on embeddings, attention weights and every sublayer output (the paper's P_drop)."""
     activation: str = "relu"
-    """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS (the paper: relu)."""
+    """Feed-forward non-linearity, one of attnlab.nn.FEEDFORWARDS (the paper: relu)."""
     norm: str = "post"
     """Residual order: "post" as in the paper, or "pre"."""
     positions: str = "sinusoidal"
@@ -77,8 +80,13 @@ class Seq2SeqConfig(AttentionOptions):
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
+        # The encoder–decoder ties its embeddings with `tie_embeddings`; the Universal Transformer
+        # and factorized embeddings are the GPT's and BERT's.
+        if self.block_sharing == "universal":
+            raise ValueError("block_sharing 'universal' is for GPT and BERT; use 'all' or 'none' here")
+        if self.embedding_dim is not None:
+            raise ValueError("embedding_dim (factorized embeddings) is for GPT and BERT; leave it unset here")
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         # causal: the decoder's self-attention, which the spec covers too
@@ -117,14 +125,21 @@ class Seq2SeqTransformer(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         block_args = dict(dropout=c.dropout, activation=c.activation, norm=c.norm, eps=c.layer_norm_eps)
         spec = c.attention_spec(c.positions, c.max_len)
-        self.encoder = nn.ModuleList(
-            TransformerBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(i), **block_args)
-            for i in range(c.n_encoder_layers)
-        )
-        self.decoder = nn.ModuleList(
-            DecoderBlock(c.d_model, c.n_heads, c.d_ff, spec=spec.for_layer(c.n_encoder_layers + i), **block_args)
-            for i in range(c.n_decoder_layers)
-        )
+        d_ff = c.ffn_width(c.activation, c.d_ff)
+
+        def encoder_block(i: int) -> TransformerBlock:
+            return TransformerBlock(
+                c.d_model, c.n_heads, d_ff, spec=spec.for_layer(i), parts=c.block_parts(i), **block_args
+            )
+
+        def decoder_block(i: int) -> DecoderBlock:
+            layer = c.n_encoder_layers + i
+            return DecoderBlock(
+                c.d_model, c.n_heads, d_ff, spec=spec.for_layer(layer), parts=c.block_parts(layer), **block_args
+            )
+
+        self.encoder = build_stack(encoder_block, c.n_encoder_layers, c.block_sharing)
+        self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.block_sharing)
         self.encoder_norm = self._final_norm()
         self.decoder_norm = self._final_norm()
         self.output = Linear(c.d_model, c.vocab_size, bias=False)
@@ -133,9 +148,9 @@ class Seq2SeqTransformer(nn.Module):
             self.output.weight = self.tgt_embedding.weight
 
     def _final_norm(self) -> nn.Module:
-        # Post-norm blocks end in a LayerNorm; pre-norm stacks need one at the end of each stack.
+        # Post-norm blocks end in a norm; pre-norm stacks need one at the end of each stack.
         c = self.config
-        return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm == "pre" else nn.Identity()
+        return build_norm(c.normalization, c.d_model, eps=c.layer_norm_eps) if c.norm == "pre" else nn.Identity()
 
     def _init_weights(self) -> None:
         # Xavier for projections (as the annotated Transformer); embeddings N(0, d^-1/2), so that
@@ -210,7 +225,7 @@ class Seq2SeqTransformer(nn.Module):
         caches = [
             KVCache(
                 src.size(0),
-                c.n_heads,
+                c.n_kv_head or c.n_heads,
                 min(max_len, c.max_len),
                 c.d_model // c.n_heads,
                 device=memory.device,

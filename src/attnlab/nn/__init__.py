@@ -2,10 +2,21 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
-from attnlab.nn.feedforward import ACTIVATIONS, FeedForward
+from attnlab.nn.feedforward import (
+    ACTIVATIONS,
+    FEEDFORWARDS,
+    GATED_UNITS,
+    FeedForward,
+    GatedFeedForward,
+    build_feedforward,
+    gated_width,
+)
 from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_softmax, segment_sum, undirected
-from attnlab.nn.init import normal_init
+from attnlab.nn.init import EMBEDDING_STD, normal_init
 from attnlab.nn.masks import adjacency_mask, causal_mask, padding_mask, padding_mask_from_ids
+from attnlab.nn.moe import Experts, MixtureOfExperts, collect_aux_loss, moe_stats
+from attnlab.nn.norms import NORMALIZATIONS, ReZero, RMSNorm, build_norm
+from attnlab.nn.parts import SHARING, BlockOptions, BlockParts, StepSignal, build_stack
 from attnlab.nn.positions import (
     ATTENTION_POSITIONS,
     INPUT_POSITIONS,
@@ -33,6 +44,25 @@ from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
 __all__ = [
+    "EMBEDDING_STD",
+    "FEEDFORWARDS",
+    "GATED_UNITS",
+    "NORMALIZATIONS",
+    "SHARING",
+    "BlockOptions",
+    "BlockParts",
+    "Experts",
+    "GatedFeedForward",
+    "MixtureOfExperts",
+    "ReZero",
+    "RMSNorm",
+    "StepSignal",
+    "build_feedforward",
+    "build_norm",
+    "build_stack",
+    "collect_aux_loss",
+    "gated_width",
+    "moe_stats",
     "ACTIVATIONS",
     "ATTENTION_POSITIONS",
     "INPUT_POSITIONS",

@@ -150,19 +150,36 @@ class MultiHeadAttention(nn.Module):
     `spec` (self-attention only) picks a position scheme that acts inside attention (rotary, ALiBi,
     relative: `self.positions`) and a pattern of keys other than all of them (window, BigBird,
     Linformer: `self.pattern`); the default is the paper's attention.
+
+    `n_kv_heads` < `n_heads` is grouped-query attention (Ainslie et al. 2023; 1 is multi-query
+    attention, Shazeer 2019): consecutive groups of n_heads / n_kv_heads query heads share one key
+    and value head. `in_proj` then has `C + 2 n_kv_heads D` rows `[q; k; v]`, and a KV cache holds
+    the shared heads alone.
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True, spec: AttentionSpec | None = None
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        spec: AttentionSpec | None = None,
+        n_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         self.d_model = d_model
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
         self.head_dim = d_model // n_heads
+        self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
-        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
+        self.in_proj = Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
         spec = spec or AttentionSpec()
         self.positions = spec.build_positions(n_heads, self.head_dim)
@@ -171,17 +188,25 @@ class MultiHeadAttention(nn.Module):
     @property
     def plain(self) -> bool:
         """Full attention with positions only at the input: what attnlab's C++ kernels compute."""
-        return self.positions is None and self.pattern is None
+        return self.positions is None and self.pattern is None and self.n_kv_heads == self.n_heads
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        b, t, width = x.shape
+        return x.view(b, t, width // self.head_dim, self.head_dim).transpose(1, 2)  # (B, H or Hkv, T, D)
+
+    def _share(self, kv: torch.Tensor) -> torch.Tensor:
+        """Shared key or value heads `(B, Hkv, T, D)` -> one per query head `(B, H, T, D)`."""
+        group = self.n_heads // self.n_kv_heads
+        if group == 1:
+            return kv
+        b, h, t, d = kv.shape
+        return kv[:, :, None].expand(b, h, group, t, d).reshape(b, h * group, t, d)
 
     def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values `(B, H, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
+        """Keys and values `(B, Hkv, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
         c = self.d_model
         bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
-        k, v = linear(memory, self.in_proj.weight[c:], bias).split(c, dim=-1)
+        k, v = linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
     def forward(
@@ -223,7 +248,7 @@ class MultiHeadAttention(nn.Module):
                 y = kernels.self_attention(qkv, self.n_heads, causal)  # inside kernels.enabled() only
                 if y is not None:
                     return self.out_proj(y), None
-            q, k, v = qkv.split(c, dim=-1)
+            q, k, v = qkv.split((c, self.kv_dim, self.kv_dim), dim=-1)
             k, v = self._split_heads(k), self._split_heads(v)
         else:
             bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
@@ -246,6 +271,7 @@ class MultiHeadAttention(nn.Module):
             causal = False  # the visibility mask already is the look-ahead rule
         elif cache is not None:
             k, v = cache.append(k, v)
+        k, v = self._share(k), self._share(v)
         t_k = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
 

@@ -1,9 +1,13 @@
-"""Residual Transformer blocks: sublayer, dropout, residual connection, LayerNorm.
+"""Residual Transformer blocks: sublayer, dropout, residual connection, norm.
 
 Two orders are in use:
-- post-norm (the paper, §3.1; BERT): x = LayerNorm(x + Sublayer(x))
-- pre-norm (GPT-2, most modern LMs): x = x + Sublayer(LayerNorm(x)); trains deeper stacks
-  without warm-up tricks, and needs a final LayerNorm after the last block.
+- post-norm (the paper, §3.1; BERT): x = Norm(x + Sublayer(x))
+- pre-norm (GPT-2, most modern LMs): x = x + Sublayer(Norm(x)); trains deeper stacks
+  without warm-up tricks, and needs a final norm after the last block.
+
+`parts` (`attnlab.nn.parts.BlockParts`) picks the norm (LayerNorm by default; RMSNorm; ReZero's
+gate α, which scales each sublayer's output, x = x + α Sublayer(x)), the key/value heads of the
+self-attention, and the feed-forward layer (dense, gated, or a mixture of experts).
 
 Shape legend: B batch, T time, C model dim, H heads.
 """
@@ -14,6 +18,7 @@ from torch import nn
 from attnlab.nn import kernels
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
+from attnlab.nn.parts import BlockParts
 from attnlab.nn.variants import AttentionSpec
 
 NORM_ORDERS = ("pre", "post")
@@ -39,16 +44,35 @@ class TransformerBlock(nn.Module):
         norm: str = "pre",
         eps: float = 1e-5,
         spec: AttentionSpec | None = None,
+        parts: BlockParts | None = None,
     ) -> None:
         super().__init__()
         if norm not in NORM_ORDERS:
             raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
+        parts = parts or BlockParts()
         self.pre_norm = norm == "pre"
-        self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, spec=spec)
-        self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.shared = False
+        """Set by a model that applies this block in several layers (its C++ kernel keeps one
+        layer's activations, so it then runs on PyTorch)."""
+        self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
+        self.gate1 = parts.build_gate()
+        self.attn = MultiHeadAttention(
+            d_model, n_heads, dropout=dropout, bias=bias, spec=spec, n_kv_heads=parts.n_kv_heads
+        )
+        self.norm2 = parts.build_norm(d_model, eps=eps, bias=bias)
+        self.gate2 = parts.build_gate()
+        self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.dropout = nn.Dropout(dropout)
+
+    @property
+    def plain(self) -> bool:
+        """LayerNorms, plain attention and a dense feed-forward layer: what the C++ kernels compute."""
+        return (
+            isinstance(self.norm1, nn.LayerNorm)
+            and isinstance(self.gate1, nn.Identity)
+            and self.attn.plain
+            and type(self.ffn) is FeedForward
+        )
 
     def forward(
         self,
@@ -69,12 +93,12 @@ class TransformerBlock(nn.Module):
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         if self.pre_norm:
             a, weights = self.attn(self.norm1(x), **kw)
-            x = x + self.dropout(a)
-            x = x + self.ffn(self.norm2(x))
+            x = x + self.gate1(self.dropout(a))
+            x = x + self.gate2(self.ffn(self.norm2(x)))
         else:
             a, weights = self.attn(x, **kw)
-            x = self.norm1(x + self.dropout(a))
-            x = self.norm2(x + self.ffn(x))
+            x = self.norm1(x + self.gate1(self.dropout(a)))
+            x = self.norm2(x + self.gate2(self.ffn(x)))
         return x, weights
 
 
@@ -98,20 +122,37 @@ class DecoderBlock(nn.Module):
         norm: str = "post",
         eps: float = 1e-5,
         spec: AttentionSpec | None = None,
+        parts: BlockParts | None = None,
     ) -> None:
         super().__init__()
         if norm not in NORM_ORDERS:
             raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
+        parts = parts or BlockParts()
         self.pre_norm = norm == "pre"
-        self.norm1 = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
+        self.gate1 = parts.build_gate()
         # `spec` (positions inside attention, a pattern of keys) is the self-attention's alone: the
         # cross-attention reads every source position, whose order the encoder has already seen.
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, spec=spec)
-        self.norm2 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
-        self.norm3 = nn.LayerNorm(d_model, eps=eps, bias=bias)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        kv = parts.n_kv_heads
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, spec=spec, n_kv_heads=kv)
+        self.norm2 = parts.build_norm(d_model, eps=eps, bias=bias)
+        self.gate2 = parts.build_gate()
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, n_kv_heads=kv)
+        self.norm3 = parts.build_norm(d_model, eps=eps, bias=bias)
+        self.gate3 = parts.build_gate()
+        self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.dropout = nn.Dropout(dropout)
+
+    @property
+    def plain(self) -> bool:
+        """LayerNorms, plain attention and a dense feed-forward layer: what the fused decoder step computes."""
+        return (
+            isinstance(self.norm1, nn.LayerNorm)
+            and isinstance(self.gate1, nn.Identity)
+            and self.self_attn.plain
+            and self.cross_attn.plain
+            and type(self.ffn) is FeedForward
+        )
 
     def forward(
         self,
@@ -130,13 +171,13 @@ class DecoderBlock(nn.Module):
             return self.cross_attn(h, memory_kv=memory_kv, mask=memory_mask, need_weights=need_weights)
 
         if self.pre_norm:
-            x = x + self.dropout(self.self_attn(self.norm1(x), causal=True, cache=cache)[0])
+            x = x + self.gate1(self.dropout(self.self_attn(self.norm1(x), causal=True, cache=cache)[0]))
             a, weights = cross(self.norm2(x))
-            x = x + self.dropout(a)
-            x = x + self.ffn(self.norm3(x))
+            x = x + self.gate2(self.dropout(a))
+            x = x + self.gate3(self.ffn(self.norm3(x)))
         else:
-            x = self.norm1(x + self.dropout(self.self_attn(x, causal=True, cache=cache)[0]))
+            x = self.norm1(x + self.gate1(self.dropout(self.self_attn(x, causal=True, cache=cache)[0])))
             a, weights = cross(x)
-            x = self.norm2(x + self.dropout(a))
-            x = self.norm3(x + self.ffn(x))
+            x = self.norm2(x + self.gate2(self.dropout(a)))
+            x = self.norm3(x + self.gate3(self.ffn(x)))
         return x, weights

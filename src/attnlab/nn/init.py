@@ -2,8 +2,11 @@
 
 from torch import nn
 
+EMBEDDING_STD = 0.02
+"""GPT-2's and BERT's initial spread of weights and embeddings."""
 
-def normal_init(module: nn.Module, std: float = 0.02) -> None:
+
+def normal_init(module: nn.Module, std: float = EMBEDDING_STD) -> None:
     """GPT-2's and BERT's initialiser, for `model.apply`: linear and embedding weights from
     N(0, std²) (BERT truncates at 2σ; a plain normal is close enough), zero biases, LayerNorm 1/0."""
     if isinstance(module, nn.Linear):

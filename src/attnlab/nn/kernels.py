@@ -113,16 +113,18 @@ def self_attention(qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tenso
     return _SelfAttention.apply(qkv.contiguous(), n_heads, causal)
 
 
-def unsupported_attention(model: nn.Module) -> str | None:
-    """What in `model`'s attention the kernels do not compute (positions inside attention, a
-    pattern other than full), in words; None when they cover all of it."""
-    config = getattr(model, "config", None)
-    if all(getattr(m, "plain", True) for m in model.modules()):
+def unsupported_parts(model: nn.Module) -> str | None:
+    """What in `model` the kernels do not compute (positions inside attention, a pattern other
+    than full, grouped-query heads, a norm other than LayerNorm, a gated or mixture feed-forward,
+    shared blocks), in words; None when they cover all of it."""
+    if all(getattr(m, "plain", True) and not getattr(m, "shared", False) for m in model.modules()):
         return None
-    positions, pattern = getattr(config, "positions", "?"), getattr(config, "attention", "?")
+    config = getattr(model, "config", None)
+    fields = ("positions", "attention", "n_kv_head", "normalization", "activation", "experts", "block_sharing")
+    chosen = ", ".join(f"{f}={getattr(config, f)}" for f in fields if hasattr(config, f))
     return (
-        f"the kernels compute full attention with positions at the input, "
-        f"not positions={positions}, attention={pattern}"
+        "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "
+        f"dense GELU/ReLU feed-forward in unshared blocks; this model has {chosen}"
     )
 
 
@@ -185,7 +187,8 @@ def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple
     attn, norm1 = block.attn, block.norm1
     if (
         not block.pre_norm
-        or not attn.plain
+        or not block.plain
+        or block.shared
         or x.dim() != 3
         or attn.head_dim not in HEAD_DIMS
         or block.ffn.activation not in ACTIVATION_CODES

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.device import autocast, keep_freed_memory, resolve_device, slow_dtype_note
 from attnlab.errors import CheckpointError, ConfigError, UserError
-from attnlab.nn import kernels
+from attnlab.nn import collect_aux_loss, kernels, moe_stats
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
@@ -55,7 +56,16 @@ METRICS_FIELDS = [
     "tokens_per_sec",
     "elapsed_sec",
     "skipped_steps",
+    "aux_loss",
+    "dropped_tokens",
 ]
+
+
+def _plus_aux(loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """The task's loss plus the auxiliary losses a mixture of experts gathered in this forward
+    (the load-balancing and z-losses), which a task's loss does not know of."""
+    aux = collect_aux_loss(model)
+    return loss if aux is None else loss + aux
 
 
 @dataclass
@@ -230,7 +240,9 @@ def train(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
-    step_loss = ddp.wrap(lambda m, batch: task.loss(m, batch, device, tc.label_smoothing), model, step_model)
+    step_loss = ddp.wrap(
+        lambda m, batch: _plus_aux(task.loss(m, batch, device, tc.label_smoothing), m), model, step_model
+    )
     if tc.optimizer == "adam":
         optimizer = adam_l2(model, lr=tc.learning_rate, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
     else:
@@ -332,7 +344,7 @@ def train(
     fused_kernels = tc.fused_kernels and kernels.extension() is not None
     if tc.fused_kernels:
         log("attnlab's C++ kernels: " + ("on" if fused_kernels else "not built here; PyTorch's operators instead"))
-        uncovered = kernels.unsupported_attention(model) if fused_kernels else None
+        uncovered = kernels.unsupported_parts(model) if fused_kernels else None
         if uncovered:
             log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
     model.train()
@@ -411,7 +423,7 @@ def train(
         saved = False
         if step % tc.eval_interval == 0 or step == tc.max_iters:
             pause = time.perf_counter()
-            results = evaluate(step)
+            results = evaluate(step) | moe_stats(model)  # the experts' last training batch
             metrics.write(step=step, kind="eval", lr=lr, elapsed_sec=elapsed, **results)
             improved, progress = judge(results)
             if improved:

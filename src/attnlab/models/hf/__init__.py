@@ -1,0 +1,87 @@
+"""Import Hugging Face checkpoints from a local folder into attnlab models, and export to transformers.
+
+Nothing is ever downloaded: fetch the folder first (e.g. `huggingface-cli download
+openai-community/gpt2`) and pass its path. One module per family, all sharing the readers of
+`_common` (config.json, safetensors / weights-only PyTorch files, shard indexes, shape checks):
+- `gpt2`: `load_gpt2(folder)` -> `GPT`;
+- `bert`: `load_bert(folder)` -> `LoadedBert` (`Bert` + WordPiece tokenizer);
+- `llama`: `load_llama(folder)` -> `GPT` with RMSNorm, SwiGLU, rotary positions, grouped-query attention;
+- `mixtral`: `load_mixtral(folder)` -> the same `GPT` with a mixture of SwiGLU experts;
+- `auto`: `load_causal_lm(folder)` -> any of the three causal LMs with its tokenizer, by model_type;
+- `marian`: `to_marian(model)` -> a transformers `MarianMTModel` computing the same function.
+Each module's docstring gives its source format and its HF -> attnlab name map.
+"""
+
+from attnlab.models.hf._common import CONFIG_FILE, HF_ACTIVATIONS, TOKENIZER_FILE, WEIGHT_FILES
+from attnlab.models.hf.auto import CAUSAL_LM_LOADERS, LoadedCausalLM, is_hf_folder, load_causal_lm
+from attnlab.models.hf.bert import (
+    BERT_DEFAULTS,
+    BERT_FIXED_SWITCHES,
+    BERT_HEADS,
+    BERT_IGNORED_TENSOR,
+    BERT_LAYER_TENSORS,
+    BERT_MLM_TENSORS,
+    BERT_POOLER_TENSORS,
+    BERT_QKV,
+    BERT_TOP_TENSORS,
+    TOKENIZER_CONFIG_FILE,
+    VOCAB_FILE,
+    LoadedBert,
+    bert_config_from_hf,
+    load_bert,
+)
+from attnlab.models.hf.gpt2 import (
+    BLOCK_TENSORS,
+    HF_DEFAULTS,
+    HF_FIXED_SWITCHES,
+    IGNORED_TENSOR,
+    TOP_TENSORS,
+    gpt2_config_from_hf,
+    load_gpt2,
+)
+from attnlab.models.hf.llama import LLAMA_DEFAULTS, LLAMA_FIXED_SWITCHES, llama_config_from_hf, load_llama
+from attnlab.models.hf.marian import MARIAN_LAYER_NORM_EPS, marian_feature_order, to_marian
+from attnlab.models.hf.mixtral import MIXTRAL_DEFAULTS, MIXTRAL_FIXED_SWITCHES, load_mixtral, mixtral_config_from_hf
+
+__all__ = [
+    "BERT_DEFAULTS",
+    "BERT_FIXED_SWITCHES",
+    "BERT_HEADS",
+    "BERT_IGNORED_TENSOR",
+    "BERT_LAYER_TENSORS",
+    "BERT_MLM_TENSORS",
+    "BERT_POOLER_TENSORS",
+    "BERT_QKV",
+    "BERT_TOP_TENSORS",
+    "BLOCK_TENSORS",
+    "CAUSAL_LM_LOADERS",
+    "CONFIG_FILE",
+    "HF_ACTIVATIONS",
+    "HF_DEFAULTS",
+    "HF_FIXED_SWITCHES",
+    "IGNORED_TENSOR",
+    "LLAMA_DEFAULTS",
+    "LLAMA_FIXED_SWITCHES",
+    "MARIAN_LAYER_NORM_EPS",
+    "MIXTRAL_DEFAULTS",
+    "MIXTRAL_FIXED_SWITCHES",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "TOP_TENSORS",
+    "VOCAB_FILE",
+    "WEIGHT_FILES",
+    "LoadedBert",
+    "LoadedCausalLM",
+    "bert_config_from_hf",
+    "gpt2_config_from_hf",
+    "is_hf_folder",
+    "llama_config_from_hf",
+    "load_bert",
+    "load_causal_lm",
+    "load_gpt2",
+    "load_llama",
+    "load_mixtral",
+    "marian_feature_order",
+    "mixtral_config_from_hf",
+    "to_marian",
+]

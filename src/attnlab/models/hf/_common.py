@@ -1,0 +1,234 @@
+"""What every Hugging Face importer shares: finding and reading a checkpoint folder's `config.json`
+and weights, and checking config values and tensor shapes.
+
+Weights: `model.safetensors`, or `pytorch_model.bin` (a state dict of tensors; read with
+`torch.load(weights_only=True)`, so a pickle never runs code), or either one sharded behind its
+`*.index.json` (`{"weight_map": {tensor name: shard file}}`, as `save_pretrained` writes it).
+Every error is a `CheckpointError` naming the file, the key and the fix.
+"""
+
+import json
+import pickle
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
+from attnlab.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+# Looked for in this order; the first one present is read.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILE = "tokenizer.json"
+
+# HF `activation_function` -> attnlab activation. "gelu_new" is GPT-2's own tanh approximation of
+# GELU (Hendrycks & Gimpel 2016, §2), the same function as PyTorch's approximate="tanh".
+HF_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+}
+
+
+def check_switches(hf: Mapping[str, Any], switches: Mapping[str, tuple[Any, str]], family: str, source: str) -> None:
+    """Refuse a config.json whose switch (key -> (the value attnlab computes, what another value would
+    do)) is set to a value attnlab cannot represent."""
+    for key, (supported, effect) in switches.items():
+        if key in hf and hf[key] != supported:
+            raise CheckpointError(
+                f"{source}: {key}={json.dumps(hf[key])} cannot be imported ({effect}); "
+                f"attnlab's {family} supports only {key}={json.dumps(supported)}"
+            )
+
+
+def config_value(
+    hf: Mapping[str, Any], defaults: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str
+) -> Any:
+    """hf[key] (transformers' default when absent), checked to be of `kind`; a bool is no number."""
+    value = hf.get(key, defaults[key])
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise CheckpointError(f"{source}: {key} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
+    return value
+
+
+def checked(name: str, tensor: torch.Tensor, like: torch.Tensor, conv: bool, source: Path) -> torch.Tensor:
+    """`tensor` in attnlab's layout (transposed if a Conv1D weight), after checking its shape against `like`."""
+    want = tuple(like.shape[::-1] if conv else like.shape)
+    if tuple(tensor.shape) != want:
+        raise CheckpointError(
+            f"{source}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {want}; "
+            "the weights and config.json come from different models"
+        )
+    return tensor.t() if conv else tensor
+
+
+def read_hf_config(folder: Path, family: str, holding: str) -> tuple[Path, dict[str, Any]]:
+    """The path and contents of a checkpoint folder's config.json, or a `CheckpointError` that
+    says what the folder should hold."""
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"{family} checkpoint folder {folder} does not exist; pass a local folder holding {holding}"
+        )
+    config_path = folder / CONFIG_FILE
+    hf_config = read_json(config_path, what=f"a {family} config (written by save_pretrained)")
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object, got {type(hf_config).__name__}")
+    return config_path, hf_config
+
+
+def one_dropout(rates: dict[str, float], source: str) -> float:
+    """The one dropout rate attnlab models have, from a checkpoint's several (which must agree)."""
+    if len(set(rates.values())) > 1:
+        raise CheckpointError(
+            f"{source}: the dropout rates differ ({rates}) and attnlab has one; pass dropout=... to choose it"
+        )
+    return float(next(iter(rates.values())))
+
+
+def read_json(path: Path, *, what: str) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found; the folder needs {what} beside its weights")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not readable JSON ({e}); re-save the checkpoint") from e
+
+
+def read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The first weights file of `WEIGHT_FILES` in `folder`, and all its tensors (every shard)."""
+    for filename in WEIGHT_FILES:
+        path = folder / filename
+        if path.is_file():
+            break
+    else:
+        raise CheckpointError(
+            f"no weights in {folder}: expected one of {', '.join(WEIGHT_FILES)}; "
+            "save the model with save_pretrained or download the weights too"
+        )
+    if not filename.endswith(".index.json"):
+        return path, read_tensor_file(path)
+    index = read_json(path, what="the shard index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{path}: no weight_map object; re-save the checkpoint")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = folder / shard
+        if not shard_path.is_file():
+            raise CheckpointError(f"{shard_path} not found, but {path.name} lists it; download every shard")
+        tensors.update(read_tensor_file(shard_path))
+    return path, tensors
+
+
+def read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors in one safetensors or PyTorch file, on the CPU. PyTorch files never run pickled code."""
+    try:
+        if path.name.endswith(".safetensors"):
+            tensors = load_file(path)
+        else:
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path} holds pickled objects other than tensors, which are never loaded (weights_only=True); "
+            "convert it to model.safetensors from a trusted environment"
+        ) from e
+    except (OSError, RuntimeError, ValueError, EOFError, SafetensorError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} cannot be read ({first_line}); re-download or re-save it") from e
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise CheckpointError(f"{path} is not a state dict of tensors; save model.state_dict() or use save_pretrained")
+    return tensors
+
+
+class CheckpointTensors:
+    """A checkpoint's tensors, handed out by name and checked against attnlab's shapes.
+
+    Names are used without `prefix` ("model." in a `*ForCausalLM` checkpoint, absent in a bare
+    `*Model` one); tensors matching `ignored` (buffers attnlab computes itself) are dropped. Every
+    message names a tensor as the file stores it. `check_all_taken` then refuses what was never
+    asked for: a tensor attnlab would silently drop means the checkpoint is not what config.json says.
+    """
+
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor], source: Path, *, prefix: str, ignored: re.Pattern | None = None
+    ) -> None:
+        self.source = source
+        self.prefix = prefix if any(key.startswith(prefix) for key in tensors) else ""
+        self._tensors: dict[str, torch.Tensor] = {}
+        for key, tensor in tensors.items():
+            name = key.removeprefix(self.prefix)
+            if name in self._tensors:
+                raise CheckpointError(f"{source}: tensor {name} is stored twice (with and without {self.prefix!r})")
+            if ignored is None or not ignored.fullmatch(name):
+                self._tensors[name] = tensor
+        self._taken: set[str] = set()
+
+    def stored_name(self, name: str) -> str:
+        """`name` as the file stores it (the output head is never under the prefix)."""
+        return name if name == "lm_head.weight" else self.prefix + name
+
+    def has(self, name: str) -> bool:
+        return name in self._tensors
+
+    def take(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """Tensor `name`, checked to have the shape of `like`."""
+        if name not in self._tensors:
+            raise CheckpointError(
+                f"{self.source}: missing tensor {self.stored_name(name)}; the weights file is incomplete or "
+                "belongs to another config.json, re-save it with save_pretrained"
+            )
+        self._taken.add(name)
+        return checked(self.stored_name(name), self._tensors[name], like, False, self.source)
+
+    def rows(self, names: Sequence[str], like: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """Tensors `names`, `sizes[j]` rows each, stacked along rows into one shaped like `like`.
+        Example: q, k, v projections (H·D, C), (Hkv·D, C), (Hkv·D, C) -> in_proj ((H + 2·Hkv)·D, C)."""
+        parts = like.split(list(sizes))
+        return torch.cat([self.take(name, part) for name, part in zip(names, parts, strict=True)])
+
+    def check_all_taken(self, family: str) -> None:
+        for name in self._tensors:
+            if name not in self._taken:
+                raise CheckpointError(
+                    f"{self.source}: unexpected tensor {self.stored_name(name)} for the {family} that config.json "
+                    "describes; the weights and config.json come from different models"
+                )
+
+
+def read_lm_tokenizer(folder: Path, hf: Mapping[str, Any], source: str, vocab_size: int) -> BPETokenizer:
+    """The BPE tokenizer of a causal language model folder (its `tokenizer.json`), with the
+    `bos_token_id` and `eos_token_id` of its config.json (the first one where it lists several)
+    and the file's own rules for adding them when encoding."""
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no {TOKENIZER_FILE} in {folder}; download the tokenizer with the weights")
+    tokenizer = load_tokenizer(path)
+    if not isinstance(tokenizer, BPETokenizer):
+        raise CheckpointError(f"{path} is not a BPE tokenizer; a GPT-2, Llama or Mixtral checkpoint needs its BPE file")
+    special: dict[str, int | None] = {}
+    for key in ("bos_token_id", "eos_token_id"):
+        value = hf.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]  # Llama 3 instruct ends a turn with either of two tokens; the first ends text
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CheckpointError(f"{source}: {key} must be a token id, a list of them or null, got {hf[key]!r}")
+        special[key] = value
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but {CONFIG_FILE} says vocab_size="
+            f"{vocab_size}; the tokenizer belongs to another model"
+        )
+    return BPETokenizer(
+        tokenizer.tokenizer, bos_id=special["bos_token_id"], eos_id=special["eos_token_id"], add_special_tokens=True
+    )

@@ -1,0 +1,351 @@
+"""Import Hugging Face BERT checkpoints from a local folder into attnlab's `Bert`.
+
+BERT source format: `config.json` (a `BertConfig`, transformers `models/bert/configuration_bert.py`),
+the weights (see `_common`), and the vocabulary: `tokenizer.json` (a WordPiece `tokenizers` file) or BERT's
+`vocab.txt` (lowercased unless `tokenizer_config.json` says `"do_lower_case": false`). Tensor names
+are those of transformers `models/bert/modeling_bert.py`, with a `bert.` prefix when saved from
+`BertForMaskedLM` or `BertForPreTraining` and none when saved from `BertModel`; the original
+TensorFlow conversion's LayerNorm `gamma` / `beta` are read as `weight` / `bias`.
+
+Name map, HF -> attnlab (i = block index, "layer.i" short for "encoder.layer.i"):
+    embeddings.word_embeddings / position_embeddings / token_type_embeddings
+                                           -> embeddings.token / position / segment
+    embeddings.LayerNorm                   -> embeddings.norm
+    layer.i.attention.self.{query,key,value} -> blocks.i.attn.in_proj (rows [q; k; v])
+    layer.i.attention.output.dense         -> blocks.i.attn.out_proj
+    layer.i.attention.output.LayerNorm     -> blocks.i.norm1
+    layer.i.intermediate.dense             -> blocks.i.ffn.fc1
+    layer.i.output.dense                   -> blocks.i.ffn.fc2
+    layer.i.output.LayerNorm               -> blocks.i.norm2
+    pooler.dense                           -> pooler
+    cls.predictions.transform.dense / LayerNorm -> head.dense / head.norm
+    cls.predictions.bias                   -> head.decoder.bias (the decoder weight is embeddings.token)
+BERT's `nn.Linear` weights are `(out, in)` like attnlab's, so nothing is transposed. Stacking the
+query, key and value weights gives `in_proj` exactly: both libraries split the result into heads as
+contiguous slices of C / H features. The next-sentence head (`cls.seq_relationship`) has no attnlab
+counterpart and is skipped.
+
+References:
+- Devlin et al. 2019 (BERT); google-research/bert `modeling.py`; transformers `modeling_bert.py`.
+"""
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
+from attnlab.errors import CheckpointError
+from attnlab.models.bert import Bert, BertConfig
+from attnlab.models.hf._common import (
+    CONFIG_FILE,
+    HF_ACTIVATIONS,
+    TOKENIZER_FILE,
+    check_switches,
+    checked,
+    config_value,
+    one_dropout,
+    read_hf_config,
+    read_json,
+    read_weights,
+)
+
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+# transformers' BertConfig defaults (bert-base), used for keys a config.json leaves out.
+BERT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+}
+
+# As HF_FIXED_SWITCHES, for BERT's config.json.
+BERT_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
+    "position_embedding_type": (
+        "absolute",
+        "it adds relative-position terms to the attention scores (Shaw et al. 2018; Huang et al. 2020)",
+    ),
+    "is_decoder": (False, "a decoder BERT attends causally"),
+    "add_cross_attention": (False, "attnlab's BERT blocks have no cross-attention"),
+}
+
+BERT_HEADS = ("auto", "mlm", "none")
+
+# Encoder tensors: HF name (after the optional "bert.") -> attnlab name.
+BERT_TOP_TENSORS: dict[str, str] = {
+    "embeddings.word_embeddings.weight": "embeddings.token.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position.weight",
+    "embeddings.token_type_embeddings.weight": "embeddings.segment.weight",
+    "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+    "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+}
+# Per-layer tensors: HF name after "encoder.layer.{i}." -> attnlab name after "blocks.{i}.".
+# The query, key and value projections are stacked into attn.in_proj separately (BERT_QKV).
+BERT_LAYER_TENSORS: dict[str, str] = {
+    "attention.output.dense.weight": "attn.out_proj.weight",
+    "attention.output.dense.bias": "attn.out_proj.bias",
+    "attention.output.LayerNorm.weight": "norm1.weight",
+    "attention.output.LayerNorm.bias": "norm1.bias",
+    "intermediate.dense.weight": "ffn.fc1.weight",
+    "intermediate.dense.bias": "ffn.fc1.bias",
+    "output.dense.weight": "ffn.fc2.weight",
+    "output.dense.bias": "ffn.fc2.bias",
+    "output.LayerNorm.weight": "norm2.weight",
+    "output.LayerNorm.bias": "norm2.bias",
+}
+BERT_QKV = ("query", "key", "value")  # the row order of attnlab's in_proj
+# BertForMaskedLM saves no pooler (transformers builds it with add_pooling_layer=False); attnlab's
+# pooler then keeps its fresh initialisation and LoadedBert.missing says so.
+BERT_POOLER_TENSORS = {"pooler.dense.weight": "pooler.weight", "pooler.dense.bias": "pooler.bias"}
+BERT_MLM_TENSORS: dict[str, str] = {
+    "cls.predictions.transform.dense.weight": "head.dense.weight",
+    "cls.predictions.transform.dense.bias": "head.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight": "head.norm.weight",
+    "cls.predictions.transform.LayerNorm.bias": "head.norm.bias",
+    "cls.predictions.bias": "head.decoder.bias",
+}
+# Stored by some checkpoints and not needed: position / segment id buffers (attnlab counts positions
+# itself) and the next-sentence-prediction head, which attnlab's Bert does not have.
+BERT_IGNORED_TENSOR = re.compile(r"embeddings\.(position_ids|token_type_ids)|cls\.seq_relationship\..*")
+
+
+@dataclasses.dataclass
+class LoadedBert:
+    """A Hugging Face BERT checkpoint as attnlab objects."""
+
+    model: Bert
+    """In eval mode; its head is "mlm" or "none"."""
+    tokenizer: WordPieceTokenizer
+    config: BertConfig
+    missing: list[str] = dataclasses.field(default_factory=list)
+    """attnlab parameters the checkpoint has no tensor for, left at their fresh initialisation
+    (the pooler of a BertForMaskedLM checkpoint)."""
+
+
+def bert_config_from_hf(
+    hf: Mapping[str, Any],
+    *,
+    head: str = "none",
+    pad_id: int | None = None,
+    dropout: float | None = None,
+    source: str = CONFIG_FILE,
+) -> BertConfig:
+    """The `BertConfig` equivalent to a Hugging Face BERT `config.json`, read as a dict.
+
+    Keys left out take transformers' BertConfig defaults. `head` is "mlm" or "none". `pad_id`, the
+    tokenizer's [PAD] id, must agree with `pad_token_id` when the config sets one (attnlab masks
+    padding by id). `dropout` overrides the HF dropouts; by default `hidden_dropout_prob` and
+    `attention_probs_dropout_prob` must agree, as attnlab has one rate. Raises `CheckpointError`
+    (naming `source`) for a config attnlab cannot represent exactly.
+    """
+    model_type = hf.get("model_type")
+    architectures = hf.get("architectures") or []
+    is_bert = model_type == "bert" or (
+        model_type is None and any(isinstance(a, str) and a.startswith("Bert") for a in architectures)
+    )
+    if not is_bert:
+        found = f"model_type is {model_type!r}" if model_type is not None else f"architectures are {architectures}"
+        raise CheckpointError(f"{source}: {found}, not 'bert'; only BERT checkpoints can be imported here")
+    check_switches(hf, BERT_FIXED_SWITCHES, "BERT", source)
+
+    def get(key: str, kind: type | tuple[type, ...]) -> Any:
+        return config_value(hf, BERT_DEFAULTS, key, kind, source)
+
+    activation = get("hidden_act", str)
+    if activation not in HF_ACTIVATIONS:
+        raise CheckpointError(
+            f"{source}: hidden_act {activation!r} is not supported; attnlab can import {sorted(HF_ACTIVATIONS)}"
+        )
+    hf_pad = hf.get("pad_token_id", 0)
+    if hf_pad is not None and (not isinstance(hf_pad, int) or isinstance(hf_pad, bool)):
+        raise CheckpointError(f"{source}: pad_token_id must be an int or null, got {hf_pad!r}")
+    if pad_id is None:
+        pad_id = 0 if hf_pad is None else hf_pad
+    elif hf_pad is not None and hf_pad != pad_id:
+        raise CheckpointError(
+            f"{source}: pad_token_id={hf_pad} but the vocabulary's [PAD] is id {pad_id}; "
+            "attnlab masks padding by id, so the two must agree"
+        )
+    if dropout is None:
+        keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+        dropout = one_dropout({key: get(key, (int, float)) for key in keys}, source)
+    try:
+        return BertConfig(
+            vocab_size=get("vocab_size", int),
+            max_len=get("max_position_embeddings", int),
+            type_vocab_size=get("type_vocab_size", int),
+            d_model=get("hidden_size", int),
+            n_heads=get("num_attention_heads", int),
+            n_layers=get("num_hidden_layers", int),
+            d_ff=get("intermediate_size", int),
+            dropout=dropout,
+            activation=HF_ACTIVATIONS[activation],
+            layer_norm_eps=float(get("layer_norm_eps", (int, float))),
+            pad_id=pad_id,
+            head=head,
+        )
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def load_bert(
+    folder: str | Path, *, dropout: float | None = None, head: str = "auto", dtype: torch.dtype = torch.float32
+) -> LoadedBert:
+    """Load the Hugging Face BERT checkpoint in `folder` as an attnlab `Bert`, in eval mode, with
+    its WordPiece tokenizer.
+
+    The folder holds `config.json`, the weights and the vocabulary (see the module docstring).
+    head: "auto" gives the masked-LM head when the checkpoint has one (`cls.predictions.*`, saved
+    by BertForMaskedLM and BertForPreTraining) and no head otherwise; "mlm" requires it; "none"
+    skips it. Every encoder tensor must be present with the shape config.json implies; only the
+    pooler may be absent. Parameters are cast to `dtype`. Raises `CheckpointError` naming the file
+    and the key on any mismatch.
+    """
+    if head not in BERT_HEADS:
+        raise ValueError(f"head must be one of {list(BERT_HEADS)}, got {head!r}")
+    folder = Path(folder)
+    config_path, hf_config = read_hf_config(
+        folder, "BERT", f"{CONFIG_FILE}, model.safetensors and {VOCAB_FILE} or {TOKENIZER_FILE} (download it first)"
+    )
+    weights_path, tensors = read_weights(folder)
+    tokenizer = _read_bert_tokenizer(folder)
+    hf_state = _bert_state(tensors, weights_path)
+
+    has_mlm = any(name.startswith("cls.predictions.") for name in hf_state)
+    if head == "mlm" and not has_mlm:
+        raise CheckpointError(
+            f"{weights_path}: no masked-LM head (cls.predictions.*); save a BertForMaskedLM or pass head='none'"
+        )
+    head = "mlm" if head == "mlm" or head == "auto" and has_mlm else "none"
+    config = bert_config_from_hf(
+        hf_config, head=head, pad_id=tokenizer.pad_id, dropout=dropout, source=str(config_path)
+    )
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{folder}: the vocabulary has {tokenizer.vocab_size} tokens but {CONFIG_FILE} says vocab_size="
+            f"{config.vocab_size}; the tokenizer belongs to another model"
+        )
+
+    model = Bert(config)  # fresh initialisation for anything the checkpoint may lack (the pooler)
+    state = _convert_bert(hf_state, config, model.state_dict(), weights_path)
+    state = {name: t.to(dtype).contiguous() for name, t in state.items()}
+    model.to(dtype)
+    # Copies into the existing parameters, so the MLM decoder stays tied to the token embedding.
+    result = model.load_state_dict(state, strict=False)
+    missing = [name for name in result.missing_keys if name != "head.decoder.weight"]
+    if any(name not in BERT_POOLER_TENSORS.values() for name in missing) or result.unexpected_keys:
+        raise RuntimeError(f"BERT name map is incomplete: missing {missing}, unexpected {result.unexpected_keys}")
+    return LoadedBert(model=model.eval(), tokenizer=tokenizer, config=config, missing=missing)
+
+
+def _read_bert_tokenizer(folder: Path) -> WordPieceTokenizer:
+    """The WordPiece tokenizer of a BERT folder: tokenizer.json if present, else vocab.txt."""
+    path = folder / TOKENIZER_FILE
+    if path.is_file():
+        tokenizer = load_tokenizer(path)
+        if not isinstance(tokenizer, WordPieceTokenizer):
+            raise CheckpointError(
+                f"{path} is not a WordPiece tokenizer; a BERT checkpoint needs its WordPiece vocabulary"
+            )
+        return tokenizer
+    path = folder / VOCAB_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"no tokenizer in {folder}: expected {TOKENIZER_FILE} or {VOCAB_FILE}; "
+            "download the vocabulary with the weights"
+        )
+    lowercase = True  # BertTokenizer's default
+    config_path = folder / TOKENIZER_CONFIG_FILE
+    if config_path.is_file():
+        doc = read_json(config_path, what="the tokenizer config")
+        lowercase = doc.get("do_lower_case", True) if isinstance(doc, dict) else None
+        if not isinstance(lowercase, bool):
+            raise CheckpointError(f"{config_path}: do_lower_case must be true or false, got {lowercase!r}")
+    return WordPieceTokenizer.from_vocab_txt(path, lowercase=lowercase)
+
+
+def _bert_state(tensors: Mapping[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """HF BERT tensors under their BertModel names (no "bert." prefix, LayerNorm weight / bias),
+    without those attnlab does not need."""
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        name = key.removeprefix("bert.")
+        # The original TensorFlow conversion named LayerNorm parameters gamma and beta.
+        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        if name in state:
+            raise CheckpointError(f"{source}: tensor {name} is stored twice (under two of its names)")
+        if not BERT_IGNORED_TENSOR.fullmatch(name):
+            state[name] = tensor
+    return state
+
+
+def _convert_bert(
+    hf_state: dict[str, torch.Tensor], config: BertConfig, expected: Mapping[str, torch.Tensor], source: Path
+) -> dict[str, torch.Tensor]:
+    """Rename HF BERT tensors to attnlab's names and stack q, k, v; check keys, shapes and the tying."""
+    hf_state = dict(hf_state)
+    c = config.d_model
+    plan = dict(BERT_TOP_TENSORS)
+    for i in range(config.n_layers):
+        plan.update({f"encoder.layer.{i}.{hf}": f"blocks.{i}.{ours}" for hf, ours in BERT_LAYER_TENSORS.items()})
+    optional = dict(BERT_POOLER_TENSORS)
+
+    # The MLM decoder: its weight is the word embedding matrix, its bias cls.predictions.bias (older
+    # checkpoints also store both under cls.predictions.decoder, some only the bias there).
+    decoder_weight = hf_state.pop("cls.predictions.decoder.weight", None)
+    decoder_bias = hf_state.pop("cls.predictions.decoder.bias", None)
+    if config.head == "mlm":
+        plan.update(BERT_MLM_TENSORS)
+        if "cls.predictions.bias" not in hf_state and decoder_bias is not None:
+            hf_state["cls.predictions.bias"] = decoder_bias
+        words = hf_state.get("embeddings.word_embeddings.weight")
+        if decoder_weight is not None and words is not None and not torch.equal(decoder_weight, words):
+            raise CheckpointError(
+                f"{source}: cls.predictions.decoder.weight differs from the word embeddings; attnlab's masked-LM "
+                "decoder is always tied to them (pass head='none' to import the encoder alone)"
+            )
+    else:
+        hf_state = {name: t for name, t in hf_state.items() if not name.startswith("cls.predictions.")}
+
+    qkv = {
+        f"encoder.layer.{i}.attention.self.{part}.{kind}"
+        for i in range(config.n_layers)
+        for part in BERT_QKV
+        for kind in ("weight", "bias")
+    }
+    for name in hf_state:
+        if name not in plan and name not in optional and name not in qkv:
+            raise CheckpointError(
+                f"{source}: unexpected tensor {name} for a BERT with num_hidden_layers={config.n_layers}; only "
+                "BertModel / BertForMaskedLM / BertForPreTraining checkpoints matching config.json can be imported"
+            )
+
+    def take(hf: str, like: torch.Tensor) -> torch.Tensor:
+        if hf not in hf_state:
+            raise CheckpointError(
+                f"{source}: missing tensor {hf} (or bert.{hf}); the weights file is incomplete or belongs to "
+                "another config.json, re-save it with save_pretrained"
+            )
+        return checked(hf, hf_state[hf], like, False, source)
+
+    state = {ours: take(hf, expected[ours]) for hf, ours in plan.items()}
+    state.update({ours: take(hf, expected[ours]) for hf, ours in optional.items() if hf in hf_state})
+    for i in range(config.n_layers):
+        for kind in ("weight", "bias"):
+            ours = f"blocks.{i}.attn.in_proj.{kind}"
+            parts = [take(f"encoder.layer.{i}.attention.self.{p}.{kind}", expected[ours][:c]) for p in BERT_QKV]
+            state[ours] = torch.cat(parts, dim=0)  # (3C, C) or (3C,): rows [q; k; v]
+    return state

@@ -1,0 +1,230 @@
+"""Import Hugging Face GPT-2 checkpoints from a local folder into attnlab's `GPT`.
+
+GPT-2 source format: a folder as written by `transformers`' `save_pretrained` for `GPT2LMHeadModel` or
+`GPT2Model`, the layout of the `openai-community/gpt2*` repositories on the Hugging Face Hub:
+- `config.json`: a `GPT2Config` (transformers `models/gpt2/configuration_gpt2.py`);
+- `model.safetensors`, or `pytorch_model.bin` (a state dict of tensors; read with
+  `torch.load(weights_only=True)`), or either one sharded behind its `*.index.json`.
+Names are those of transformers `models/gpt2/modeling_gpt2.py`, with a `transformer.` prefix when
+saved from `GPT2LMHeadModel` and none when saved from `GPT2Model`.
+
+Name map, HF -> attnlab (i = block index):
+    wte                 -> token_embedding          wpe      -> positions.embedding
+    h.i.ln_1 / h.i.ln_2 -> blocks.i.norm1 / norm2   ln_f     -> final_norm
+    h.i.attn.c_attn     -> blocks.i.attn.in_proj    h.i.attn.c_proj -> blocks.i.attn.out_proj
+    h.i.mlp.c_fc        -> blocks.i.ffn.fc1         h.i.mlp.c_proj  -> blocks.i.ffn.fc2
+    lm_head             -> lm_head (tied to wte unless the checkpoint stores a different matrix)
+
+GPT-2's linear layers are `Conv1D` modules, kept from the TensorFlow original: weight `(in, out)`,
+y = x W + b. `torch.nn.Linear` stores `(out, in)`, so those weights are transposed. `c_attn` computes
+[q | k | v] in that order along its output (the original code's `tf.split(c, 3, axis=2)`), which is
+the row order of attnlab's `in_proj` once transposed; heads are then contiguous slices of each, in
+both libraries.
+
+References:
+- Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (GPT-2).
+- openai/gpt-2 `src/model.py` (`conv1d`, `attn`); transformers `modeling_gpt2.py` (`GPT2Attention`).
+"""
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.errors import CheckpointError
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.hf._common import (
+    CONFIG_FILE,
+    HF_ACTIVATIONS,
+    check_switches,
+    checked,
+    config_value,
+    one_dropout,
+    read_hf_config,
+    read_weights,
+)
+
+# not model: key -> (the value attnlab computes, what the other value would do).
+HF_FIXED_SWITCHES: dict[str, tuple[bool, str]] = {
+    "scale_attn_weights": (True, "attnlab always divides attention scores by sqrt(head_dim)"),
+    "scale_attn_by_inverse_layer_idx": (False, "it divides block i's attention scores by a further i + 1"),
+    "reorder_and_upcast_attn": (False, "it computes attention scores in a reordered float32 path"),
+    "add_cross_attention": (False, "attnlab's GPT blocks have no cross-attention"),
+}
+
+# transformers' GPT2Config defaults, used for keys a config.json leaves out (as transformers does).
+HF_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "resid_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+    "layer_norm_epsilon": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+# Per-block tensors: HF name after "h.{i}." -> (attnlab name after "blocks.{i}.", is a Conv1D weight).
+BLOCK_TENSORS: dict[str, tuple[str, bool]] = {
+    "ln_1.weight": ("norm1.weight", False),
+    "ln_1.bias": ("norm1.bias", False),
+    "attn.c_attn.weight": ("attn.in_proj.weight", True),
+    "attn.c_attn.bias": ("attn.in_proj.bias", False),
+    "attn.c_proj.weight": ("attn.out_proj.weight", True),
+    "attn.c_proj.bias": ("attn.out_proj.bias", False),
+    "ln_2.weight": ("norm2.weight", False),
+    "ln_2.bias": ("norm2.bias", False),
+    "mlp.c_fc.weight": ("ffn.fc1.weight", True),
+    "mlp.c_fc.bias": ("ffn.fc1.bias", False),
+    "mlp.c_proj.weight": ("ffn.fc2.weight", True),
+    "mlp.c_proj.bias": ("ffn.fc2.bias", False),
+}
+TOP_TENSORS: dict[str, str] = {
+    "wte.weight": "token_embedding.weight",
+    "wpe.weight": "positions.embedding.weight",
+    "ln_f.weight": "final_norm.weight",
+    "ln_f.bias": "final_norm.bias",
+}
+# Older checkpoints (the Hub's gpt2 files among them) also store the causal mask and a -1e4 constant
+# as buffers; attnlab builds its mask itself.
+IGNORED_TENSOR = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+
+
+def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, source: str = CONFIG_FILE) -> GPTConfig:
+    """The `GPTConfig` equivalent to a Hugging Face GPT-2 `config.json`, read as a dict.
+
+    Keys left out take transformers' GPT2Config defaults. `dropout` overrides the HF dropouts;
+    by default `attn_pdrop`, `resid_pdrop` and `embd_pdrop` must agree, as attnlab has one rate.
+    `tie_weights` follows `tie_word_embeddings`. Raises `CheckpointError` (naming `source`) for a
+    config attnlab cannot represent exactly.
+    """
+    model_type = hf.get("model_type", "gpt2")
+    if model_type != "gpt2":
+        raise CheckpointError(
+            f"{source}: model_type is {model_type!r}, not 'gpt2'; only GPT-2 checkpoints can be imported"
+        )
+    check_switches(hf, HF_FIXED_SWITCHES, "GPT", source)
+
+    def get(key: str, kind: type | tuple[type, ...]) -> Any:
+        return config_value(hf, HF_DEFAULTS, key, kind, source)
+
+    activation = get("activation_function", str)
+    if activation not in HF_ACTIVATIONS:
+        raise CheckpointError(
+            f"{source}: activation_function {activation!r} is not supported; "
+            f"attnlab can import {sorted(HF_ACTIVATIONS)}"
+        )
+    n_embd = get("n_embd", int)
+    n_inner = hf.get("n_inner")
+    if n_inner is None:
+        n_inner = 4 * n_embd
+    elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1 or n_inner % n_embd != 0:
+        raise CheckpointError(
+            f"{source}: n_inner={n_inner!r} is not a positive multiple of n_embd={n_embd}; "
+            "attnlab's feed-forward width is ffn_mult * n_embd"
+        )
+    if dropout is None:
+        keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
+        dropout = one_dropout({key: get(key, (int, float)) for key in keys}, source)
+    try:
+        return GPTConfig(
+            vocab_size=get("vocab_size", int),
+            block_size=get("n_positions", int),
+            n_layer=get("n_layer", int),
+            n_head=get("n_head", int),
+            n_embd=n_embd,
+            dropout=dropout,
+            bias=True,
+            positions="learned",
+            activation=HF_ACTIVATIONS[activation],
+            norm="pre",
+            ffn_mult=n_inner // n_embd,
+            layer_norm_eps=float(get("layer_norm_epsilon", (int, float))),
+            tie_weights=get("tie_word_embeddings", bool),
+        )
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout: float | None = None) -> GPT:
+    """Load the Hugging Face GPT-2 checkpoint in `folder` as an attnlab `GPT`, in eval mode.
+
+    The folder holds `config.json` and the weights (see the module docstring). Every tensor must be
+    used and every parameter filled, with the shape the config implies. The output head is tied
+    to the token embedding unless the checkpoint stores an `lm_head.weight` that differs from it.
+    Parameters are cast to `dtype`. Raises `CheckpointError` naming the file and key on any mismatch.
+    """
+    folder = Path(folder)
+    config_path, hf_config = read_hf_config(
+        folder, "GPT-2", f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
+    )
+    config = gpt2_config_from_hf(hf_config, dropout=dropout, source=str(config_path))
+    weights_path, tensors = read_weights(folder)
+
+    # GPT2LMHeadModel saves "transformer.wte.weight", GPT2Model saves "wte.weight".
+    hf_state: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        name = key.removeprefix("transformer.")
+        if name in hf_state:
+            raise CheckpointError(f"{weights_path}: tensor {name} is stored twice (with and without 'transformer.')")
+        if not IGNORED_TENSOR.fullmatch(name):
+            hf_state[name] = tensor
+
+    head = hf_state.pop("lm_head.weight", None)
+    wte = hf_state.get("wte.weight")
+    if head is not None and wte is not None and not torch.equal(head, wte):
+        config = dataclasses.replace(config, tie_weights=False)
+    elif head is None and not config.tie_weights:
+        raise CheckpointError(
+            f"{weights_path}: {config_path.name} says tie_word_embeddings=false but there is no lm_head.weight; "
+            "save the GPT2LMHeadModel, not its GPT2Model"
+        )
+    else:
+        config = dataclasses.replace(config, tie_weights=True)
+
+    with torch.device("meta"):
+        model = GPT(config)  # shapes only; the checkpoint provides every value
+    expected = model.state_dict()
+    state = _convert(hf_state, config, expected, weights_path)
+    if not config.tie_weights:
+        state["lm_head.weight"] = checked("lm_head.weight", head, expected["lm_head.weight"], False, weights_path)
+    else:
+        state["lm_head.weight"] = state["token_embedding.weight"]
+    state = {name: t.to(dtype).contiguous() for name, t in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_weights:
+        # assign=True installs two separate Parameters; share the one matrix again (Press & Wolf 2017).
+        model.lm_head.weight = model.token_embedding.weight
+    return model.eval()
+
+
+def _convert(
+    hf_state: dict[str, torch.Tensor], config: GPTConfig, expected: Mapping[str, torch.Tensor], source: Path
+) -> dict[str, torch.Tensor]:
+    """Rename HF GPT-2 tensors to attnlab's names, transposing Conv1D weights; check keys and shapes."""
+    plan = {hf: (ours, False) for hf, ours in TOP_TENSORS.items()}
+    for i in range(config.n_layer):
+        for hf, (ours, conv) in BLOCK_TENSORS.items():
+            plan[f"h.{i}.{hf}"] = (f"blocks.{i}.{ours}", conv)
+    for name in hf_state:
+        if name not in plan:
+            raise CheckpointError(
+                f"{source}: unexpected tensor {name} for a GPT-2 with n_layer={config.n_layer}; "
+                "only GPT2Model / GPT2LMHeadModel checkpoints matching config.json can be imported"
+            )
+    state = {}
+    for hf, (ours, conv) in plan.items():
+        if hf not in hf_state:
+            raise CheckpointError(
+                f"{source}: missing tensor {hf} (or transformer.{hf}); the weights file is incomplete or "
+                "belongs to another config.json, re-save it with save_pretrained"
+            )
+        state[ours] = checked(hf, hf_state[hf], expected[ours], conv, source)
+    return state

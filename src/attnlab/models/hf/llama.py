@@ -1,0 +1,289 @@
+"""Import Hugging Face Llama checkpoints from a local folder into attnlab's `GPT`.
+
+Llama is a GPT built from other parts (Touvron et al. 2023, §2.2): RMSNorm (Zhang & Sennrich 2019)
+before attention, before the feed-forward layer and at the end; a SwiGLU feed-forward layer
+(Shazeer 2020); rotary positions (Su et al. 2021) instead of learned ones; no biases; and, from
+Llama 2 on, grouped-query attention (Ainslie et al. 2023): `num_key_value_heads` key/value heads
+shared by groups of query heads. attnlab's `GPTConfig` names each of them, so a Llama checkpoint
+becomes a `GPT` with `normalization="rmsnorm"`, `activation="swiglu"`, `positions="rope"`,
+`bias=False` and `n_kv_head`.
+
+Source format: a folder as written by `transformers`' `save_pretrained` for `LlamaForCausalLM` or
+`LlamaModel` (the layout of the `meta-llama/*` repositories on the Hugging Face Hub): `config.json`
+(a `LlamaConfig`, transformers `models/llama/configuration_llama.py`), the weights (see `_common`),
+and for `attnlab sample` a `tokenizer.json`. Tensor names are those of transformers
+`models/llama/modeling_llama.py`, with a `model.` prefix when saved from `LlamaForCausalLM`.
+
+Name map, HF -> attnlab (i = block index):
+    embed_tokens                      -> token_embedding
+    layers.i.input_layernorm          -> blocks.i.norm1
+    layers.i.self_attn.{q,k,v}_proj   -> blocks.i.attn.in_proj (rows [q; k; v])
+    layers.i.self_attn.o_proj         -> blocks.i.attn.out_proj
+    layers.i.post_attention_layernorm -> blocks.i.norm2
+    layers.i.mlp.{gate,up}_proj       -> blocks.i.ffn.fc1 (rows [gate; up]: gate is the one activated)
+    layers.i.mlp.down_proj            -> blocks.i.ffn.fc2
+    norm                              -> final_norm
+    lm_head                           -> lm_head (the token embedding when tie_word_embeddings)
+Both libraries' linear weights are `(out, in)`, so nothing is transposed. Nothing is permuted either:
+transformers' `rotate_half` pairs dimension j of a head with j + D/2, the layout attnlab's rotary
+positions use, and the q / k rows are stored in that layout (the conversion from Meta's own files,
+which pair adjacent dimensions, permuted them once, in transformers `convert_llama_weights_to_hf.py`).
+
+References:
+- Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models"; "Llama 2".
+- Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models".
+- transformers `models/llama/modeling_llama.py` (`LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`).
+"""
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.errors import CheckpointError
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.hf._common import (
+    CONFIG_FILE,
+    CheckpointTensors,
+    check_switches,
+    config_value,
+    read_hf_config,
+    read_weights,
+)
+from attnlab.nn import build_positions
+
+# transformers' LlamaConfig defaults, used for keys a config.json leaves out (as transformers does).
+LLAMA_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
+
+# config.json switches whose other values change the forward pass in a way attnlab's GPT does not
+# model: key -> (the value attnlab computes, what another value would do).
+LLAMA_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
+    "attention_bias": (False, "it adds biases to the q, k, v and output projections"),
+    "mlp_bias": (False, "it adds biases to the feed-forward projections"),
+    "rope_scaling": (None, "it stretches the rotary angles for longer contexts (linear, dynamic, YaRN, llama3)"),
+    "partial_rotary_factor": (None, "it rotates only part of each head"),
+}
+
+# hidden_act values that are SiLU (transformers' ACT2FN maps both to nn.SiLU), making the gated
+# feed-forward SwiGLU.
+SILU = ("silu", "swish")
+
+# Older conversions store each layer's rotary frequencies as a buffer; attnlab computes them itself.
+LLAMA_IGNORED_TENSOR = re.compile(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+# The feed-forward part of one block: (checkpoint tensors, block index, attnlab's expected state) ->
+# attnlab tensors. Llama's is dense (`llama_ffn`); Mixtral's a mixture of experts.
+FFNReader = Callable[[CheckpointTensors, int, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def rope_theta_from_hf(hf: Mapping[str, Any], default: float, source: str) -> float:
+    """RoPE's base from a config.json: transformers 5's `rope_parameters` ({"rope_type": "default",
+    "rope_theta": ...}) or the top-level `rope_theta` of older files; `default` when neither is there.
+    Any other rope type rescales the angles and is refused by name."""
+    params = hf.get("rope_parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{source}: rope_parameters must be an object, got {params!r}")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(
+            f"{source}: rope_parameters.rope_type={rope_type!r} cannot be imported (it rescales the rotary "
+            "angles); attnlab's rotary positions support only rope_type='default'"
+        )
+    for key in params:
+        if key not in ("rope_type", "type", "rope_theta"):
+            raise CheckpointError(
+                f"{source}: rope_parameters.{key} cannot be imported; attnlab's rotary positions take only rope_theta"
+            )
+    theta = params.get("rope_theta", hf.get("rope_theta", default))
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
+        raise CheckpointError(f"{source}: rope_theta must be a positive number, got {theta!r}")
+    return float(theta)
+
+
+def llama_like_config(
+    hf: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    switches: Mapping[str, tuple[Any, str]],
+    family: str,
+    *,
+    dropout: float,
+    source: str,
+    **fields: Any,
+) -> GPTConfig:
+    """The `GPTConfig` of a Llama-shaped config.json (Llama, Mixtral): checks what every such family
+    shares, then builds the config with `fields` added (Mixtral's experts)."""
+    model_type = hf.get("model_type")
+    if model_type != family.lower():
+        raise CheckpointError(
+            f"{source}: model_type is {model_type!r}, not {family.lower()!r}; "
+            f"load_{family.lower()} imports {family} checkpoints only"
+        )
+    check_switches(hf, switches, family, source)
+
+    def get(key: str, kind: type | tuple[type, ...]) -> Any:
+        return config_value(hf, defaults, key, kind, source)
+
+    activation = get("hidden_act", str)
+    if activation not in SILU:
+        raise CheckpointError(
+            f"{source}: hidden_act {activation!r} cannot be imported; attnlab's {family} feed-forward is SwiGLU, "
+            f"hidden_act must be one of {list(SILU)}"
+        )
+    n_embd, n_head = get("hidden_size", int), get("num_attention_heads", int)
+    n_kv_head = hf.get("num_key_value_heads")
+    if n_kv_head is None:
+        n_kv_head = n_head  # transformers' default: one key/value head per query head
+    elif not isinstance(n_kv_head, int) or isinstance(n_kv_head, bool):
+        raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_head!r}")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * n_head != n_embd:
+        raise CheckpointError(
+            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {n_embd} / {n_head}; "
+            "attnlab's heads split the model width evenly"
+        )
+    try:
+        return GPTConfig(
+            vocab_size=get("vocab_size", int),
+            block_size=get("max_position_embeddings", int),
+            n_layer=get("num_hidden_layers", int),
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            n_embd=n_embd,
+            dropout=dropout,
+            bias=False,
+            positions="rope",
+            rope_theta=rope_theta_from_hf(hf, defaults["rope_theta"], source),
+            normalization="rmsnorm",
+            activation="swiglu",
+            norm="pre",
+            ffn_hidden=get("intermediate_size", int),
+            layer_norm_eps=float(get("rms_norm_eps", (int, float))),
+            tie_weights=get("tie_word_embeddings", bool),
+            **fields,
+        )
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: str = CONFIG_FILE) -> GPTConfig:
+    """The `GPTConfig` equivalent to a Hugging Face Llama `config.json`, read as a dict.
+
+    Keys left out take transformers' LlamaConfig defaults. Llama's `attention_dropout` is not read:
+    attnlab's one `dropout` also drops residual branches and embeddings, so it is chosen here (0.0,
+    what inference needs). Raises `CheckpointError` (naming `source` and the key) for a config
+    attnlab cannot represent exactly: biases, scaled or partial RoPE, an activation other than SiLU,
+    a head_dim other than hidden_size / num_attention_heads.
+    """
+    return llama_like_config(hf, LLAMA_DEFAULTS, LLAMA_FIXED_SWITCHES, "Llama", dropout=dropout, source=source)
+
+
+def llama_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Block i's SwiGLU layer: gate_proj and up_proj stacked into fc1 (rows [gate; up]), down_proj as fc2."""
+    fc1 = expected[f"blocks.{i}.ffn.fc1.weight"]  # (2F, C)
+    f = fc1.size(0) // 2
+    names = (f"layers.{i}.mlp.gate_proj.weight", f"layers.{i}.mlp.up_proj.weight")
+    return {
+        f"blocks.{i}.ffn.fc1.weight": tensors.rows(names, fc1, (f, f)),
+        f"blocks.{i}.ffn.fc2.weight": tensors.take(
+            f"layers.{i}.mlp.down_proj.weight", expected[f"blocks.{i}.ffn.fc2.weight"]
+        ),
+    }
+
+
+def load_llama(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:
+    """Load the Hugging Face Llama checkpoint in `folder` as an attnlab `GPT`, in eval mode.
+
+    The folder holds `config.json` and the weights (see the module docstring). Every tensor must be
+    used and every parameter filled, with the shape config.json implies. Parameters are cast to
+    `dtype`. Raises `CheckpointError` naming the file and the key or tensor on any mismatch.
+    """
+    return load_llama_like(folder, "Llama", llama_config_from_hf, llama_ffn, dtype=dtype, dropout=dropout)
+
+
+def load_llama_like(
+    folder: str | Path,
+    family: str,
+    config_from_hf: Callable[..., GPTConfig],
+    ffn: FFNReader,
+    *,
+    dtype: torch.dtype,
+    dropout: float,
+) -> GPT:
+    """What `load_llama` and `load_mixtral` share: everything but the feed-forward layer `ffn`."""
+    folder = Path(folder)
+    config_path, hf_config = read_hf_config(
+        folder, family, f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
+    )
+    config = config_from_hf(hf_config, dropout=dropout, source=str(config_path))
+    weights_path, stored = read_weights(folder)
+    # LlamaForCausalLM saves "model.layers.0...." and "lm_head.weight"; LlamaModel "layers.0....".
+    tensors = CheckpointTensors(stored, weights_path, prefix="model.", ignored=LLAMA_IGNORED_TENSOR)
+
+    with torch.device("meta"):
+        model = GPT(config)  # shapes only; the checkpoint provides every value
+    expected = model.state_dict()
+    state = {
+        "token_embedding.weight": tensors.take("embed_tokens.weight", expected["token_embedding.weight"]),
+        "final_norm.weight": tensors.take("norm.weight", expected["final_norm.weight"]),
+    }
+    q_rows, kv_rows = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    for i in range(config.n_layer):
+        hf, ours = f"layers.{i}.", f"blocks.{i}."
+        for hf_name, our_name in (
+            ("input_layernorm.weight", "norm1.weight"),
+            ("self_attn.o_proj.weight", "attn.out_proj.weight"),
+            ("post_attention_layernorm.weight", "norm2.weight"),
+        ):
+            state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
+        qkv = [f"{hf}self_attn.{p}_proj.weight" for p in "qkv"]
+        state[f"{ours}attn.in_proj.weight"] = tensors.rows(
+            qkv, expected[f"{ours}attn.in_proj.weight"], (q_rows, kv_rows, kv_rows)
+        )
+        state.update(ffn(tensors, i, expected))
+
+    embedding = state["token_embedding.weight"]
+    if config.tie_weights:
+        # A tied checkpoint usually stores no head; one that does must store the embedding again.
+        if tensors.has("lm_head.weight") and not torch.equal(tensors.take("lm_head.weight", embedding), embedding):
+            raise CheckpointError(
+                f"{weights_path}: lm_head.weight differs from {tensors.stored_name('embed_tokens.weight')} but "
+                f"{config_path.name} says tie_word_embeddings=true; the weights and config.json disagree"
+            )
+        state["lm_head.weight"] = embedding
+    elif not tensors.has("lm_head.weight"):
+        raise CheckpointError(
+            f"{weights_path}: missing tensor lm_head.weight ({config_path.name} says tie_word_embeddings=false); "
+            f"save the {family}ForCausalLM, not its {family}Model"
+        )
+    else:
+        state["lm_head.weight"] = tensors.take("lm_head.weight", expected["lm_head.weight"])
+    tensors.check_all_taken(family)
+
+    state = {name: t.to(dtype).contiguous() for name, t in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_weights:
+        # assign=True installs two separate Parameters; share the one matrix again (Press & Wolf 2017).
+        model.lm_head.weight = model.token_embedding.weight
+    # Rotary positions act inside attention and hold nothing; the input's position module holds a
+    # constant zero vector, a buffer outside the state dict that the meta device left without
+    # values: build that module for real.
+    model.positions = build_positions(config.positions, config.block_size, config.n_embd).to(dtype)
+    unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if unset:
+        raise RuntimeError(f"{family} import left {unset} on the meta device: the name map is out of step with GPT")
+    return model.eval()

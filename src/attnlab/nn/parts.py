@@ -1,0 +1,168 @@
+"""Which norm, feed-forward, attention heads and block sharing a model's blocks use, by name.
+
+The modifications Narang et al. 2021 compare (RMSNorm, ReZero, gated units, mixtures of experts,
+shared blocks, factorized embeddings) and those of today's open models (grouped-query attention)
+are parts behind the blocks' existing interfaces. A model config holds their fields once through
+the mixin `BlockOptions`; `BlockOptions.block_parts(i)` gives layer i a `BlockParts`, which builds
+its norm, its residual gate and its feed-forward layer.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
+from attnlab.nn.moe import MixtureOfExperts, check_experts
+from attnlab.nn.norms import build_gate, build_norm, check_normalization
+from attnlab.nn.positions import check_choice, sinusoidal_positions
+
+SHARING = ("none", "all", "universal")
+"""Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
+universal (the Universal Transformer, Dehghani et al. 2019: one block applied n_layer times, with
+a position-and-step signal added before each step)."""
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """The parts of one block: its norm, its attention's key/value heads, its feed-forward layer
+    (dense, gated, or a mixture of experts when `experts` > 0)."""
+
+    normalization: str = "layernorm"
+    n_kv_heads: int | None = None
+    experts: int = 0
+    top_k: int = 2
+    capacity_factor: float = 0.0
+    aux_weight: float = 0.01
+    z_weight: float = 0.0
+
+    def build_norm(self, d_model: int, *, eps: float, bias: bool) -> nn.Module:
+        return build_norm(self.normalization, d_model, eps=eps, bias=bias)
+
+    def build_gate(self) -> nn.Module:
+        return build_gate(self.normalization)
+
+    def build_ffn(self, d_model: int, d_ff: int, *, activation: str, dropout: float, bias: bool) -> nn.Module:
+        if self.experts == 0:
+            return build_feedforward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        return MixtureOfExperts(
+            d_model,
+            d_ff,
+            experts=self.experts,
+            top_k=self.top_k,
+            capacity_factor=self.capacity_factor,
+            activation=activation,
+            dropout=dropout,
+            bias=bias,
+            aux_weight=self.aux_weight,
+            z_weight=self.z_weight,
+        )
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """Config fields of the block parts, shared by the GPT, BERT and encoder–decoder configs (a
+    mixin, like `AttentionOptions`; `activation` stays each family's own field)."""
+
+    normalization: str = "layernorm"
+    """Norm around each sublayer, one of attnlab.nn.NORMALIZATIONS: layernorm, rmsnorm, rezero,
+    rezero+layernorm, rezero+rmsnorm (`norm` still says pre or post)."""
+    ffn_hidden: int | None = None
+    """The feed-forward hidden width exactly; None: ffn_mult × width, times 2/3 for gated units
+    (which have three matrices) so that they keep the dense layer's parameter count."""
+    n_kv_head: int | None = None
+    """Key/value heads: None = one per query head; fewer = grouped-query; 1 = multi-query."""
+    experts: int = 0
+    """Feed-forward experts per mixture layer; 0 = a dense feed-forward layer."""
+    expert_top_k: int = 2
+    """Experts each token is routed to: 1 = Switch Transformer, 2 = Mixtral."""
+    capacity_factor: float = 0.0
+    """An expert's capacity as a multiple of its even share of a batch's choices; 0 = no limit."""
+    expert_every: int = 1
+    """A mixture in every n-th block (the others dense): 1 = all (Mixtral), 2 = Switch's layout."""
+    router_aux_weight: float = 0.01
+    """Weight of the load-balancing loss added to the task loss while training."""
+    router_z_weight: float = 0.0
+    """Weight of the router z-loss (0 = off)."""
+    block_sharing: str = "none"
+    """none, all (ALBERT) or universal (Universal Transformer), see attnlab.nn.parts.SHARING."""
+    embedding_dim: int | None = None
+    """Factorized embeddings (ALBERT): tokens embedded in this many dimensions, then projected
+    to the model width; None = the model width."""
+
+    def check_parts(self, activation: str, *, n_heads: int, d_model: int) -> None:
+        """ValueError naming the first field that is out of range or unknown."""
+        check_normalization(self.normalization)
+        check_activation(activation)
+        check_choice("block_sharing", self.block_sharing, SHARING)
+        if self.ffn_hidden is not None and self.ffn_hidden < 1:
+            raise ValueError(f"ffn_hidden must be >= 1, got {self.ffn_hidden}")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or n_heads % self.n_kv_head != 0):
+            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide the number of heads ({n_heads})")
+        if self.experts < 0:
+            raise ValueError(f"experts must be >= 0 (0: a dense feed-forward layer), got {self.experts}")
+        if self.experts > 0:
+            check_experts(self.experts, self.expert_top_k, self.capacity_factor)
+        if self.expert_every < 1:
+            raise ValueError(f"expert_every must be >= 1, got {self.expert_every}")
+        if self.router_aux_weight < 0 or self.router_z_weight < 0:
+            raise ValueError("router_aux_weight and router_z_weight must be >= 0")
+        if self.embedding_dim is not None and not 1 <= self.embedding_dim <= d_model:
+            raise ValueError(f"embedding_dim must be between 1 and the model width {d_model}, got {self.embedding_dim}")
+
+    def ffn_width(self, activation: str, dense_width: int) -> int:
+        """The hidden width of the feed-forward layers (see `ffn_hidden`)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return gated_width(dense_width) if is_gated(activation) else dense_width
+
+    def block_parts(self, index: int) -> BlockParts:
+        """Layer `index`'s parts: a mixture in every `expert_every`-th block (the last of each group)."""
+        moe = self.experts > 0 and (index + 1) % self.expert_every == 0
+        return BlockParts(
+            normalization=self.normalization,
+            n_kv_heads=self.n_kv_head,
+            experts=self.experts if moe else 0,
+            top_k=self.expert_top_k,
+            capacity_factor=self.capacity_factor,
+            aux_weight=self.router_aux_weight,
+            z_weight=self.router_z_weight,
+        )
+
+    @property
+    def shared_blocks(self) -> bool:
+        return self.block_sharing != "none"
+
+
+class StepSignal(nn.Module):
+    """The Universal Transformer's coordinate embedding (Dehghani et al. 2019, §2.1), added before
+    each application t of the shared block: scale · (P[i] + P[t]) with P the sinusoid table of
+    §3.5 of Vaswani et al., i the token's position and t the step. x `(B, T, C)` -> `(B, T, C)`.
+
+    `scale` puts the signal at the scale of the model's embeddings: the paper adds it to
+    embeddings of unit size; attnlab's GPT and BERT start theirs at N(0, 0.02²), beside which
+    the unscaled sinusoids (entries of size ~0.7, added again at every step) drowned the tokens (a
+    character GPT stayed at the unigram loss, 3.35 nats, over three seeds)."""
+
+    def __init__(self, d_model: int, n_positions: int, *, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.register_buffer("table", sinusoidal_positions(n_positions, d_model), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, step: int) -> torch.Tensor:
+        """positions `(T,)` long: the tokens' positions in their sequence."""
+        need = max(step, int(positions.max())) + 1 if positions.numel() else step + 1
+        if need > self.table.size(0):  # positions past the training context, as schemes allow
+            self.table = sinusoidal_positions(2 * need, self.table.size(1)).to(self.table.device)
+        return x + (self.scale * (self.table[positions] + self.table[step])).to(x.dtype)
+
+
+def build_stack(make_block: Callable[[int], nn.Module], n_layers: int, sharing: str) -> nn.ModuleList:
+    """n_layers blocks, `make_block(i)` for layer i; with sharing, the first block in every layer
+    (its parameters counted and trained once, marked `shared` for the C++ kernels)."""
+    if sharing == "none":
+        return nn.ModuleList(make_block(i) for i in range(n_layers))
+    block = make_block(0)
+    block.shared = True
+    return nn.ModuleList([block] * n_layers)

@@ -1,0 +1,114 @@
+"""`attnlab sample FOLDER` on a Hugging Face checkpoint folder: config.json's model_type picks the
+importer, tokenizer.json the tokenizer, and greedy decoding prints what transformers' own model
+would continue the prompt with."""
+
+import json
+
+import pytest
+import torch
+
+from attnlab.data.text import bundled_shakespeare
+from attnlab.models.hf import load_causal_lm
+from helpers import assert_user_error, cli
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+BOS, EOS = 0, 1
+PROMPT = "ROMEO: What"
+
+
+def write_tokenizer(folder) -> "tokenizers.Tokenizer":
+    """A tiny byte-level BPE with Llama's special tokens and Llama's post-processor: "<s>" before
+    every text (Llama 3's tokenizer.json has the same shape, with other names)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([bundled_shakespeare()[:5000]], trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+def hf_model(family: str, vocab_size: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab_size, bos_token_id=BOS, eos_token_id=EOS)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
+        return transformers.GPT2LMHeadModel(config).eval()
+    llama = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **common,
+    )
+    if family == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama)).eval()
+    config = transformers.MixtralConfig(num_local_experts=3, num_experts_per_tok=2, **llama)
+    return transformers.MixtralForCausalLM(config).eval()
+
+
+@torch.no_grad()
+def hf_greedy(model: torch.nn.Module, tok, prompt: str, n: int) -> str:
+    """transformers' model continuing `prompt` greedily for up to n tokens, stopping at EOS."""
+    ids = tok.encode(prompt).ids  # with "<s>" first, as the post-processor says
+    new: list[int] = []
+    for _ in range(n):
+        next_id = int(model(torch.tensor([ids + new])).logits[0, -1].argmax())
+        if next_id == EOS:
+            break
+        new.append(next_id)
+    return tok.decode(new, skip_special_tokens=False)
+
+
+@pytest.fixture
+def folder(tmp_path, request):
+    tok = write_tokenizer(tmp_path)
+    model = hf_model(request.param, tok.get_vocab_size())
+    model.save_pretrained(tmp_path)
+    return tmp_path, tok, model
+
+
+@pytest.mark.parametrize("folder", ["llama", "mixtral", "gpt2"], indirect=True)
+def test_greedy_sample_prints_transformers_continuation(folder, capsys):
+    path, tok, model = folder
+    code, out, err = cli(
+        capsys, "sample", path, "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "12", "--json"
+    )
+    assert code == 0, err
+    sample = json.loads(out)["samples"][0]
+    assert sample == hf_greedy(model, tok, PROMPT, 12)
+    assert sample  # a continuation was printed, not an immediate end of text
+
+
+@pytest.mark.parametrize("folder", ["llama"], indirect=True)
+def test_tokenizer_takes_special_ids_from_config_and_rules_from_the_file(folder):
+    path, tok, _ = folder
+    tokenizer = load_causal_lm(path).tokenizer
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (BOS, EOS)
+    assert tokenizer.encode(PROMPT) == tok.encode(PROMPT).ids and tokenizer.encode(PROMPT)[0] == BOS
+    assert tokenizer.decode(tokenizer.encode(PROMPT)[1:]) == PROMPT
+
+
+@pytest.mark.parametrize("folder", ["llama"], indirect=True)
+def test_sampling_from_an_unloadable_folder_is_one_line(folder, capsys):
+    path, _, _ = folder
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}))
+    assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "config.json", "rope_scaling")
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
+    assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "model_type", "'t5'", "llama")
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").unlink()
+    assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "tokenizer.json")
