@@ -233,7 +233,9 @@ class Bert(nn.Module):
 
         self.blocks = build_stack(block, config.n_layers, config.block_sharing)
         universal = config.block_sharing == "universal"
-        self.step_signal = StepSignal(config.d_model, config.max_len, scale=EMBEDDING_STD) if universal else None
+        self.step_signal = (
+            StepSignal(config.d_model, config.max_len, config.n_layers, scale=EMBEDDING_STD) if universal else None
+        )
         # Pre-norm leaves the residual stream unnormalised; one norm closes the stack.
         self.final_norm = (
             build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
@@ -266,6 +268,8 @@ class Bert(nn.Module):
             mask = None
         x = self.embeddings(ids, segments)  # (B, T, C)
         pos = torch.arange(ids.size(1), device=ids.device)
+        if self.step_signal is not None:
+            self.step_signal.grow(ids.size(1))
         weights = []
         for i, block in enumerate(self.blocks):
             if self.step_signal is not None:

@@ -133,9 +133,8 @@ class GPT(nn.Module):
             )
 
         self.blocks = build_stack(block, c.n_layer, c.block_sharing)
-        self.step_signal = (
-            StepSignal(c.n_embd, c.block_size, scale=EMBEDDING_STD) if c.block_sharing == "universal" else None
-        )
+        universal = c.block_sharing == "universal"
+        self.step_signal = StepSignal(c.n_embd, c.block_size, c.n_layer, scale=EMBEDDING_STD) if universal else None
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
             build_norm(c.normalization, c.n_embd, eps=c.layer_norm_eps, bias=c.bias)
@@ -198,6 +197,8 @@ class GPT(nn.Module):
                 f"the most that {self.config.positions} positions can place"
             )
         self.positions.grow(start + t)
+        if self.step_signal is not None:
+            self.step_signal.grow(start + t)
         return torch.arange(start, start + t, device=idx.device)
 
     def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from torch import nn
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
 from attnlab.nn.moe import MixtureOfExperts, check_experts
 from attnlab.nn.norms import build_gate, build_norm, check_normalization
-from attnlab.nn.positions import check_choice, sinusoidal_positions
+from attnlab.nn.positions import SinusoidalPositions, check_choice
 
 SHARING = ("none", "all", "universal")
 """Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
@@ -145,17 +145,20 @@ class StepSignal(nn.Module):
     the unscaled sinusoids (entries of size ~0.7, added again at every step) drowned the tokens (a
     character GPT stayed at the unigram loss, 3.35 nats, over three seeds)."""
 
-    def __init__(self, d_model: int, n_positions: int, *, scale: float = 1.0) -> None:
+    def __init__(self, d_model: int, n_positions: int, n_steps: int, *, scale: float = 1.0) -> None:
         super().__init__()
         self.scale = scale
-        self.register_buffer("table", sinusoidal_positions(n_positions, d_model), persistent=False)
+        self.table = SinusoidalPositions(max(n_positions, n_steps), d_model)
+
+    def grow(self, n_positions: int) -> None:
+        """Room for positions 0 … n_positions − 1 (past the training context, as schemes allow);
+        the model calls it with its input positions, so no step waits on the device to check."""
+        self.table.grow(n_positions)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, step: int) -> torch.Tensor:
         """positions `(T,)` long: the tokens' positions in their sequence."""
-        need = max(step, int(positions.max())) + 1 if positions.numel() else step + 1
-        if need > self.table.size(0):  # positions past the training context, as schemes allow
-            self.table = sinusoidal_positions(2 * need, self.table.size(1)).to(self.table.device)
-        return x + (self.scale * (self.table[positions] + self.table[step])).to(x.dtype)
+        signal = self.table(positions) + self.table.table[step]
+        return x + (self.scale * signal).to(x.dtype)
 
 
 def build_stack(make_block: Callable[[int], nn.Module], n_layers: int, sharing: str) -> nn.ModuleList:
