@@ -23,6 +23,13 @@ TASKS = {
     task.name: task for task in (LanguageModeling, Translation, MaskedLM, Classification, Tagging, NodeClassification)
 }
 
+
+def open_task(run):
+    """The task object of a loaded run (what `attnlab.load` returns), ready to apply its model to new
+    inputs: the run's tokenizer and labels, no data read."""
+    return TASKS[run.config.task](run.config.data, run.config.model, run.path, resume=True, splits=())
+
+
 __all__ = [
     "TASKS",
     "Classification",
@@ -37,4 +44,5 @@ __all__ = [
     "TaggingDataConfig",
     "Translation",
     "TranslationDataConfig",
+    "open_task",
 ]
