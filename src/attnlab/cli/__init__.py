@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "cost",
     "ablate",
     "scale",
+    "serve",
 )
 
 

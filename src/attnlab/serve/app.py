@@ -12,6 +12,7 @@ sends it with its API calls (it keeps it in the browser's localStorage).
 
 import functools
 import hmac
+import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def create_app(runs: dict[str, Any], *, api_key: str | None = None, limits: Limi
 
 
 def page_router() -> APIRouter:
-    from attnlab.viz.html import ATTENTION_CSS, ATTENTION_JS
+    from attnlab.viz.html import ATTENTION_CSS, ATTENTION_JS, VIRIDIS
 
     router = APIRouter(include_in_schema=False)
 
@@ -97,7 +98,8 @@ def page_router() -> APIRouter:
     # The attention explorer of `attnlab attention --out FILE.html`, reused as is by the page.
     @router.get("/static/attention-view.js")
     async def attention_script() -> Response:
-        return Response(f"window.attentionView = {ATTENTION_JS.strip()};\n", media_type="text/javascript")
+        script = f"window.attentionView = {ATTENTION_JS.strip()};\nwindow.attentionColours = {json.dumps(VIRIDIS)};\n"
+        return Response(script, media_type="text/javascript")
 
     @router.get("/static/attention-view.css")
     async def attention_style() -> Response:
@@ -144,6 +146,8 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
     @router.post("/translations", response_model=TranslationResponse)
     async def translate(body: TranslationRequest) -> TranslationResponse:
         """Translate a sentence by beam search; with the decoder's cross-attention over it."""
+        from attnlab.viz.attention import display_token
+
         model = find(body.model, "/v1/translations")
         check_beam(body.beam, limits)
         text = check_text(body.input, "input", limits)
@@ -159,6 +163,8 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
             translation=found.translation,
             source_tokens=found.source_tokens,
             target_tokens=found.target_tokens,
+            source_labels=[display_token(t) for t in found.source_tokens],
+            target_labels=[display_token(t) for t in found.target_tokens],
             attention=found.weights.tolist(),
         )
 

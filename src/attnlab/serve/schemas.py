@@ -128,6 +128,8 @@ class TranslationResponse(BaseModel):
     translation: str
     source_tokens: list[str]
     target_tokens: list[str] = Field(description='the translation\'s tokens and a final "</s>"')
+    source_labels: list[str] = Field(description="the source tokens as one-line labels (a space shown as ▁)")
+    target_labels: list[str]
     attention: list[list[float]] = Field(description="(target tokens) x (source tokens), rows sum to 1")
 
 
