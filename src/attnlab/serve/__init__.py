@@ -1,0 +1,1 @@
+"""attnlab serve: a web page and an OpenAI-compatible API over trained runs."""
