@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting per model; past it: 429 (64)")
     p.add_argument("--max-tokens", type=positive_int, default=1024, help="largest max_tokens of a completion (1024)")
     p.add_argument("--max-n", type=positive_int, default=8, help="most completions per request, n x prompts (8)")
-    p.add_argument("--max-prompt-tokens", type=positive_int, help="longest prompt (default: the model's context)")
+    p.add_argument("--max-prompt-tokens", type=positive_int, help="longest prompt in tokens (default 4096)")
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time (a baseline)")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")

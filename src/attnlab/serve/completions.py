@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from fastapi.responses import StreamingResponse
 
-from attnlab.serve.errors import APIError
+from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ServedModel
 from attnlab.serve.schemas import Completion, CompletionChoice, CompletionRequest, Usage
@@ -108,6 +108,9 @@ async def complete(served: ServedModel, streams: list, prompts: Sequence[list[in
     finally:
         for s in streams:
             s.cancel()
+    failed = next((s.error for s in streams if s.error), None)
+    if failed:
+        raise APIError(500, failed)
     choices = [
         CompletionChoice(text=text, index=i, finish_reason=s.finish_reason)
         for i, (text, s) in enumerate(zip(texts, streams, strict=True))
@@ -128,6 +131,9 @@ def stream_response(
     async def events() -> AsyncIterator[str]:
         try:
             async for index, piece in merged(streams):
+                if piece is None and streams[index].error:  # decoding failed: say so, as OpenAI's streams do
+                    yield f"data: {json.dumps(error_body(500, streams[index].error))}\n\n"
+                    return
                 if piece is None:  # stream `index` has ended
                     reason = streams[index].finish_reason
                     yield event([{"text": "", "index": index, "logprobs": None, "finish_reason": reason}])

@@ -42,9 +42,12 @@ class APIError(Exception):
         self.status, self.message, self.param, self.headers = status, message, param, headers
 
 
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param, "code": None}}
+
+
 def error_response(status: int, message: str, param: str | None = None, headers=None) -> JSONResponse:
-    body = {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param, "code": None}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

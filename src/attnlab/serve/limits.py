@@ -14,7 +14,8 @@ class Limits:
     max_n: int = 8
     """Most completions one request may ask for: `n` times the number of prompts."""
     max_prompt_tokens: int | None = None
-    """Longest prompt in tokens; None: the model's context (its block size)."""
+    """Longest prompt in tokens; None: the worker's default. The model reads a prompt's last block_size
+    tokens, as `attnlab sample` does."""
     max_text_chars: int = 20_000
     """Longest text in characters, in any field, checked before tokenizing."""
     max_body_bytes: int = 4_000_000
