@@ -70,6 +70,7 @@ class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
+        self.app = app
         self.sock = bind(host, port)
         self.url = url(self.sock)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
