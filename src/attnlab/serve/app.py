@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -45,6 +45,7 @@ from attnlab.serve.schemas import (
 )
 
 STATIC = Path(__file__).parent / "static"
+DEFAULT_BEAM = 5  # as `attnlab translate`
 # The page runs only its own scripts and talks only to its own server.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 
@@ -134,7 +135,7 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
         return model_card(served[name])
 
     @router.post("/completions", response_model=Completion)
-    async def complete(body: CompletionRequest) -> Any:
+    async def complete(body: CompletionRequest, request: Request) -> Any:
         """Continue each prompt with a language model (OpenAI's legacy completions API)."""
         model = find(body.model, "/v1/completions")
         completions.check_caps(body, limits)
@@ -143,7 +144,7 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return completions.stream_response(model, streams, prompts, include_usage=include_usage)
-        return await completions.complete(model, streams, prompts)
+        return await completions.complete(model, streams, prompts, request)
 
     @router.post("/translations", response_model=TranslationResponse)
     async def translate(body: TranslationRequest) -> TranslationResponse:
@@ -151,13 +152,13 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
         from attnlab.viz.attention import display_token
 
         model = find(body.model, "/v1/translations")
-        check_beam(body.beam, limits)
+        beam = check_beam(body.beam, limits)
         text = check_text(body.input, "input", limits)
         ids = encode(model.helper.tokenizer, text, "input")
         limit = model.helper.data_config.max_len
         if len(ids) > limit:
             raise APIError(400, f"input: {len(ids)} tokens, but this model takes at most {limit}", param="input")
-        align = functools.partial(model.helper.align, model.run.model, ids, model.device, beam=body.beam)
+        align = functools.partial(model.helper.align, model.run.model, ids, model.device, beam=beam)
         found = await model.call(limits.max_queue, align)
         return TranslationResponse(
             model=model.name,
@@ -201,7 +202,7 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
         from attnlab.viz.maps import attention_maps
 
         model = find(body.model, ATTENTION)
-        check_beam(body.beam, limits)
+        beam = check_beam(body.beam, limits)
         text = check_text(body.input, "input", limits)
         n = len(encode(model.run.tokenizer, text, "input"))
         if n > limits.max_attention_tokens:
@@ -211,7 +212,7 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
                 param="input",
             )
         maps = await model.call(
-            limits.max_queue, functools.partial(attention_maps, model.run, text, kind=body.kind, beam=body.beam)
+            limits.max_queue, functools.partial(attention_maps, model.run, text, kind=body.kind, beam=beam)
         )
         return JSONResponse({"object": "attention", "model": model.name, **attention_data(maps)})
 
@@ -241,9 +242,13 @@ def check_texts(body: TextsRequest, limits: Limits) -> list[str]:
     return [check_text(t, "input" if single else f"input[{i}]", limits) for i, t in enumerate(texts)]
 
 
-def check_beam(beam: int, limits: Limits) -> None:
+def check_beam(beam: int | None, limits: Limits) -> int:
+    """The beam size asked for, or the default (5, or the server's cap when lower); a 400 past the cap."""
+    if beam is None:
+        return min(DEFAULT_BEAM, limits.max_beam)
     if beam > limits.max_beam:
         raise APIError(400, f"beam: at most {limits.max_beam} on this server", param="beam")
+    return beam
 
 
 def encode(tokenizer, text: str, param: str) -> list[int]:

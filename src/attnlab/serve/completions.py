@@ -16,12 +16,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ServedModel
 from attnlab.serve.schemas import Completion, CompletionChoice, CompletionRequest, Usage
+
+DISCONNECT_POLL = 0.25  # seconds between checks that the client of a whole (unstreamed) completion is there
 
 
 def encode_prompts(served: ServedModel, request: CompletionRequest, limits: Limits) -> list[list[int]]:
@@ -97,15 +100,24 @@ def sampling(request: CompletionRequest, choice: int):
     )
 
 
-async def complete(served: ServedModel, streams: list, prompts: Sequence[list[int]]) -> Completion:
-    """The whole completion, once every stream has finished."""
+async def complete(served: ServedModel, streams: list, prompts: Sequence[list[int]], request: Request) -> Completion:
+    """The whole completion, once every stream has finished. A client that goes away meanwhile
+    cancels the streams: nobody is waiting for the answer any more."""
 
     async def collect(stream) -> str:
         return "".join([piece.text async for piece in stream])
 
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL)
+        for s in streams:
+            s.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
         texts = await asyncio.gather(*(collect(s) for s in streams))
     finally:
+        watcher.cancel()
         for s in streams:
             s.cancel()
     failed = next((s.error for s in streams if s.error), None)
@@ -121,7 +133,7 @@ async def complete(served: ServedModel, streams: list, prompts: Sequence[list[in
 
 def stream_response(
     served: ServedModel, streams: list, prompts: Sequence[list[int]], *, include_usage: bool
-) -> StreamingResponse:
+) -> "EventStream":
     """The completion as server-sent events, as OpenAI's API streams it."""
     head = {"id": _completion_id(), "object": "text_completion", "created": int(time.time()), "model": served.name}
 
@@ -148,7 +160,20 @@ def stream_response(
 
     # no-cache and no proxy buffering: every event should reach the client as it is sent.
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    return EventStream(events(), media_type="text/event-stream", headers=headers)
+
+
+class EventStream(StreamingResponse):
+    """A streamed response that closes its generator however the response ends. Starlette cancels
+    the generator when the client goes away while it waits for a piece; a server that reports the
+    disconnect by failing the next send instead (ASGI spec 2.4) would leave it suspended at its
+    `yield`, with its streams still decoding, until it is garbage-collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def merged(streams: Sequence) -> AsyncIterator[tuple[int, object]]:

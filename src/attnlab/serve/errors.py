@@ -91,6 +91,8 @@ def describe_validation_error(errors: Sequence[dict]) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", "")
         return "the request body is not valid JSON" + (f" ({reason})" if reason else ""), None
+    if not loc and first.get("type") == "missing":
+        return "the request body is empty: send a JSON object of the fields this endpoint documents (see /docs)", None
     if not loc:
         return "the request body must be a JSON object of the fields this endpoint documents (see /docs)", None
     # A union's branch names ("str", "list[str]") are pydantic's, not the field's: leave them out.

@@ -115,7 +115,7 @@ class ModelList(BaseModel):
 
 class TranslationRequest(Request):
     input: Text = Field(description="the source sentence")
-    beam: int = Field(5, ge=1, description="beam size; 1 = greedy")
+    beam: int | None = Field(None, ge=1, description="beam size; 1 = greedy (default 5, or the server's cap)")
 
 
 class TranslationResponse(BaseModel):
@@ -177,7 +177,9 @@ class AttentionRequest(Request):
     kind: Literal["self", "cross"] | None = Field(
         None, description="translation: cross (default) or the encoder's self-attention"
     )
-    beam: int = Field(5, ge=1, description="translation: beam size of the translation shown")
+    beam: int | None = Field(
+        None, ge=1, description="translation: beam size of the translation shown (default 5, or the server's cap)"
+    )
 
 
 class AttentionResponse(BaseModel):
