@@ -154,7 +154,7 @@ def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
         model = find(body.model, "/v1/translations")
         beam = check_beam(body.beam, limits)
         text = check_text(body.input, "input", limits)
-        ids = encode(model.helper.tokenizer, text, "input")
+        ids = encode(model.helper.tokenizer, text.strip(), "input")  # as `attnlab translate` reads a line
         limit = model.helper.data_config.max_len
         if len(ids) > limit:
             raise APIError(400, f"input: {len(ids)} tokens, but this model takes at most {limit}", param="input")
@@ -226,12 +226,12 @@ def model_card(model: ServedModel) -> ModelCard:
 
 
 def check_text(text: str, param: str, limits: Limits) -> str:
-    """`text` stripped, or a 400 when it is empty or longer than the server takes."""
+    """`text`, or a 400 when it is blank or longer than the server takes."""
     if len(text) > limits.max_text_chars:
         raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
     if not text.strip():
         raise APIError(400, f"{param}: the text is empty", param=param)
-    return text.strip()
+    return text
 
 
 def check_texts(body: TextsRequest, limits: Limits) -> list[str]:
