@@ -100,7 +100,8 @@ def completion(driver) -> tuple[str, str, int]:
 
 def full_page_screenshot(driver, path: Path) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(driver.get_window_size()["width"], height + 20)
+    driver.set_window_size(driver.get_window_size()["width"], height + 100)
+    driver.execute_script("window.scrollTo(0, 0)")
     time.sleep(0.2)
     driver.save_screenshot(str(path))
 

@@ -60,7 +60,7 @@
     if (state.controller) state.controller.abort();
     localStorage.setItem(MODEL, model.id);
     showError("");
-    $("model-info").textContent = model.task + (model.context ? " · " + model.context + " tokens of context" : "");
+    $("model-info").textContent = model.task + (model.context ? " · up to " + model.context + " tokens in" : "");
     $("lm-view").hidden = !has(model, "/v1/completions");
     $("mt-view").hidden = !has(model, "/v1/translations");
     const tags = has(model, "/v1/tags");
