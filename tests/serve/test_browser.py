@@ -71,3 +71,26 @@ def test_the_page_streams_stops_and_switches_models(live, tmp_path):
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
+
+
+def test_with_an_api_key_the_page_asks_for_it(runs):
+    from attnlab.serve.app import create_app
+    from attnlab.serve.server import BackgroundServer
+
+    with BackgroundServer(create_app(runs, api_key="k3y")) as server, chromium(width=420, height=900) as driver:
+        driver.get(server.url + "/")
+        wait(driver, lambda d: by_id(d, "key-panel").is_displayed())
+        assert "Authorization: Bearer KEY" in by_id(driver, "error").text
+        fill(driver, "api-key", "k3y")
+        by_id(driver, "key-form").submit()
+        wait(driver, lambda d: count(d, "#model option") == len(RUNS))
+        assert not by_id(driver, "key-panel").is_displayed() and not by_id(driver, "error").is_displayed()
+        fill(driver, "max-tokens", "20")
+        by_id(driver, "generate").click()
+        wait(driver, lambda d: completion(d)[0] == "idle" and completion(d)[2] > 0)
+        assert "tokens in" in by_id(driver, "lm-status").text
+        # A narrow window (headless Chromium's narrowest is 500 px): nothing sticks out sideways.
+        width, inner = driver.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert width <= inner

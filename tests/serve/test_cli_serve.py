@@ -32,6 +32,11 @@ def test_model_names():
     assert parse_model_spec("runs/a=b") == ("a=b", Path("runs/a=b"))  # "runs/a" is no name: a path with "="
 
 
+def test_help(capsys):
+    code, out, _ = cli(capsys, "serve", "--help")
+    assert code == 0 and out.startswith("usage: attnlab serve") and "--api-key" in out
+
+
 def test_beyond_this_machine_without_a_key_is_refused(capsys, run_dirs):
     result = cli(capsys, "serve", run_dirs["lm"], "--host", "0.0.0.0")
     assert_user_error(result, "--host 0.0.0.0 listens beyond this machine", "--api-key")

@@ -127,6 +127,7 @@
     showError("");
     const out = $("completion"), generated = out.querySelector(".generated");
     const body = completionRequest(), controller = new AbortController();
+    out.querySelector(".placeholder").hidden = true;
     out.querySelector(".echo").textContent = body.prompt;
     generated.replaceChildren();
     out.dataset.pieces = "0";
