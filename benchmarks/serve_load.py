@@ -50,7 +50,9 @@ class Result:
 
     def summary(self) -> dict:
         def pct(xs: list[float], q: float) -> float:
-            return round(statistics.quantiles(xs, n=100, method="inclusive")[q - 1], 3) if len(xs) > 1 else 0.0
+            if len(xs) < 2:
+                return round(xs[0], 3) if xs else 0.0
+            return round(statistics.quantiles(xs, n=100, method="inclusive")[q - 1], 3)
 
         return {
             "mode": self.mode,
