@@ -12,7 +12,14 @@ from attnlab.serve.server import BackgroundServer
 from helpers import shared
 
 # Model name -> the shared tiny run behind it (see helpers.shared).
-RUNS = {"lm": "lm", "mt": "mt-transformer", "sst": "sst2-bert", "sst-lstm": "sst2-bilstm", "pos": "pos-bert"}
+RUNS = {
+    "lm": "lm",
+    "mt": "mt-transformer",
+    "sst": "sst2-bert",
+    "sst-lstm": "sst2-bilstm",
+    "pos": "pos-bert",
+    "mlm": "mlm",
+}
 # Small caps, so that no accepted request of a test (or of the fuzz test) takes long.
 LIMITS = Limits(
     max_tokens=200, max_n=4, max_prompt_tokens=50, max_text_chars=400, max_inputs=8, max_beam=4, max_attention_tokens=40

@@ -45,12 +45,13 @@ def test_models_lists_every_run_with_its_task_and_endpoints(client):
     body = client.get("/v1/models").json()
     assert body["object"] == "list"
     cards = {m["id"]: m for m in body["data"]}
-    assert list(cards) == ["lm", "mt", "sst", "sst-lstm", "pos"]
+    assert list(cards) == ["lm", "mt", "sst", "sst-lstm", "pos", "mlm"]
     assert cards["lm"]["endpoints"] == ["/v1/completions", "/v1/attention"]
     assert cards["mt"]["endpoints"] == ["/v1/translations", "/v1/attention"]
     assert cards["pos"]["endpoints"] == ["/v1/tags", "/v1/attention"]
     assert cards["sst-lstm"]["endpoints"] == ["/v1/classifications"]  # a BiLSTM has no attention
-    assert {m["task"] for m in cards.values()} == {"lm", "translation", "classification", "tagging"}
+    assert cards["mlm"]["endpoints"] == ["/v1/attention"]
+    assert {m["task"] for m in cards.values()} == {"lm", "translation", "classification", "tagging", "mlm"}
     assert all(m["object"] == "model" and m["owned_by"] == "attnlab" and m["created"] > 0 for m in cards.values())
     assert client.get("/v1/models/mt").json() == cards["mt"]
     assert client.get("/v1/models/nope").status_code == 404
@@ -228,7 +229,13 @@ def test_tags_are_the_taggers_with_probabilities(client, runs):
         assert math.isclose(sum(w["probabilities"].values()), 1.0, rel_tol=1e-5)
 
 
-ATTENTION = [("lm", "ROMEO: hi", None), ("mt", "Ein Hund.", None), ("mt", "Ein Hund.", "self"), ("pos", "I run.", None)]
+ATTENTION = [
+    ("lm", "ROMEO: hi", None),
+    ("mt", "Ein Hund.", None),
+    ("mt", "Ein Hund.", "self"),
+    ("pos", "I run.", None),
+    ("mlm", "the game is on .", None),
+]
 
 
 @pytest.mark.parametrize("model, text, kind", ATTENTION)

@@ -66,6 +66,13 @@ def test_the_page_streams_stops_and_switches_models(live, tmp_path):
         by_id(driver, "enc-run").click()
         wait(driver, lambda d: count(d, "#enc-result .word") == 6)
 
+        # A masked language model shows its attention only: the text box, no button of its own.
+        pick_model(driver, "mlm")
+        assert by_id(driver, "enc-view").is_displayed() and not by_id(driver, "enc-run").is_displayed()
+        fill(driver, "enc-input", "the game is on .")
+        by_id(driver, "show-attention").click()
+        wait(driver, lambda d: count(d, "#attention-box .attn-grid tr") > 4)
+
         shot = tmp_path / "serve.png"
         driver.save_screenshot(str(shot))
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

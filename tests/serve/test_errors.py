@@ -63,6 +63,7 @@ BAD = [
     (G, {"model": "lm", "input": "ROMEO", "kind": "cross"}, None, "self-attention only"),
     (G, {"model": "lm", "input": "ROMEO", "kind": "diagonal"}, "kind", "'self' or 'cross'"),
     (G, {"model": "sst-lstm", "input": "fine"}, "model", "POST /v1/classifications"),
+    (C, {"model": "mlm"}, "model", "a masked language model: it answers POST /v1/attention, not POST /v1/completions"),
 ]
 
 
@@ -214,7 +215,7 @@ def random_value(rng: random.Random, depth: int = 0):
         lambda: rng.choice([True, False]),
         lambda: rng.choice([0, 1, -1, 3, 2**31, -(2**63), 2**64, 10**30]),
         lambda: rng.choice([0.0, 0.5, 1.0, -0.1, 2.0000001, 1e308, -1e-300]),
-        lambda: rng.choice(["lm", "mt", "sst", "sst-lstm", "pos", "", " ", "ROMEO:", "Ein Hund.", "cross", "self"]),
+        lambda: rng.choice(["lm", "mt", "sst", "pos", "mlm", "", " ", "ROMEO:", "Ein Hund.", "cross", "self"]),
         lambda: "".join(rng.choice("aZ :\n\t\\\"'<é中\U0001f600\x00K") for _ in range(rng.randint(0, 30))),
     ]
     if depth < 2:
@@ -262,7 +263,7 @@ def random_body(rng: random.Random, path: str) -> bytes:
     fields = rng.sample(FIELDS, rng.randint(0, 6))
     body = {f: rng.choice(PLAUSIBLE[f]) if f in PLAUSIBLE and rng.random() < 0.6 else random_value(rng) for f in fields}
     if rng.random() < 0.7:
-        body["model"] = rng.choice(["lm", "mt", "sst", "sst-lstm", "pos"])
+        body["model"] = rng.choice(["lm", "mt", "sst", "sst-lstm", "pos", "mlm"])
     return json.dumps(body).encode()
 
 

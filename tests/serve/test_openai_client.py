@@ -16,7 +16,7 @@ def client(live):
 
 def test_models(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == ["lm", "mt", "sst", "sst-lstm", "pos"]
+    assert [m.id for m in models.data] == ["lm", "mt", "sst", "sst-lstm", "pos", "mlm"]
     assert client.models.retrieve("lm").owned_by == "attnlab"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")

@@ -25,6 +25,13 @@ ENDPOINTS = {
     "mlm": None,  # a masked language model only shows its attention
 }
 ATTENTION = "/v1/attention"
+KINDS = {
+    "lm": "language model",
+    "translation": "translation model",
+    "classification": "classifier",
+    "tagging": "tagger",
+    "mlm": "masked language model",
+}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -110,7 +117,7 @@ class ServedModel:
             has = " and ".join(f"POST {e}" for e in self.endpoints) or "nothing"
             raise APIError(
                 400,
-                f"model {self.name!r} is a {self.task} model: it answers {has}, not POST {endpoint}",
+                f"model {self.name!r} is a {KINDS[self.task]}: it answers {has}, not POST {endpoint}",
                 param="model",
             )
 

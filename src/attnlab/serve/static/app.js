@@ -63,10 +63,13 @@
     $("model-info").textContent = model.task + (model.context ? " · up to " + model.context + " tokens in" : "");
     $("lm-view").hidden = !has(model, "/v1/completions");
     $("mt-view").hidden = !has(model, "/v1/translations");
-    const tags = has(model, "/v1/tags");
-    $("enc-view").hidden = !(tags || has(model, "/v1/classifications"));
-    $("enc-title").textContent = tags ? "Tag each word" : "Classify";
+    // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
+    const tags = has(model, "/v1/tags"), classify = has(model, "/v1/classifications");
+    const attentionOnly = model.endpoints.length === 1 && has(model, "/v1/attention");
+    $("enc-view").hidden = !(tags || classify || attentionOnly);
+    $("enc-title").textContent = tags ? "Tag each word" : classify ? "Classify" : "A text to look at";
     $("enc-run").textContent = tags ? "Tag" : "Classify";
+    $("enc-run").hidden = attentionOnly;
     $("enc-result").hidden = true;
     $("mt-result").hidden = true;
     $("attn-section").hidden = !has(model, "/v1/attention");
@@ -313,8 +316,7 @@
   function typedText(model) {
     if (has(model, "/v1/completions")) return $("prompt").value;
     if (has(model, "/v1/translations")) return $("source").value;
-    if (!$("enc-view").hidden) return $("enc-input").value.split("\n").find((l) => l.trim()) || "";
-    return $("enc-input").value;
+    return $("enc-input").value.split("\n").find((l) => l.trim()) || "";  // the first sentence
   }
 
   function select(className, names, chosen) {
