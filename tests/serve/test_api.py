@@ -57,6 +57,23 @@ def test_models_lists_every_run_with_its_task_and_endpoints(client):
     assert client.get("/v1/models/nope").status_code == 404
 
 
+def test_the_openapi_page_documents_every_endpoint(client):
+    spec = client.get("/openapi.json").json()
+    paths = {p for p in spec["paths"] if p.startswith("/v1")}
+    assert paths == {
+        "/v1/models",
+        "/v1/models/{name}",
+        "/v1/completions",
+        "/v1/translations",
+        "/v1/classifications",
+        "/v1/tags",
+        "/v1/attention",
+    }
+    fields = spec["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed"} <= set(fields)
+    assert client.get("/docs").status_code == 200
+
+
 def test_health(client):
     assert client.get("/healthz").json() == {"status": "ok"}
 
