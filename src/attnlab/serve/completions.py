@@ -34,10 +34,9 @@ def encode_prompts(served: ServedModel, request: CompletionRequest, limits: Limi
     from attnlab.decode import encode_prompt
     from attnlab.errors import UserError
 
-    longest = min(served.context, limits.max_prompt_tokens or served.context)
-    prompts = request.prompts()
+    longest = served.context  # the worker's max_prompt_tokens
     out = []
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(request.prompts()):
         param = "prompt" if isinstance(request.prompt, str) else f"prompt[{i}]"
         if len(prompt) > limits.max_text_chars:
             raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
@@ -55,10 +54,9 @@ def encode_prompts(served: ServedModel, request: CompletionRequest, limits: Limi
 
 def check_caps(request: CompletionRequest, limits: Limits) -> None:
     """A 400 when the request asks for more than the server's caps allow."""
-    max_tokens = 16 if request.max_tokens is None else request.max_tokens
-    if max_tokens > limits.max_tokens:
+    if request.new_tokens > limits.max_tokens:
         raise APIError(400, f"max_tokens: at most {limits.max_tokens} on this server", param="max_tokens")
-    count = (request.n or 1) * len(request.prompts())
+    count = request.per_prompt * len(request.prompts())
     if count > limits.max_n:
         raise APIError(
             400, f"n: {count} completions asked (n x prompts); at most {limits.max_n} on this server", param="n"
@@ -69,11 +67,10 @@ def submit(served: ServedModel, prompts: Sequence[list[int]], request: Completio
     """One stream per choice, in OpenAI's order; a 429 (nothing left queued) when the queue is full."""
     from attnlab.serve.worker import QueueFull
 
-    n = request.n or 1
     streams = []
     try:
         for ids in prompts:
-            for j in range(n):
+            for j in range(request.per_prompt):
                 streams.append(served.worker.submit(ids, sampling(request, j)))
     except QueueFull as e:
         for s in streams:
@@ -91,7 +88,7 @@ def sampling(request: CompletionRequest, choice: int):
     from attnlab.serve.worker import Sampling
 
     return Sampling(
-        max_tokens=16 if request.max_tokens is None else request.max_tokens,
+        max_tokens=request.new_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         top_k=request.top_k,

@@ -59,6 +59,14 @@ class CompletionRequest(Request):
     seed: Seed | None = Field(None, description="the same seed gives the same text; choice i uses seed + i")
     user: str | None = Field(None, description="accepted for compatibility, not used")
 
+    @property
+    def new_tokens(self) -> int:
+        return 16 if self.max_tokens is None else self.max_tokens
+
+    @property
+    def per_prompt(self) -> int:
+        return self.n or 1
+
     def stops(self) -> tuple[str, ...]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return tuple(s for s in stop if s)  # an empty stop string would end every completion at once
