@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,9 @@ MODEL_KINDS: dict[str, type] = {"transformer": Seq2SeqConfig, "rnn": RNNConfig, 
 @dataclass(frozen=True)
 class TranslationDataConfig:
     """Where the parallel text comes from and how it is batched."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir",)
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with {train,val,test_2016_flickr,test_2017_flickr}.{src,tgt}.gz (attnlab train --data-dir)."""

@@ -4,6 +4,8 @@ A TOML document (a preset, a file, or a run folder's config.toml) plus `--set` o
 a `RunConfig`; the model and data sections are the task's own dataclasses.
 """
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,10 +183,23 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
     return RunConfig(
         task=task_name,
         model=build(task.model_config_class(doc.get("model", {})), doc.get("model", {}), "model"),
-        data=build(task.data_config_class, doc.get("data", {}), "data"),
+        data=absolute_paths(build(task.data_config_class, doc.get("data", {}), "data")),
         train=build(TrainConfig, doc.get("train", {}), "train"),
         log=build(LogConfig, doc.get("log", {}), "log"),
     )
+
+
+def absolute_paths(data: Any) -> Any:
+    """`data` with its `path_fields` made absolute against the current folder (`~` expanded), so
+    that a run folder's config.toml names the same files from any folder. A run folder written
+    before this stored relative paths: read from the folder it was trained in, they name the same
+    files as they did."""
+    changes = {}
+    for name in getattr(data, "path_fields", ()):
+        value = getattr(data, name)
+        if value and (absolute := os.path.abspath(os.path.expanduser(value))) != value:
+            changes[name] = absolute
+    return dataclasses.replace(data, **changes) if changes else data
 
 
 def apply_overrides(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
