@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_sec": round(result.elapsed_sec, 2),
         "tokens_per_sec": round(result.tokens_per_sec, 1),
         "compiled": result.compiled,
+        "dtype": result.dtype,
         "stopped_by": result.stopped_by,
     }
     if args.json:

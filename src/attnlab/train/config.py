@@ -58,7 +58,9 @@ class TrainConfig:
     """"auto", "cpu" or "cuda"."""
     dtype: str = "float32"
     """"float32"; "bfloat16" autocast with fp32 master weights (GPU, and CPUs with bf16 support);
-    "float16" autocast with fp32 master weights and a gradient scaler (GPU only)."""
+    "float16" autocast with fp32 master weights and a gradient scaler (GPU only); "auto": bfloat16
+    where the hardware runs it fast, float32 elsewhere (`attnlab.device.resolve_dtype`; the log
+    says which)."""
     schedule: str = "cosine"
     """"cosine": linear warm-up then cosine to min_lr; "inverse_sqrt": the paper's warm-up then
     1/√step decay (Vaswani et al. Eq. 3), peaking at learning_rate."""
@@ -120,8 +122,8 @@ class TrainConfig:
         for name in ("patience", "checkpoint_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
 
     @property
     def decay_steps(self) -> int:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.device import autocast, keep_freed_memory, resolve_device, slow_dtype_note
+from attnlab.device import autocast, keep_freed_memory, resolve_device, resolve_dtype, slow_dtype_note
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.nn import collect_aux_loss, kernels, moe_stats
 from attnlab.tasks import TASKS
@@ -82,6 +82,8 @@ class TrainResult:
     """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
     fused_kernels: bool = False
     """Whether attnlab's C++ kernels were on (train.fused_kernels, where they could be built)."""
+    dtype: str = "float32"
+    """The precision the steps ran in (what train.dtype = "auto" chose)."""
     stopped_by: str | None = None
     """The signal ("SIGINT", "SIGTERM") that stopped the run early, after saving; None if it finished."""
 
@@ -204,7 +206,8 @@ def train(
             f"train.patience and train.watch_loss need a validation metric to watch; a {config.task!r} run has none"
         )
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
-    precision = Precision(device, tc.dtype)
+    dtype, why = resolve_dtype(tc.dtype, device)  # "auto": bf16 where the hardware runs it fast
+    precision = Precision(device, dtype)
 
     def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
         saved = _prepare_run_dir(config, run_dir, resume)
@@ -278,7 +281,7 @@ def train(
         out = None
         if ddp.is_main:  # the others wait for its results: N copies of the same estimate would share the CPU
             model.eval()
-            with torch.no_grad(), autocast(device, tc.dtype):
+            with torch.no_grad(), autocast(device, dtype):
                 out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
             model.train()
         return ddp.broadcast(out)
@@ -323,7 +326,9 @@ def train(
             save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
 
     write = sys.stderr.write if ddp.is_main else _silent
-    if note := slow_dtype_note(device, tc.dtype):
+    if tc.dtype == "auto":
+        write(f"train.dtype auto: {dtype} ({why})\n")
+    if note := slow_dtype_note(device, dtype):
         write(note + "\n")
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
     show_bar = progress and ddp.is_main and sys.stderr.isatty()
@@ -461,6 +466,7 @@ def train(
         tokens_per_sec,
         compiled=step_loss.compiled,
         fused_kernels=fused_kernels,
+        dtype=dtype,
         stopped_by=stopped_by,
     )
 
