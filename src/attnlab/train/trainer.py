@@ -282,7 +282,9 @@ def train(
         if ddp.is_main:  # the others wait for its results: N copies of the same estimate would share the CPU
             model.eval()
             with torch.no_grad(), autocast(device, dtype):
-                out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
+                out = task.evaluate_during_training(
+                    model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed, log=log
+                )
             model.train()
         return ddp.broadcast(out)
 
