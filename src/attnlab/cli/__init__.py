@@ -85,13 +85,13 @@ def _bounded_int(text: str, low: int) -> int:
 def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str = "best"):
     """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
     from attnlab import load
+    from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.tasks import TASKS
 
     dev = resolve_device(device)
     run = load(run_dir, device=dev, checkpoint=checkpoint)
-    if run.config.task != task_name:
-        raise UserError(f"{run_dir} is a {run.config.task!r} run, not a {task_name} model")
+    require_kind(run_dir, run.config, {"classification": "classify", "tagging": "tag"}.get(task_name, task_name))
     task = TASKS[task_name](run.config.data, run.config.model, run.path, resume=True, splits=())
     return run, task, dev
 

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab import load
     from attnlab.cli import read_text_arguments
+    from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.tasks import Translation
@@ -44,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
     lines = read_text_arguments(args.text, args.input, "translate")
     device = resolve_device(args.device)
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    if run.config.task != "translation":
-        raise UserError(f"{args.run_dir} is a {run.config.task!r} run, not a translation model; use `attnlab sample`")
+    require_kind(args.run_dir, run.config, "translate")
     task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
     sources, cut = task.encode_sources(lines)
     if cut:
