@@ -193,3 +193,25 @@ def test_real_process_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["smaple", "runs/x"], "(did you mean 'sample'"),
+        (["sample", "runs/x", "--promt", "ROMEO:"], "(did you mean '--prompt'?)"),
+        (["eval", "runs/x", "--chekpoint=best"], "(did you mean '--checkpoint'"),
+        (["eval", "runs/x", "--checkpoint", "bset"], "(did you mean 'best'?)"),
+    ],
+)
+def test_a_mistyped_subcommand_option_or_choice_gets_a_did_you_mean(capsys, argv, hint):
+    assert_user_error(cli(capsys, *argv), hint)
+
+
+def test_train_help_lists_the_presets(capsys):
+    from attnlab.config import presets
+
+    code, out, _ = cli(capsys, "train", "--help")
+    assert code == 0
+    listed = " ".join(out.partition("presets:")[2].split())
+    assert [p for p in presets() if p not in listed.replace(", ", " ").split()] == []

@@ -3,19 +3,25 @@
 import argparse
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 from attnlab.cli import positive_int
+from attnlab.config import presets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model from a preset or a TOML config",
-        description="Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
-        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
-        "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its step, "
-        "saves a checkpoint and exits 0 with the command that continues it.",
+        description=_fill(
+            "Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
+            "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
+            "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its "
+            "step, saves a checkpoint and exits 0 with the command that continues it."
+        ),
+        epilog=_fill(f"presets: {', '.join(presets())}"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # so that no preset name is cut at a hyphen
     )
     p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
     p.add_argument(
@@ -59,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
+
+
+def _fill(text: str) -> str:
+    return textwrap.fill(text, width=90, break_on_hyphens=False, break_long_words=False)
 
 
 def run(args: argparse.Namespace) -> int:
