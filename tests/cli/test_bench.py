@@ -221,5 +221,5 @@ def test_fused_is_a_cpu_step_and_not_with_compile(capsys):
 
 def test_quick_help_says_how_long_it_takes(capsys):
     code, out, _ = cli(capsys, "bench", "--help")
-    quick = " ".join(out.partition("--quick")[2].partition("--compile")[0].split())
+    quick = " ".join(out.partition("\n  --quick")[2].partition("\n  --compile")[0].split())
     assert code == 0 and "minute" in quick and "in seconds" not in quick
