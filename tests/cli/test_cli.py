@@ -215,3 +215,28 @@ def test_train_help_lists_the_presets(capsys):
     assert code == 0
     listed = " ".join(out.partition("presets:")[2].split())
     assert [p for p in presets() if p not in listed.replace(", ", " ").split()] == []
+
+
+@pytest.mark.parametrize(
+    "mistake, config, args",
+    [
+        ("missing corpus", "TINY", ["--set", "data.path=no-such-corpus.txt"]),
+        ("corpus shorter than a block", "TINY", ["--set", "model.block_size=30000"]),  # after tokenizer.json
+        ("bad --data-dir", "sst2", ["--data-dir", "no-such-folder"]),
+        ("bad --init-from", "sst2", ["--data-dir", "SST2", "--init-from", "no-such-run"]),
+    ],
+)
+def test_a_run_that_fails_at_set_up_leaves_no_run_folder(
+    capsys, tiny_toml, tmp_path, monkeypatch, mistake, config, args
+):
+    from helpers import SST2
+
+    monkeypatch.chdir(tmp_path)
+    config = str(tiny_toml) if config == "TINY" else config
+    args = [str(SST2) if a == "SST2" else a for a in args]
+    for out, existed in ((tmp_path / "new", False), (tmp_path / "empty", True)):
+        if existed:
+            out.mkdir()
+        code, _, err = cli(capsys, "train", config, "--out", out, "--quiet", *args)
+        assert code == 2, err
+        assert (out.exists() and list(out.iterdir()) == []) if existed else not out.exists(), mistake

@@ -12,6 +12,7 @@ every batch (see `train.distributed`).
 import csv
 import dataclasses
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -230,7 +231,16 @@ def train(
         torch.manual_seed(tc.seed)
         return TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=tc.batch_size)
 
-    task = ddp.main_first(prepare, follow)
+    # A new run that fails while setting up (a missing corpus, a bad data folder or --init-from)
+    # leaves its folder as it found it: absent, or empty.
+    new_run = not resume and (not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())))
+    existed = run_dir.exists()
+    try:
+        task = ddp.main_first(prepare, follow)
+    except BaseException:
+        if new_run and ddp.is_main:
+            _empty(run_dir, keep_folder=existed)
+        raise
     config = dataclasses.replace(config, model=task.model_config)
     resume = resume and not restart
 
@@ -479,6 +489,15 @@ def _metrics_sinks(config: RunConfig, run_dir: Path, resume_step: int | None) ->
     if config.log.tensorboard:
         return MetricsSinks(csv_log, TensorBoardLog(run_dir, resume_step))
     return MetricsSinks(csv_log)
+
+
+def _empty(run_dir: Path, keep_folder: bool) -> None:
+    """Remove what a failed set-up wrote into a new run folder (the folder too unless it was there before)."""
+    if keep_folder:
+        for child in run_dir.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _silent(text: str) -> None:
