@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "cost",
     "ablate",
     "scale",
+    "data",
 )
 
 
