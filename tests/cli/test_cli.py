@@ -240,3 +240,21 @@ def test_a_run_that_fails_at_set_up_leaves_no_run_folder(
         code, _, err = cli(capsys, "train", config, "--out", out, "--quiet", *args)
         assert code == 2, err
         assert (out.exists() and list(out.iterdir()) == []) if existed else not out.exists(), mistake
+
+
+def test_demo_trains_samples_and_reuses_its_run(capsys, tmp_path):
+    """The quick start for real, on a tiny budget: train, sample, point at the next commands; run
+    again, it reuses the finished run instead of training anew."""
+    budget = ["train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32"]
+    args = ["demo", "--out", tmp_path / "demo", "--quiet", "--max-new-tokens", "25"]
+    args += [w for kv in budget for w in ("--set", kv)]
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"Training a 1-layer GPT on Tiny Shakespeare into {tmp_path / 'demo'} (4 steps)")
+    assert lines[1].startswith("Done: step 4, val loss ")
+    sample = out.partition("\n\n")[2].partition("\n\nMore:")[0]
+    assert sample.startswith("ROMEO:") and len(sample) == len("ROMEO:") + 25  # one character per token
+    assert f"More: attnlab sample {tmp_path / 'demo'}" in out
+    code, again, _ = cli(capsys, *args)
+    assert code == 0 and "(4 steps, resuming)" in again and again.partition("\n\n")[2] == out.partition("\n\n")[2]
