@@ -39,6 +39,10 @@ def test_a_run_trained_with_a_relative_path_is_used_and_resumed_from_another_fol
     code, out, err = cli(capsys, "train", run / "config.toml", "--out", run, "--resume", *more)
     assert code == 0, err
     assert "trained 6 steps" in out
+    more = [a.replace("max_iters=4", "max_iters=8") for a in TINY]
+    code, out, err = cli(capsys, "train", run, "--resume", *more)  # the run folder names its config and --out
+    assert code == 0, err
+    assert "trained 8 steps" in out and f"Run folder: {run}" in out
 
 
 def test_an_old_run_with_a_relative_path_still_works_where_it_was_trained(capsys, tmp_path, monkeypatch):

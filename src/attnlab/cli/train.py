@@ -23,7 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_fill(f"presets: {', '.join(presets())}"),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # so that no preset name is cut at a hyphen
     )
-    p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
+    p.add_argument(
+        "config",
+        metavar="PRESET_OR_TOML",
+        help="a preset name, a path to a .toml file, or a run folder (its config.toml; the run folder is then "
+        "--out: attnlab train RUN --resume)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -67,6 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _default_out(config: str, name: str) -> Path:
+    """A run folder given as the config is its own --out (`attnlab train RUN --resume`); else runs/NAME."""
+    return Path(config) if Path(config).is_dir() else Path("runs") / name
+
+
 def _fill(text: str) -> str:
     return textwrap.fill(text, width=90, break_on_hyphens=False, break_long_words=False)
 
@@ -97,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             )
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
-    out = args.out if args.out is not None else Path("runs") / name
+    out = args.out if args.out is not None else _default_out(args.config, name)
     if args.eval_split and args.seeds is None:
         raise UserError("--eval-split goes with --seeds; evaluate a single run with `attnlab eval RUN --split SPLIT`")
     if args.seeds is not None:
