@@ -16,3 +16,9 @@ def test_progress_lines_say_how_far_and_are_silent_for_quick_work():
     quiet = []
     ProgressLines("validation", 30, "sentences", every=3600.0, write=quiet.append).update(20)
     assert quiet == []
+
+
+def test_a_resumed_count_starts_where_it_was():
+    lines = []
+    ProgressLines("training", 100, "steps", every=0.0, write=lines.append, done=40).update(1)
+    assert lines[0].startswith("training: 41/100 steps (")

@@ -19,11 +19,12 @@ class ProgressLines:
         *,
         every: float = 15.0,
         write: Callable[[str], object] | None = None,
+        done: int = 0,
     ) -> None:
         self.what, self.total, self.unit, self.every = what, total, unit, every
         self.write = write if write is not None else (lambda line: sys.stderr.write(line + "\n"))
         self.start = self.last = time.perf_counter()
-        self.done = 0
+        self.done = done  # e.g. the steps a resumed run had done
 
     def update(self, n: int) -> None:
         """`n` more units done; a line when `every` seconds have passed since the last one."""

@@ -261,3 +261,14 @@ def test_no_preset_asks_for_bf16_where_it_would_be_slow():
     asked = {name: load_preset_or_file(name)[1].get("train", {}).get("dtype") for name in presets()}
     assert "bfloat16" not in asked.values()
     assert asked["multi30k-de-en"] == asked["shakespeare-char"] == "auto"
+
+
+def test_without_a_terminal_training_prints_progress_lines(tiny_toml, tmp_path, capsys, monkeypatch):
+    from attnlab.train import trainer
+
+    monkeypatch.setattr(trainer, "PROGRESS_EVERY_S", 0.0)  # a line at every step, for the test
+    train(run_config(tiny_toml), tmp_path / "run", progress=True)  # capsys's stderr is no terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("training: ")]
+    assert [line.split(" (")[0] for line in lines] == [f"training: {s}/8 steps" for s in range(1, 8)]
+    train(run_config(tiny_toml), tmp_path / "quiet", progress=False)
+    assert "training: " not in capsys.readouterr().err

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from attnlab.device import autocast, keep_freed_memory, resolve_device, resolve_dtype, slow_dtype_note
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.nn import collect_aux_loss, kernels, moe_stats
+from attnlab.progress import ProgressLines
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
@@ -44,6 +45,8 @@ from attnlab.train.precision import Precision
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from attnlab.train.signals import StopRequest
 from attnlab.train.tensorboard import MetricsSinks, TensorBoardLog
+
+PROGRESS_EVERY_S = 30.0  # seconds between progress lines where no bar is drawn
 
 METRICS_FIELDS = [
     "step",
@@ -346,6 +349,9 @@ def train(
     show_bar = progress and ddp.is_main and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
+    # Without a bar (a log file, a pipe), a line every 30 s between the evaluations' lines.
+    ticker = ProgressLines("training", tc.max_iters, "steps", every=PROGRESS_EVERY_S, write=log, done=step)
+    ticking = progress and ddp.is_main and not show_bar
     guard = StepGuard(tc.max_bad_steps, tc.spike_factor, log)  # skips non-finite steps, warns of spikes
     if resume:
         guard.load_state_dict(state)
@@ -436,6 +442,8 @@ def train(
             )
             bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
         bar.update(1)
+        if ticking:
+            ticker.update(1)
 
         saved = False
         if step % tc.eval_interval == 0 or step == tc.max_iters:
