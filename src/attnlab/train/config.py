@@ -185,17 +185,18 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
     return RunConfig(
         task=task_name,
         model=build(task.model_config_class(doc.get("model", {})), doc.get("model", {}), "model"),
-        data=absolute_paths(build(task.data_config_class, doc.get("data", {}), "data")),
+        data=build(task.data_config_class, doc.get("data", {}), "data"),
         train=build(TrainConfig, doc.get("train", {}), "train"),
         log=build(LogConfig, doc.get("log", {}), "log"),
     )
 
 
 def absolute_paths(data: Any) -> Any:
-    """`data` with its `path_fields` made absolute against the current folder (`~` expanded), so
-    that a run folder's config.toml names the same files from any folder. A run folder written
-    before this stored relative paths: read from the folder it was trained in, they name the same
-    files as they did."""
+    """`data` with its `path_fields` made absolute against the current folder (`~` expanded): what
+    `train` stores, so that a run folder's config.toml names the same files from any folder. (A
+    config as written, e.g. an ablation spec, keeps its relative paths until a run starts; a run
+    folder written before this holds relative ones, which name the same files as they did from
+    the folder it was trained in.)"""
     changes = {}
     for name in getattr(data, "path_fields", ()):
         value = getattr(data, name)

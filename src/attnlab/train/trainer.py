@@ -37,7 +37,7 @@ from attnlab.train.checkpoint import (
     save_checkpoint,
     write_config,
 )
-from attnlab.train.config import RunConfig, TrainConfig
+from attnlab.train.config import RunConfig, TrainConfig, absolute_paths
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.guards import StepGuard, grad_norm
 from attnlab.train.optim import adam_l2, adamw
@@ -117,7 +117,7 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfi
         saved = read_config(run_dir)
         if saved.task != config.task:
             raise CheckpointError(f"cannot resume: {run_dir} is a {saved.task!r} run, not {config.task!r}")
-        _check_same(run_dir, "data", saved.data, config.data)
+        _check_same(run_dir, "data", absolute_paths(saved.data), config.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     return saved
 
@@ -197,6 +197,7 @@ def train(
     Under torchrun (RANK, WORLD_SIZE in the environment) this is one rank of a data-parallel job:
     every rank returns the same result; rank 0 alone writes the run folder."""
     run_dir = Path(run_dir)
+    config = dataclasses.replace(config, data=absolute_paths(config.data))  # a run folder works from anywhere
     tc = config.train
     ddp = Distributed(ranks_from_environment())
     # Killed before its first checkpoint: the folder has a config but nothing to resume from.
