@@ -78,3 +78,29 @@ def test_the_cpu_description_names_the_vector_instructions_pytorch_uses():
     name, _, isa = cpu_description().rpartition(", ")
     assert name  # a model name, or at least the architecture
     assert isa == torch.backends.cpu.get_cpu_capability()
+
+
+@pytest.mark.parametrize(
+    "flags, chosen",
+    [
+        ({"avx2", "fma"}, "float32"),  # this machine kind, and most laptops
+        ({"avx2", "avx512f", "avx512bw"}, "float32"),  # AVX-512 without bf16 dot products
+        ({"avx512f", "avx512_bf16"}, "bfloat16"),  # Cooper Lake, Zen 4
+        ({"avx512f", "amx_tile", "amx_bf16"}, "bfloat16"),  # Sapphire Rapids
+    ],
+)
+def test_auto_dtype_on_a_cpu_is_bf16_only_with_native_bf16_instructions(flags, chosen):
+    from attnlab.device import resolve_dtype
+
+    dtype, why = resolve_dtype("auto", torch.device("cpu"), frozenset(flags))
+    assert dtype == chosen and why
+    for explicit in ("float32", "bfloat16"):  # an explicit dtype is obeyed whatever the CPU
+        assert resolve_dtype(explicit, torch.device("cpu"), frozenset(flags))[0] == explicit
+
+
+def test_auto_dtype_on_this_cpu_agrees_with_pytorchs_own_checks():
+    from attnlab.device import resolve_dtype
+
+    fast_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    dtype, why = resolve_dtype("auto", torch.device("cpu"))
+    assert dtype == ("bfloat16" if fast_bf16 else "float32"), why

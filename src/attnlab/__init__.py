@@ -2,8 +2,10 @@
 
 import attnlab
 run = attnlab.load("runs/demo")      # .model, .tokenizer, .config
+maps = attnlab.viz.attention_maps(run, "ROMEO:")   # subpackages load on first use
 """
 
+from importlib import import_module
 from pathlib import Path
 
 from attnlab.errors import CheckpointError, ConfigError, UserError
@@ -19,6 +21,21 @@ def load(path: str | Path, *, device: str = "cpu", checkpoint: str = "best"):
     from attnlab.train.checkpoint import load_run
 
     return load_run(path, device=device, checkpoint=checkpoint)
+
+
+# Importing `attnlab` stays cheap (the CLI starts with it); each subpackage is imported the first
+# time it is named, so `attnlab.viz.attention_maps(...)` works after a bare `import attnlab`.
+SUBPACKAGES = ("data", "decode", "eval", "models", "nn", "tasks", "train", "viz")
+
+
+def __getattr__(name: str):
+    if name in SUBPACKAGES:
+        return import_module(f"attnlab.{name}")
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *SUBPACKAGES})
 
 
 __all__ = ["CheckpointError", "ConfigError", "UserError", "__version__", "load"]

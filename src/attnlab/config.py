@@ -47,7 +47,8 @@ def read_toml(path: Path) -> dict[str, Any]:
 def load_preset_or_file(name: str, folder: str = "presets", what: str = "preset") -> tuple[str, dict[str, Any]]:
     """Read a preset by exact name, or a TOML file by path. Returns `(run name, document)`.
 
-    Presets are an exact table of names; a path is anything ending in `.toml` or naming a file.
+    Presets are an exact table of names; a path is anything ending in `.toml` or naming a file, or
+    a folder holding a config.toml (a run folder) that is not a preset's name.
     `folder` and `what` name another table of shipped files, e.g. ("presets/ablations", "ablation spec").
     """
     path = Path(name)
@@ -57,6 +58,8 @@ def load_preset_or_file(name: str, folder: str = "presets", what: str = "preset"
         stem = path.parent.name if path.name == "config.toml" else path.stem
         return stem, read_toml(path)
     names = presets(folder)
+    if name not in names and (path / "config.toml").is_file():  # a run folder: its resolved config
+        return path.name, read_toml(path / "config.toml")
     if name not in names:
         raise ConfigError(
             f"unknown {what} {name!r}{close_matches(name, names)}; "

@@ -75,6 +75,36 @@ def cpu_has_bf16_matmul() -> bool:
         return False
 
 
+# The CPU features that make bf16 products fast: native bf16 dot products (AVX512-BF16, Cooper
+# Lake / Zen 4 onwards) or Intel's matrix tiles (AMX, Sapphire Rapids onwards), as Linux names them.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of /proc/cpuinfo (empty where the system has no such file)."""
+    return frozenset(word for line in cpuinfo_lines(("flags",)) for word in line.partition(":")[2].split())
+
+
+def resolve_dtype(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
+    """The training dtype `name` stands for on `device`, and why: "auto" is "bfloat16" where the
+    hardware runs it fast (a CUDA GPU with bf16, a CPU with one of `BF16_CPU_FLAGS`; `flags`
+    defaults to this CPU's), else "float32" (bf16 without them is ~40x slower on a CPU,
+    `slow_dtype_note`). Any other name is returned as given.
+
+    resolve_dtype("auto", torch.device("cpu"), frozenset({"avx2"})) -> ("float32", "... no AVX512-BF16 or AMX")"""
+    if name != "auto":
+        return name, "as asked for"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bfloat16", "this GPU computes in bf16"
+        return "float32", "this GPU has no bf16"
+    found = sorted(set(BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags))
+    if device.type == "cpu" and found:
+        return "bfloat16", f"this CPU has {', '.join(found)}"
+    return "float32", f"this {device.type.upper()} has no AVX512-BF16 or AMX for fast bf16"
+
+
 def slow_dtype_note(device: torch.device, dtype: str) -> str | None:
     """A one-line warning where `dtype` would make training on `device` far slower than fp32, else None."""
     if device.type == "cpu" and dtype == "bfloat16" and not cpu_has_bf16_matmul():

@@ -217,3 +217,9 @@ def test_quick_fused_trains_with_the_kernels_and_decodes_with_the_fused_step(cap
 def test_fused_is_a_cpu_step_and_not_with_compile(capsys):
     code, _, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--fused", "--compile")
     assert code == 2 and "pick one" in err
+
+
+def test_quick_help_says_how_long_it_takes(capsys):
+    code, out, _ = cli(capsys, "bench", "--help")
+    quick = " ".join(out.partition("\n  --quick")[2].partition("\n  --compile")[0].split())
+    assert code == 0 and "minute" in quick and "in seconds" not in quick

@@ -193,3 +193,68 @@ def test_real_process_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["smaple", "runs/x"], "(did you mean 'sample'"),
+        (["sample", "runs/x", "--promt", "ROMEO:"], "(did you mean '--prompt'?)"),
+        (["eval", "runs/x", "--chekpoint=best"], "(did you mean '--checkpoint'"),
+        (["eval", "runs/x", "--checkpoint", "bset"], "(did you mean 'best'?)"),
+    ],
+)
+def test_a_mistyped_subcommand_option_or_choice_gets_a_did_you_mean(capsys, argv, hint):
+    assert_user_error(cli(capsys, *argv), hint)
+
+
+def test_train_help_lists_the_presets(capsys):
+    from attnlab.config import presets
+
+    code, out, _ = cli(capsys, "train", "--help")
+    assert code == 0
+    listed = " ".join(out.partition("presets:")[2].split())
+    assert [p for p in presets() if p not in listed.replace(", ", " ").split()] == []
+
+
+@pytest.mark.parametrize(
+    "mistake, config, args",
+    [
+        ("missing corpus", "TINY", ["--set", "data.path=no-such-corpus.txt"]),
+        ("corpus shorter than a block", "TINY", ["--set", "model.block_size=30000"]),  # after tokenizer.json
+        ("bad --data-dir", "sst2", ["--data-dir", "no-such-folder"]),
+        ("bad --init-from", "sst2", ["--data-dir", "SST2", "--init-from", "no-such-run"]),
+    ],
+)
+def test_a_run_that_fails_at_set_up_leaves_no_run_folder(
+    capsys, tiny_toml, tmp_path, monkeypatch, mistake, config, args
+):
+    from helpers import SST2
+
+    monkeypatch.chdir(tmp_path)
+    config = str(tiny_toml) if config == "TINY" else config
+    args = [str(SST2) if a == "SST2" else a for a in args]
+    for out, existed in ((tmp_path / "new", False), (tmp_path / "empty", True)):
+        if existed:
+            out.mkdir()
+        code, _, err = cli(capsys, "train", config, "--out", out, "--quiet", *args)
+        assert code == 2, err
+        assert (out.exists() and list(out.iterdir()) == []) if existed else not out.exists(), mistake
+
+
+def test_demo_trains_samples_and_reuses_its_run(capsys, tmp_path):
+    """The quick start for real, on a tiny budget: train, sample, point at the next commands; run
+    again, it reuses the finished run instead of training anew."""
+    budget = ["train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32"]
+    args = ["demo", "--out", tmp_path / "demo", "--quiet", "--max-new-tokens", "25"]
+    args += [w for kv in budget for w in ("--set", kv)]
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"Training a 1-layer GPT on Tiny Shakespeare into {tmp_path / 'demo'} (4 steps)")
+    assert lines[1].startswith("Done: step 4, val loss ")
+    sample = out.partition("\n\n")[2].partition("\n\nMore:")[0]
+    assert sample.startswith("ROMEO:") and len(sample) == len("ROMEO:") + 25  # one character per token
+    assert f"More: attnlab sample {tmp_path / 'demo'}" in out
+    code, again, _ = cli(capsys, *args)
+    assert code == 0 and "(4 steps, resuming)" in again and again.partition("\n\n")[2] == out.partition("\n\n")[2]

@@ -165,3 +165,9 @@ def test_attention_adds_the_pattern_transformers_to_a_quick_run(attention_run):
 )
 def test_a_bad_attention_pattern_is_one_line_naming_the_choices(capsys, value, fragment):
     assert_user_error(cli(capsys, "cost", "--quick", "--attention", value), fragment)
+
+
+def test_cost_help_says_fastest_of_as_the_output_does(capsys):
+    code, out, _ = cli(capsys, "cost", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "the fastest of them" in text and "median" not in text

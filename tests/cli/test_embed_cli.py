@@ -98,7 +98,7 @@ def test_embed_errors(mlm_run, capsys, tmp_path, tmp_path_factory):
     assert_user_error(cli(capsys, "embed", tmp_path / "nowhere", "a bank"), "nowhere")
     bilstm = shared(tmp_path_factory, "sst2-bilstm")
     capsys.readouterr()  # the training log, when this test trained the BiLSTM
-    assert_user_error(cli(capsys, "embed", bilstm, "a bank"), "BiLSTM", "BERT")
+    assert_user_error(cli(capsys, "embed", bilstm, "a bank"), "(bilstm), not a BERT encoder")
 
 
 def test_any_bert_run_embeds_even_a_classifier(capsys, tmp_path_factory):

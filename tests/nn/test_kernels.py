@@ -405,3 +405,55 @@ def test_the_4_float_build_matches_the_formula_too(narrow_build, monkeypatch, ca
     test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim)
     test_gelu_and_its_gradient_match_pytorch_in_float64("tanh")
     assert used  # the narrow build ran, not this CPU's
+
+
+def test_the_4_float_build_is_the_sse_branch(narrow_build):
+    assert narrow_build.vector_floats == 4
+
+
+def _test_module(relative: str):
+    """Another test module of this suite, by path (its tests reused on the narrow build)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kernel", ["block", "stack", "cross_entropy", "adamw"])
+def test_the_4_float_build_runs_every_other_kernel_right_too(narrow_build, monkeypatch, kernel):
+    """The fused block, the GPT stack, the cross-entropy and the clipping AdamW step, each with
+    its own test, on the SSE4.2 build (attention and GELU: above)."""
+    used = []
+    monkeypatch.setattr(kernels, "extension", lambda: used.append(1) or narrow_build)
+    if kernel == "block":
+        test_fused_pre_norm_block_matches_its_modules("gelu_tanh", True, True, 2)
+    elif kernel == "stack":
+        test_gpts_fused_stack_computes_what_its_blocks_do_one_at_a_time(True, 2, monkeypatch)
+    elif kernel == "cross_entropy":
+        test_cross_entropy_and_its_gradient_match_pytorch_in_float64(torch.float32, 0.1, 2)
+    else:
+        _test_module("train/test_clipping_adamw.py").test_steps_match_pytorchs_clipping_and_adamw(2, 1.0)
+    assert used  # the narrow build ran, not this CPU's
+
+
+def test_this_cpus_build_takes_its_widest_branch():
+    """The native build's vectors are as wide as this CPU's registers. The AVX-512 branch (16
+    floats) runs only where the CPU has AVX-512: elsewhere this says so, as a skip."""
+    import platform
+
+    from attnlab.device import cpu_flags
+
+    flags = cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not flags:
+        pytest.skip("an x86-64 CPU listed in /proc/cpuinfo")
+    widest = 16 if "avx512f" in flags else 8 if "avx" in flags else 4
+    assert kernels.extension().vector_floats == widest
+    if widest != 16:
+        pytest.skip(
+            f"the AVX-512 branch of the kernels (16-float vectors) cannot run on this CPU (no avx512f); "
+            f"tested here: this CPU's {widest}-float build and the 4-float SSE4.2 build"
+        )

@@ -93,3 +93,44 @@ def test_best_checkpoint_has_the_best_val_bleu_and_is_verified(fifty_pairs, tmp_
     (run_dir / "best.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
         load(run_dir)
+
+
+def test_a_one_step_smoke_run_of_the_preset_decodes_within_its_validation_budget(tmp_path, capsys, monkeypatch):
+    """train.eval_iters bounds the validation work during training: here 1 batch of data.max_tokens
+    of the 50 validation pairs, at step 0 and step 1. Counted: the sentences actually translated."""
+    from attnlab.config import load_preset_or_file, parse_overrides
+
+    decoded = []
+    real = Translation.translate_ids
+
+    def counting(self, model, sources, *args, **kwargs):
+        decoded.append(len(sources))
+        return real(self, model, sources, *args, **kwargs)
+
+    monkeypatch.setattr(Translation, "translate_ids", counting)
+    _, doc = load_preset_or_file("multi30k-de-en")
+    overrides = parse_overrides(
+        [f"data.data_dir={FIXTURE}", "data.max_tokens=300", "data.vocab_size=500"]
+        + ["train.max_iters=1", "train.eval_iters=1", "model.n_encoder_layers=1", "model.n_decoder_layers=1"]
+    )
+    result = train(resolve(apply_overrides(doc, overrides)), tmp_path / "run", progress=False)
+    assert result.step == 1 and result.dtype == "float32" or torch.cpu._is_avx512_bf16_supported()
+    task = Translation(
+        resolve(apply_overrides(doc, overrides)).data,
+        load(tmp_path / "run").config.model,
+        tmp_path / "run",
+        resume=True,
+        splits=("val",),
+    )
+    budget = sum(len(b) for b in task.validation_budget(1))
+    assert 0 < budget < 50
+    assert decoded == [budget, budget]  # step 0 and step 1, nothing more
+    assert f"validation during training: {budget} of 50 pairs" in capsys.readouterr().err
+
+
+def test_validation_during_training_is_the_whole_split_when_the_budget_covers_it(tmp_path):
+    config = resolve(translation_doc(FIXTURE, max_iters=1))
+    task = Translation(config.data, config.model, tmp_path, splits=("train", "val"))
+    every = task.validation_budget(10_000)
+    assert sorted(i for b in every for i in b) == list(range(50))
+    assert task.validation_budget(1) == task.validation_budget(1)  # the same draw at every evaluation

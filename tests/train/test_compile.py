@@ -25,9 +25,17 @@ def test_compile_runs_and_learns_like_eager(tiny_toml, tmp_path, capsys):
     eager = train(run_config(tiny_toml), tmp_path / "eager", progress=False)
     assert result.compiled and not eager.compiled
     assert "torch.compile: on" in capsys.readouterr().err
-    # Fused kernels round differently; the runs must still agree closely.
-    assert result.val_loss == pytest.approx(eager.val_loss, abs=0.05)
-    assert result.val_loss < float(losses(tmp_path / "compiled")[0][1]) - 0.3
+    # Every step ran (a dropped or repeated step would still learn), and each logged loss agrees
+    # with eager's to within the compiler's rounding (fused kernels sum in another order): one
+    # step of this run moves the loss by ~0.04, twenty times the tolerance.
+    assert result.step == eager.step == 8
+    compiled_rows, eager_rows = losses(tmp_path / "compiled"), losses(tmp_path / "eager")
+    assert [bool(t) for t, _ in compiled_rows] == [bool(t) for t, _ in eager_rows]  # the same rows
+    for (ct, cv), (et, ev) in zip(compiled_rows, eager_rows, strict=True):
+        assert float(ct or 0) == pytest.approx(float(et or 0), abs=2e-3)
+        assert float(cv or 0) == pytest.approx(float(ev or 0), abs=2e-3)
+    assert result.val_loss == pytest.approx(eager.val_loss, abs=2e-3)
+    assert result.val_loss < float(compiled_rows[0][1]) - 0.3
 
 
 def test_a_compiler_failure_falls_back_to_eager_with_the_same_losses(tiny_toml, tmp_path, monkeypatch, capsys):

@@ -240,3 +240,35 @@ def test_patience_needs_a_validation_metric(tiny_toml, tmp_path):
         train(run_config(tiny_toml, "train.patience=3"), tmp_path / "run", progress=False)
     with pytest.raises(ConfigError, match="optimizer must be one of"):
         run_config(tiny_toml, "train.optimizer=sgd")
+
+
+def test_auto_dtype_is_chosen_and_logged_and_an_explicit_dtype_is_obeyed(tiny_toml, tmp_path, capsys):
+    from attnlab.device import resolve_dtype
+
+    expected, _ = resolve_dtype("auto", torch.device("cpu"))
+    result = train(run_config(tiny_toml, "train.dtype=auto", "train.max_iters=2"), tmp_path / "auto", progress=False)
+    assert result.dtype == expected
+    assert f"train.dtype auto: {expected} (" in capsys.readouterr().err
+    config = run_config(tiny_toml, "train.dtype=bfloat16", "train.max_iters=2")
+    result = train(config, tmp_path / "bf16", progress=False)
+    assert result.dtype == "bfloat16"
+    assert "train.dtype auto" not in capsys.readouterr().err
+
+
+def test_no_preset_asks_for_bf16_where_it_would_be_slow():
+    from attnlab.config import load_preset_or_file, presets
+
+    asked = {name: load_preset_or_file(name)[1].get("train", {}).get("dtype") for name in presets()}
+    assert "bfloat16" not in asked.values()
+    assert asked["multi30k-de-en"] == asked["shakespeare-char"] == "auto"
+
+
+def test_without_a_terminal_training_prints_progress_lines(tiny_toml, tmp_path, capsys, monkeypatch):
+    from attnlab.train import trainer
+
+    monkeypatch.setattr(trainer, "PROGRESS_EVERY_S", 0.0)  # a line at every step, for the test
+    train(run_config(tiny_toml), tmp_path / "run", progress=True)  # capsys's stderr is no terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("training: ")]
+    assert [line.split(" (")[0] for line in lines] == [f"training: {s}/8 steps" for s in range(1, 8)]
+    train(run_config(tiny_toml), tmp_path / "quiet", progress=False)
+    assert "training: " not in capsys.readouterr().err

@@ -121,8 +121,16 @@ def test_heads_grid_writes_png(tmp_path):
 @needs_matplotlib
 def test_heads_cross_attention_labels_queries_separately(tmp_path):
     source, target = tokens(6, "Ġs"), tokens(3, "Ġt")
-    path = plot_heads(random_weights(3, 3, 6), source, tmp_path / "cross.png", query_tokens=target)
-    png_size(path)
+    width, height = png_size(plot_heads(random_weights(3, 3, 6), source, tmp_path / "cross.png", query_tokens=target))
+    # The rows are the 3 queries, not the 6 keys: shorter than the self-attention grid of the keys.
+    _, self_height = png_size(plot_heads(random_weights(3, 6, 6), source, tmp_path / "self.png"))
+    assert height < self_height
+    # And they carry the query words: longer query labels widen the left margin, the keys unchanged.
+    long_target = [f"Ġ{'query' * 6}{i}" for i in range(3)]
+    long_width, _ = png_size(
+        plot_heads(random_weights(3, 3, 6), source, tmp_path / "long.png", query_tokens=long_target)
+    )
+    assert long_width > width
 
 
 def test_heads_shape_mismatch(tmp_path):

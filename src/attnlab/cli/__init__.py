@@ -2,6 +2,8 @@
 user could call from Python too; heavy imports happen inside the subcommand."""
 
 import argparse
+import difflib
+import re
 import sys
 from pathlib import Path
 
@@ -26,15 +28,42 @@ SUBCOMMANDS = (
     "ablate",
     "scale",
     "serve",
+    "data",
 )
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line on stderr and exit code 2."""
+    """argparse, but a usage mistake is one line on stderr and exit code 2, with a "did you mean"
+    for a mistyped subcommand, choice or option."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if m := re.match(r"argument .*: invalid choice: '(.*?)' \(choose from (.*)\)$", message):
+            message += _did_you_mean(m[1], re.findall(r"'([^']*)'", m[2]))
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse reports unknown options from the top-level parser, which does not know the
+        # subcommand's options; the subcommand's parser says it, with its close matches.
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._chosen_subparser(namespace)
+            options = [o for action in parser._actions for o in action.option_strings]
+            unknown = next((e.partition("=")[0] for e in extras if e.startswith("-")), extras[0])
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(unknown, options)}")
+        return namespace
+
+    def _chosen_subparser(self, namespace: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(namespace, action.dest, None), self)
+        return self
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """' (did you mean 'sample'?)' for a close match among `choices`, else ''."""
+    matches = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
 
 
 def build_parser() -> ArgumentParser:
@@ -86,13 +115,13 @@ def _bounded_int(text: str, low: int) -> int:
 def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str = "best"):
     """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
     from attnlab import load
+    from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.tasks import open_task
 
     dev = resolve_device(device)
     run = load(run_dir, device=dev, checkpoint=checkpoint)
-    if run.config.task != task_name:
-        raise UserError(f"{run_dir} is a {run.config.task!r} run, not a {task_name} model")
+    require_kind(run_dir, run.config, {"classification": "classify", "tagging": "tag"}.get(task_name, task_name))
     return run, open_task(run), dev
 
 

@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
     p.add_argument(
-        "--repeats", type=positive_int, help="timed calls per case, the fastest reported (default 3; 1 with --quick)"
+        "--repeats",
+        type=positive_int,
+        help="timed calls per case; the output is the fastest of them (default 3; 1 with --quick)",
     )
     p.add_argument("--passes", type=positive_int, help="sweeps over all cases, the smallest reading kept (default 1)")
     p.add_argument(

@@ -1,6 +1,7 @@
 """attnlab embed RUN_OR_FOLDER TEXT ... [--json]"""
 
 import argparse
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,13 +21,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.cli import print_json, read_text_arguments
+    from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.tasks.encoder import embed_texts, load_encoder
+    from attnlab.train.checkpoint import CONFIG, read_config
 
     texts = read_text_arguments(args.text, args.input, "embed")
     if any(not t.strip() for t in texts):
         raise UserError("an input sentence is empty; every sentence needs at least one word to embed")
+    if (Path(args.source) / CONFIG).is_file():  # an attnlab run: is it one with a BERT encoder?
+        require_kind(args.source, read_config(Path(args.source)), "embed")
     device = resolve_device(args.device)
     model, tokenizer = load_encoder(args.source, device)
     vectors = embed_texts(model, tokenizer, texts, device)

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import load
+    from attnlab.cli.kinds import require_kind
     from attnlab.decode import encode_prompt, sampling_picker, stream_text
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
@@ -64,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
     else:
         run = load(args.run_dir, device=device)
-        if run.config.task != "lm":
-            raise UserError(f"{args.run_dir} is a {run.config.task!r} run; `attnlab sample` needs a language model")
+        require_kind(args.run_dir, run.config, "sample")
         model, tokenizer = run.model, run.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)

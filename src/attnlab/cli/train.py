@@ -3,21 +3,32 @@
 import argparse
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 from attnlab.cli import positive_int
+from attnlab.config import presets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model from a preset or a TOML config",
-        description="Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
-        "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
-        "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its step, "
-        "saves a checkpoint and exits 0 with the command that continues it.",
+        description=_fill(
+            "Train a model from a preset name (e.g. shakespeare-char-cpu) or a TOML config file. "
+            "The run folder gets config.toml, model.safetensors, tokenizer.json, train_state.pt and metrics.csv, "
+            "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its "
+            "step, saves a checkpoint and exits 0 with the command that continues it."
+        ),
+        epilog=_fill(f"presets: {', '.join(presets())}"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # so that no preset name is cut at a hyphen
     )
-    p.add_argument("config", metavar="PRESET_OR_TOML", help="a preset name or a path to a .toml file")
+    p.add_argument(
+        "config",
+        metavar="PRESET_OR_TOML",
+        help="a preset name, a path to a .toml file, or a run folder (its config.toml; the run folder is then "
+        "--out: attnlab train RUN --resume)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -61,6 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _default_out(config: str, name: str) -> Path:
+    """A run folder given as the config is its own --out (`attnlab train RUN --resume`); else runs/NAME."""
+    return Path(config) if Path(config).is_dir() else Path("runs") / name
+
+
+def _fill(text: str) -> str:
+    return textwrap.fill(text, width=90, break_on_hyphens=False, break_long_words=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from attnlab.config import load_preset_or_file, parse_overrides
     from attnlab.device import resolve_device
@@ -87,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             )
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))
-    out = args.out if args.out is not None else Path("runs") / name
+    out = args.out if args.out is not None else _default_out(args.config, name)
     if args.eval_split and args.seeds is None:
         raise UserError("--eval-split goes with --seeds; evaluate a single run with `attnlab eval RUN --split SPLIT`")
     if args.seeds is not None:
@@ -123,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_sec": round(result.elapsed_sec, 2),
         "tokens_per_sec": round(result.tokens_per_sec, 1),
         "compiled": result.compiled,
+        "dtype": result.dtype,
         "stopped_by": result.stopped_by,
     }
     if args.json:

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab import load
     from attnlab.cli import read_text_arguments
+    from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.tasks import open_task
@@ -42,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     lines = read_text_arguments(args.text, args.input, "translate")
     device = resolve_device(args.device)
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    if run.config.task != "translation":
-        raise UserError(f"{args.run_dir} is a {run.config.task!r} run, not a translation model; use `attnlab sample`")
+    require_kind(args.run_dir, run.config, "translate")
     task = open_task(run)
     sources, cut = task.encode_sources(lines)
     if cut:

@@ -1201,6 +1201,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logi
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("vector_floats") = kLane;  // which branch this build took (16: AVX-512, 8: AVX, 4: SSE/NEON)
   m.def("gelu_forward", &gelu_forward, "GELU of x, exact or tanh-approximated");
   m.def("gelu_backward", &gelu_backward, "grad * GELU'(x)");
   m.def("activation_and_slope", &activation_and_slope, "(act(x), act'(x)) as the fused block's forward keeps them");

@@ -6,7 +6,9 @@ section's dataclass, which may depend on `model.kind`); `build_model_from_config
 keeps no best checkpoint); and, once
 constructed for a run folder, `model_config`, `tokenizer`, `build_model()`,
 `train_batch(index, generator)`, `batch_tokens(batch)`, `loss(model, batch, device, label_smoothing)`,
-`evaluate_during_training(model, device, ...)` and `evaluate(model, device, split=...)`; optionally
+`evaluate_during_training(model, device, step=, eval_iters=, seed=, log=)` (eval_iters: the budget
+of validation batches; log: a line-writer for what the task says while it evaluates) and
+`evaluate(model, device, split=...)`; optionally
 `initialize(model)`, called once on a new run's fresh model (fine-tuning copies a pre-trained
 encoder in there); `uses_tokenizer = False` for a task whose run folder has no tokenizer.json
 (node classification); `report_split`, the split `attnlab train --seeds` evaluates each run on.

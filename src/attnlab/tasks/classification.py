@@ -10,7 +10,7 @@ until it is reported.
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 @dataclass(frozen=True)
 class ClassificationDataConfig:
     """Where the labelled sentences come from and how they become tokens."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir", "tokenizer", "init_from")
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with train.tsv and dev.tsv (optionally test.tsv): `sentence<TAB>label` with a header."""

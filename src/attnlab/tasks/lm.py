@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ TOKENIZER_KINDS = ("char", "bpe")
 @dataclass(frozen=True)
 class LMDataConfig:
     """Where the text comes from and how it becomes tokens."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("path",)
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     path: str = ""
     """A UTF-8 text file; empty means the bundled Tiny Shakespeare."""

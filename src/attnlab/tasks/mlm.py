@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ EVAL_SEED = 20_190_524  # the validation blocks are masked identically at every 
 @dataclass(frozen=True)
 class MLMDataConfig:
     """Where the text comes from and how it becomes masked blocks."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir", "init_from")
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with train.txt and valid.txt (optionally test.txt), e.g. WikiText-2; or a UD treebank

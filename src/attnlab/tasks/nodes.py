@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,9 @@ NodeModelConfig = GATConfig | GCNConfig | NodeTransformerConfig
 @dataclass(frozen=True)
 class NodesDataConfig:
     """Which graph."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir",)
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with one folder per data set, e.g. ../shared/data/planetoid (holding cora/ and citeseer/)."""

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -47,6 +47,9 @@ def word_mean(scores: torch.Tensor, word_of: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class TaggingDataConfig:
     """Where the tagged sentences come from and how they become tokens."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir", "tokenizer", "init_from")
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with one `*-ud-train.conllu`, `*-ud-dev.conllu` and `*-ud-test.conllu` (plain or .gz)."""

@@ -9,10 +9,10 @@ with sacrebleu; the best checkpoint is the one with the best validation BLEU).
 import dataclasses
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.eval import bleu, bleu_lc_tok
 from attnlab.models.rnn import RNNConfig, build_rnn
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.progress import ProgressLines
+
+Logger = Callable[[str], object]
 
 MODEL_KINDS: dict[str, type] = {"transformer": Seq2SeqConfig, "rnn": RNNConfig, "rnn-attention": RNNConfig}
 
@@ -41,6 +44,9 @@ MODEL_KINDS: dict[str, type] = {"transformer": Seq2SeqConfig, "rnn": RNNConfig, 
 @dataclass(frozen=True)
 class TranslationDataConfig:
     """Where the parallel text comes from and how it is batched."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data_dir",)
+    """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     data_dir: str = ""
     """Folder with {train,val,test_2016_flickr,test_2017_flickr}.{src,tgt}.gz (attnlab train --data-dir)."""
@@ -136,6 +142,7 @@ class Translation:
         if max_len is not None and max_len < data.max_len:
             raise ConfigError(f"model.max_len ({max_len}) must be >= data.max_len ({data.max_len})")
         self.model_config = dataclasses.replace(model, vocab_size=tokenizer.vocab_size, pad_id=self.pad_id)
+        self._budget_said = False  # the validation budget is said once, at the first evaluation
 
     def build_model(self) -> nn.Module:
         return self.build_model_from_config(self.model_config)
@@ -175,21 +182,52 @@ class Translation:
         )
 
     @torch.no_grad()
-    def split_loss(self, model: nn.Module, device: torch.device, split: str) -> float:
+    def split_loss(
+        self, model: nn.Module, device: torch.device, split: str, batches: list[list[int]] | None = None
+    ) -> float:
+        """Mean token loss of the split's pairs (those of `batches` where given)."""
         total, count = 0.0, 0
         enc = self.encoded[split]
-        for indices in self._batches(split, None):
+        for indices in self._batches(split, None) if batches is None else batches:
             batch = collate(enc.src, enc.tgt, indices, self.pad_id)
             total += self.loss(model, batch, device).item() * batch.n_tokens
             count += batch.n_tokens
         return total / count
 
-    def evaluate_during_training(self, model: nn.Module, device: torch.device, **_: Any) -> dict[str, float]:
-        """Validation loss and BLEU (decoded with `data.eval_beam`)."""
-        val_loss = self.split_loss(model, device, "val")
-        hyps = self.translate_ids(model, self.encoded["val"].src, device, beam=self.data_config.eval_beam)
-        refs = [tgt for _, tgt in self.corpora["val"].pairs]
-        return {"val_loss": val_loss, "val_bleu": bleu(hyps, refs).score}
+    def validation_budget(self, eval_iters: int) -> list[list[int]]:
+        """The validation batches evaluated during training: all of them when there are at most
+        `eval_iters` (train.eval_iters), else `eval_iters` batches of a fixed seeded draw, the same
+        at every evaluation so that the scores compare. (`attnlab eval` scores the whole split.)"""
+        every = self._batches("val", None)
+        return every if len(every) <= eval_iters else self._batches("val", 0)[:eval_iters]
+
+    def evaluate_during_training(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        *,
+        eval_iters: int,
+        log: Callable[[str], object] | None = None,
+        **_,
+    ) -> dict[str, float]:
+        """Validation loss and BLEU (decoded with `data.eval_beam`) on the pairs of at most
+        `eval_iters` validation batches (`validation_budget`); `log` gets a line saying how many
+        pairs that is, and progress lines while the decoding takes long."""
+        batches = self.validation_budget(eval_iters)
+        chosen = sorted(i for indices in batches for i in indices)
+        pairs = self.corpora["val"].pairs
+        if log is not None and not self._budget_said:
+            self._budget_said = True
+            if len(chosen) < len(pairs):
+                log(
+                    f"validation during training: {len(chosen)} of {len(pairs)} pairs ({eval_iters} batches, "
+                    "train.eval_iters); `attnlab eval RUN` scores the whole split"
+                )
+        progress = ProgressLines("validation", len(chosen), "sentences translated", write=log)
+        val_loss = self.split_loss(model, device, "val", batches)
+        sources = [self.encoded["val"].src[i] for i in chosen]
+        hyps = self.translate_ids(model, sources, device, beam=self.data_config.eval_beam, progress=progress.update)
+        return {"val_loss": val_loss, "val_bleu": bleu(hyps, [pairs[i][1] for i in chosen]).score}
 
     # -- using a model ------------------------------------------------------------------------
     def translate_ids(
@@ -202,9 +240,10 @@ class Translation:
         length_penalty: float = 1.0,
         max_len_ratio: float = 1.5,
         fused: bool = False,
+        progress: Callable[[int], object] | None = None,
     ) -> list[str]:
         """Translate already-encoded source sentences (in their order) to detokenized text;
-        `fused`: the C++ decoder step (`beam_search`)."""
+        `fused`: the C++ decoder step (`beam_search`); `progress(n)` after each batch of n sentences."""
         out: list[str] = [""] * len(sources)
         lengths = [len(s) for s in sources]
         for indices in token_batches(lengths, lengths, 6000, seed=None):
@@ -224,6 +263,8 @@ class Translation:
             )
             for row, i in enumerate(indices):
                 out[i] = self.tokenizer.decode(ids[row], skip_special=True).strip() if lengths[i] else ""
+            if progress is not None:
+                progress(len(indices))
         return out
 
     @torch.no_grad()
@@ -275,7 +316,8 @@ class Translation:
         if split not in self.corpora:
             raise UserError(f"unknown split {split!r}; choose one of {', '.join(MULTI30K_SPLITS)}")
         pairs = self.corpora[split].pairs
-        hyps = self.translate_ids(model, self.encoded[split].src, device, beam=beam)
+        progress = ProgressLines(split, len(pairs), "sentences translated")
+        hyps = self.translate_ids(model, self.encoded[split].src, device, beam=beam, progress=progress.update)
         refs = [tgt for _, tgt in pairs]
         score = bleu(hyps, refs)
         return {

@@ -4,6 +4,8 @@ A TOML document (a preset, a file, or a run folder's config.toml) plus `--set` o
 a `RunConfig`; the model and data sections are the task's own dataclasses.
 """
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +58,9 @@ class TrainConfig:
     """"auto", "cpu" or "cuda"."""
     dtype: str = "float32"
     """"float32"; "bfloat16" autocast with fp32 master weights (GPU, and CPUs with bf16 support);
-    "float16" autocast with fp32 master weights and a gradient scaler (GPU only)."""
+    "float16" autocast with fp32 master weights and a gradient scaler (GPU only); "auto": bfloat16
+    where the hardware runs it fast, float32 elsewhere (`attnlab.device.resolve_dtype`; the log
+    says which)."""
     schedule: str = "cosine"
     """"cosine": linear warm-up then cosine to min_lr; "inverse_sqrt": the paper's warm-up then
     1/√step decay (Vaswani et al. Eq. 3), peaking at learning_rate."""
@@ -118,8 +122,8 @@ class TrainConfig:
         for name in ("patience", "checkpoint_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
 
     @property
     def decay_steps(self) -> int:
@@ -185,6 +189,20 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
         train=build(TrainConfig, doc.get("train", {}), "train"),
         log=build(LogConfig, doc.get("log", {}), "log"),
     )
+
+
+def absolute_paths(data: Any) -> Any:
+    """`data` with its `path_fields` made absolute against the current folder (`~` expanded): what
+    `train` stores, so that a run folder's config.toml names the same files from any folder. (A
+    config as written, e.g. an ablation spec, keeps its relative paths until a run starts; a run
+    folder written before this holds relative ones, which name the same files as they did from
+    the folder it was trained in.)"""
+    changes = {}
+    for name in getattr(data, "path_fields", ()):
+        value = getattr(data, name)
+        if value and (absolute := os.path.abspath(os.path.expanduser(value))) != value:
+            changes[name] = absolute
+    return dataclasses.replace(data, **changes) if changes else data
 
 
 def apply_overrides(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ every batch (see `train.distributed`).
 import csv
 import dataclasses
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -22,9 +23,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.device import autocast, keep_freed_memory, resolve_device, slow_dtype_note
+from attnlab.device import autocast, keep_freed_memory, resolve_device, resolve_dtype, slow_dtype_note
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.nn import collect_aux_loss, kernels, moe_stats
+from attnlab.progress import ProgressLines
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import (
     CONFIG,
@@ -35,7 +37,7 @@ from attnlab.train.checkpoint import (
     save_checkpoint,
     write_config,
 )
-from attnlab.train.config import RunConfig, TrainConfig
+from attnlab.train.config import RunConfig, TrainConfig, absolute_paths
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.guards import StepGuard, grad_norm
 from attnlab.train.optim import adam_l2, adamw
@@ -43,6 +45,8 @@ from attnlab.train.precision import Precision
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from attnlab.train.signals import StopRequest
 from attnlab.train.tensorboard import MetricsSinks, TensorBoardLog
+
+PROGRESS_EVERY_S = 30.0  # seconds between progress lines where no bar is drawn
 
 METRICS_FIELDS = [
     "step",
@@ -82,6 +86,8 @@ class TrainResult:
     """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
     fused_kernels: bool = False
     """Whether attnlab's C++ kernels were on (train.fused_kernels, where they could be built)."""
+    dtype: str = "float32"
+    """The precision the steps ran in (what train.dtype = "auto" chose)."""
     stopped_by: str | None = None
     """The signal ("SIGINT", "SIGTERM") that stopped the run early, after saving; None if it finished."""
 
@@ -111,7 +117,7 @@ def _prepare_run_dir(config: RunConfig, run_dir: Path, resume: bool) -> RunConfi
         saved = read_config(run_dir)
         if saved.task != config.task:
             raise CheckpointError(f"cannot resume: {run_dir} is a {saved.task!r} run, not {config.task!r}")
-        _check_same(run_dir, "data", saved.data, config.data)
+        _check_same(run_dir, "data", absolute_paths(saved.data), config.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     return saved
 
@@ -191,6 +197,7 @@ def train(
     Under torchrun (RANK, WORLD_SIZE in the environment) this is one rank of a data-parallel job:
     every rank returns the same result; rank 0 alone writes the run folder."""
     run_dir = Path(run_dir)
+    config = dataclasses.replace(config, data=absolute_paths(config.data))  # a run folder works from anywhere
     tc = config.train
     ddp = Distributed(ranks_from_environment())
     # Killed before its first checkpoint: the folder has a config but nothing to resume from.
@@ -204,7 +211,8 @@ def train(
             f"train.patience and train.watch_loss need a validation metric to watch; a {config.task!r} run has none"
         )
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
-    precision = Precision(device, tc.dtype)
+    dtype, why = resolve_dtype(tc.dtype, device)  # "auto": bf16 where the hardware runs it fast
+    precision = Precision(device, dtype)
 
     def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
         saved = _prepare_run_dir(config, run_dir, resume)
@@ -227,7 +235,16 @@ def train(
         torch.manual_seed(tc.seed)
         return TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=tc.batch_size)
 
-    task = ddp.main_first(prepare, follow)
+    # A new run that fails while setting up (a missing corpus, a bad data folder or --init-from)
+    # leaves its folder as it found it: absent, or empty.
+    new_run = not resume and (not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())))
+    existed = run_dir.exists()
+    try:
+        task = ddp.main_first(prepare, follow)
+    except BaseException:
+        if new_run and ddp.is_main:
+            _empty(run_dir, keep_folder=existed)
+        raise
     config = dataclasses.replace(config, model=task.model_config)
     resume = resume and not restart
 
@@ -278,8 +295,10 @@ def train(
         out = None
         if ddp.is_main:  # the others wait for its results: N copies of the same estimate would share the CPU
             model.eval()
-            with torch.no_grad(), autocast(device, tc.dtype):
-                out = task.evaluate_during_training(model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed)
+            with torch.no_grad(), autocast(device, dtype):
+                out = task.evaluate_during_training(
+                    model, device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed, log=log
+                )
             model.train()
         return ddp.broadcast(out)
 
@@ -323,12 +342,17 @@ def train(
             save_checkpoint(run_dir, model, state, best=best_record, keep_last=tc.keep_last)
 
     write = sys.stderr.write if ddp.is_main else _silent
-    if note := slow_dtype_note(device, tc.dtype):
+    if tc.dtype == "auto":
+        write(f"train.dtype auto: {dtype} ({why})\n")
+    if note := slow_dtype_note(device, dtype):
         write(note + "\n")
     # The bar redraws in place, which only a terminal shows well; logs get the eval lines alone.
     show_bar = progress and ddp.is_main and sys.stderr.isatty()
     bar = tqdm(total=tc.max_iters, initial=step, disable=not show_bar, dynamic_ncols=True, unit="it", file=sys.stderr)
     log = bar.write if show_bar else (lambda s: write(s + "\n"))
+    # Without a bar (a log file, a pipe), a line every 30 s between the evaluations' lines.
+    ticker = ProgressLines("training", tc.max_iters, "steps", every=PROGRESS_EVERY_S, write=log, done=step)
+    ticking = progress and ddp.is_main and not show_bar
     guard = StepGuard(tc.max_bad_steps, tc.spike_factor, log)  # skips non-finite steps, warns of spikes
     if resume:
         guard.load_state_dict(state)
@@ -419,6 +443,8 @@ def train(
             )
             bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
         bar.update(1)
+        if ticking:
+            ticker.update(1)
 
         saved = False
         if step % tc.eval_interval == 0 or step == tc.max_iters:
@@ -461,6 +487,7 @@ def train(
         tokens_per_sec,
         compiled=step_loss.compiled,
         fused_kernels=fused_kernels,
+        dtype=dtype,
         stopped_by=stopped_by,
     )
 
@@ -471,6 +498,15 @@ def _metrics_sinks(config: RunConfig, run_dir: Path, resume_step: int | None) ->
     if config.log.tensorboard:
         return MetricsSinks(csv_log, TensorBoardLog(run_dir, resume_step))
     return MetricsSinks(csv_log)
+
+
+def _empty(run_dir: Path, keep_folder: bool) -> None:
+    """Remove what a failed set-up wrote into a new run folder (the folder too unless it was there before)."""
+    if keep_folder:
+        for child in run_dir.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _silent(text: str) -> None:
