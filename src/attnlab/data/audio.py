@@ -9,6 +9,7 @@ FSDD (Jackson et al., github.com/Jakobovski/free-spoken-digit-dataset): mono 8 k
 named `{digit}_{speaker}_{index}.wav`; the official split puts index 0-4 in test, 5-49 in train.
 """
 
+import io
 import re
 import wave
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import UserError
-from attnlab.fileio import atomic_write
+from attnlab.fileio import atomic_write_bytes, check_writable
 
 MU = 255
 FSDD_RATE = 8000
@@ -61,22 +62,23 @@ def read_wav(path: str | Path, rate: int = FSDD_RATE) -> np.ndarray:
     return np.frombuffer(frames, dtype="<i2").copy()
 
 
+def wav_bytes(samples: np.ndarray, rate: int = FSDD_RATE) -> bytes:
+    """int16 samples `(T,)` as the bytes of a mono 16-bit WAV file."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.asarray(samples, dtype="<i2").tobytes())
+    return buffer.getvalue()
+
+
 def write_wav(path: str | Path, samples: np.ndarray, rate: int = FSDD_RATE) -> None:
     """Write int16 samples `(T,)` as a mono 16-bit WAV, atomically (a killed write leaves no half file)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent} is not an existing folder; create it first, or save elsewhere")
-    data = np.asarray(samples, dtype="<i2").tobytes()
-
-    def write(tmp: Path) -> None:
-        with wave.open(str(tmp), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(rate)
-            w.writeframes(data)
-
+    check_writable(path)
     try:
-        atomic_write(path, write)
+        atomic_write_bytes(path, wav_bytes(samples, rate))
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror}") from None
 

@@ -81,7 +81,7 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
         raise UserError(
             f"{path} is {problem}: {len(data)} bytes, expected {expected} for shape {' x '.join(map(str, shape))}"
         )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape).copy()  # writable
 
 
 def _find(folder: Path, stem: str) -> Path:
