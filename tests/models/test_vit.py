@@ -4,7 +4,7 @@ attention, and that ViT's blocks are attnlab.nn's own."""
 import pytest
 import torch
 
-from attnlab.models.vit import CNN, ViT, CNNConfig, ViTConfig, normalize_image
+from attnlab.models.vit import CNN, CNNConfig, ViT, ViTConfig, normalize_image
 from attnlab.nn import TransformerBlock
 
 
