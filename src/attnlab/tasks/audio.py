@@ -207,4 +207,9 @@ class SpeechDensity:
             raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
         model.eval()
         nats, n = self.nll(model, device, split)
-        return {f"{split}_nll": nats, f"{split}_bits_per_sample": nats / math.log(2), "samples": n}
+        return {
+            f"{split}_nll": nats,
+            f"{split}_bits_per_sample": nats / math.log(2),
+            "samples": n,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }

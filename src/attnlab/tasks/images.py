@@ -219,4 +219,9 @@ class ImageDensity:
             raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
         model.eval()
         nats, n = self.nll(model, device, split)
-        return {f"{split}_nll": nats, f"{split}_bits_per_dim": nats / math.log(2), "images": n}
+        return {
+            f"{split}_nll": nats,
+            f"{split}_bits_per_dim": nats / math.log(2),
+            "images": n,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }

@@ -16,7 +16,14 @@ from torch import nn
 
 from attnlab.errors import UserError
 from attnlab.models.vit import CNN, CNNConfig, ViT, ViTConfig
-from attnlab.tasks.images import SPLITS, ImagesDataConfig, batches, model_config_class, random_batch, read_images
+from attnlab.tasks.images import (
+    SPLITS,
+    ImagesDataConfig,
+    batches,
+    model_config_class,
+    random_batch,
+    read_images,
+)
 
 MODEL_KINDS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
 MODELS: dict[type, type[nn.Module]] = {ViTConfig: ViT, CNNConfig: CNN}
@@ -96,7 +103,12 @@ class ImageClassification:
             raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
         model.eval()
         s = self.scores(model, device, split)
-        return {"accuracy": s["accuracy"], f"{split}_loss": s["loss"], "images": s["images"]}
+        return {
+            "accuracy": s["accuracy"],
+            f"{split}_loss": s["loss"],
+            "images": s["images"],
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
 
     @torch.no_grad()
     def image(self, split: str, index: int) -> tuple[torch.Tensor, int]:
