@@ -91,7 +91,8 @@ def test_sample_writes_a_grid_of_the_asked_number_of_images(runs, capsys, tmp_pa
     assert width > 2 * height  # three images side by side
 
 
-def test_completion_keeps_the_top_half_of_the_real_image(runs, capsys, tmp_path):
+@pytest.mark.parametrize("name", ["gated", "igpt"])
+def test_completion_keeps_the_top_half_of_the_real_image(runs, capsys, tmp_path, name):
     import torch
 
     from attnlab.decode.pixels import sample_images
@@ -99,11 +100,11 @@ def test_completion_keeps_the_top_half_of_the_real_image(runs, capsys, tmp_path)
     from attnlab.train.checkpoint import load_run
 
     path = tmp_path / "completion.png"
-    code, out, err = cli(capsys, "sample", runs["gated"], "--out", path, "--num-samples", "2", "--complete", "test:5")
+    code, out, err = cli(capsys, "sample", runs[name], "--out", path, "--num-samples", "2", "--complete", "test:5")
     assert code == 0, err
     assert "completions of the top half of test image 5" in out and path.exists()
     # The library call behind it: the given rows come back unchanged.
-    run = load_run(runs["gated"])
+    run = load_run(runs[name])
     given = torch.randint(0, 256, (2, 28, 28))
     images = sample_images(run.model, torch.tensor([1, 1]), sampling_picker(1.0), given=given, given_rows=14)
     assert torch.equal(images[:, :14].long(), given[:, :14]) and not torch.equal(images[:, 14:].long(), given[:, 14:])
@@ -184,3 +185,15 @@ def test_wrong_suffixes_and_text_flags_are_refused(runs, capsys, tmp_path):
     assert_user_error(cli(capsys, "sample", runs["gated"], "--out", tmp_path / "x.jpg"), ".png")
     assert_user_error(cli(capsys, "sample", runs["gated"], "--out", tmp_path / "x.png", "--prompt", "hi"), "--prompt")
     assert_user_error(cli(capsys, "attention", runs["gated"], "--image", "test:1"), "ViT")
+
+
+def test_several_wavs_are_named_as_fsdd_names_its_files(runs, capsys, tmp_path):
+    from attnlab.data.audio import fsdd_recordings
+
+    args = ("sample", runs["wavenet"], "--digit", "4", "--speaker", "george", "--seconds", ".01", "--num-samples", "2")
+    assert cli(capsys, *args, "--out", tmp_path / "4_wavenet.wav")[0] == 0
+    found = fsdd_recordings(tmp_path, "all")
+    assert [(r.path.name, r.digit, r.speaker) for r in found] == [
+        ("4_wavenet_1.wav", 4, "wavenet"),
+        ("4_wavenet_2.wav", 4, "wavenet"),
+    ]

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
     p.add_argument(
-        "--num-samples", type=positive_int, help="independent samples (default 1; 16 images; WAVs: FILE-1.wav, ...)"
+        "--num-samples", type=positive_int, help="independent samples (default 1; 16 images; WAVs: FILE_1.wav, ...)"
     )
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")

@@ -130,7 +130,8 @@ def _audio(args: argparse.Namespace, run: Any, device: torch.device, temperature
     if args.out is None or args.out.suffix.lower() != ".wav":
         raise UserError(f"a WaveNet run writes a sound: pass --out FILE.wav (got {args.out})")
     n = args.num_samples or 1
-    paths = [args.out] if n == 1 else [args.out.with_name(f"{args.out.stem}-{i + 1}.wav") for i in range(n)]
+    # FILE_1.wav, FILE_2.wav, ...: --out 7_wavenet.wav names them as FSDD does (digit_speaker_index).
+    paths = [args.out] if n == 1 else [args.out.with_name(f"{args.out.stem}_{i + 1}.wav") for i in range(n)]
     check_writable(args.out)
     if config.n_digits and args.digit is None:
         raise UserError(f"this WaveNet says a digit: pass --digit 0-{config.n_digits - 1}")

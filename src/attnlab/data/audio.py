@@ -12,6 +12,7 @@ named `{digit}_{speaker}_{index}.wav`; the official split puts index 0-4 in test
 import io
 import re
 import wave
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,8 @@ class Recording:
 
 
 def fsdd_recordings(folder: str | Path, split: str) -> list[Recording]:
-    """The "train" (index 5-49) or "test" (index 0-4) recordings of an FSDD folder, sorted by name."""
+    """The "train" (index 5-49), "test" (index 0-4) or "all" recordings of an FSDD folder, sorted by name
+    ("all": e.g. a folder of generated files named like FSDD's, to score a digit classifier on)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise UserError(f"--data-dir {folder} does not exist; give the folder of FSDD WAV files")
@@ -104,13 +106,31 @@ def fsdd_recordings(folder: str | Path, split: str) -> list[Recording]:
         if m is None:
             continue
         rec = Recording(p, int(m.group(1)), m.group(2), int(m.group(3)))
-        if (rec.index in TEST_INDICES) == (split == "test"):
+        if split == "all" or (rec.index in TEST_INDICES) == (split == "test"):
             found.append(rec)
     if not found:
         raise UserError(
             f"{folder} has no {split} recordings named DIGIT_SPEAKER_INDEX.wav (FSDD: index 0-4 test, 5-49 train)"
+            if split != "all"
+            else f"{folder} has no recordings named DIGIT_SPEAKER_INDEX.wav"
         )
     return found
+
+
+def fsdd_splits(folder: str | Path, splits: Sequence[str], val_size: int, seed: int) -> dict[str, list[Recording]]:
+    """The asked-for splits of "train", "val", "test", "all": val is `val_size` training recordings
+    held out by a seeded random choice, train the rest; "all" every recording in the folder."""
+    out: dict[str, list[Recording]] = {}
+    if {"train", "val"} & set(splits):
+        train = fsdd_recordings(folder, "train")
+        if val_size >= len(train):
+            raise UserError(f"{folder} has {len(train)} training recordings, too few to hold out {val_size}")
+        held = set(np.random.default_rng(seed).permutation(len(train))[:val_size].tolist())
+        out["train"] = [r for i, r in enumerate(train) if i not in held]
+        out["val"] = [r for i, r in enumerate(train) if i in held]
+    for split in {"test", "all"} & set(splits):
+        out[split] = fsdd_recordings(folder, split)
+    return {s: out[s] for s in splits}
 
 
 def to_float(samples: np.ndarray) -> torch.Tensor:

@@ -14,6 +14,7 @@ encoder in there); `uses_tokenizer = False` for a task whose run folder has no t
 
 from attnlab.tasks.audio import AudioDataConfig, SpeechDensity
 from attnlab.tasks.classification import Classification, ClassificationDataConfig
+from attnlab.tasks.digits import DigitClassification, DigitsDataConfig
 from attnlab.tasks.images import ImageDensity, ImagesDataConfig
 from attnlab.tasks.lm import LanguageModeling, LMDataConfig
 from attnlab.tasks.mlm import MaskedLM, MLMDataConfig
@@ -34,12 +35,15 @@ TASKS = {
         ImageDensity,
         ImageClassification,
         SpeechDensity,
+        DigitClassification,
     )
 }
 
 __all__ = [
     "TASKS",
     "AudioDataConfig",
+    "DigitClassification",
+    "DigitsDataConfig",
     "ImageClassification",
     "ImageDensity",
     "ImagesDataConfig",

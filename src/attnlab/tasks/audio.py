@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.data.audio import fsdd_recordings, mu_law_encode, read_wav, to_float
+from attnlab.data.audio import Recording, fsdd_splits, mu_law_encode, read_wav, to_float
 from attnlab.errors import ConfigError, UserError
 from attnlab.models.wavenet import WaveNet, WaveNetConfig
 
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "val", "test", "all")
 SILENCE = int(mu_law_encode(torch.zeros(1))[0])  # 128: the class of a zero sample
 
 
@@ -72,15 +71,14 @@ class Clips:
         return Clips([self.audio[k] for k in i], self.digits[i], self.speakers[i], [self.names[k] for k in i])
 
 
-def read_clips(folder: str, split: str, speakers: Sequence[str]) -> Clips:
-    """The recordings of an FSDD split, μ-law encoded; speaker ids index `speakers` (-1 when absent)."""
-    recs = fsdd_recordings(folder, split)
+def encode_clips(recordings: Sequence[Recording], speakers: Sequence[str]) -> Clips:
+    """Recordings read and μ-law encoded; speaker ids index `speakers` (-1 when absent)."""
     ids = {s: i for i, s in enumerate(speakers)}
     return Clips(
-        [mu_law_encode(to_float(read_wav(r.path))) for r in recs],
-        torch.tensor([r.digit for r in recs]),
-        torch.tensor([ids.get(r.speaker, -1) for r in recs]),
-        [r.path.name for r in recs],
+        [mu_law_encode(to_float(read_wav(r.path))) for r in recordings],
+        torch.tensor([r.digit for r in recordings]),
+        torch.tensor([ids.get(r.speaker, -1) for r in recordings]),
+        [r.path.name for r in recordings],
     )
 
 
@@ -120,21 +118,10 @@ class SpeechDensity:
         if splits and not data.data_dir:
             raise UserError("speech density estimation needs its data: pass --data-dir DIR (e.g. ../shared/data/fsdd)")
         self.data_config, self.batch_size = data, batch_size
-        self.clips: dict[str, Clips] = {}
-        if {"train", "val"} & set(splits):
-            if data.condition_on_speaker and not model.speakers:
-                names = sorted({r.speaker for r in fsdd_recordings(data.data_dir, "train")})
-                model = dataclasses.replace(model, speakers=tuple(names))
-            full = read_clips(data.data_dir, "train", model.speakers)
-            if data.val_size >= len(full.audio):
-                raise UserError(
-                    f"{data.data_dir} has {len(full.audio)} training recordings, too few to hold out {data.val_size}"
-                )
-            order = np.random.default_rng(data.seed).permutation(len(full.audio))
-            self.clips["train"] = full.take(sorted(order[data.val_size :].tolist()))
-            self.clips["val"] = full.take(sorted(order[: data.val_size].tolist()))
-        if "test" in splits:
-            self.clips["test"] = read_clips(data.data_dir, "test", model.speakers)
+        recordings = fsdd_splits(data.data_dir, splits, data.val_size, data.seed) if splits else {}
+        if data.condition_on_speaker and not model.speakers and "train" in recordings:
+            model = dataclasses.replace(model, speakers=tuple(sorted({r.speaker for r in recordings["train"]})))
+        self.clips = {split: encode_clips(recs, model.speakers) for split, recs in recordings.items()}
         if model.speakers:
             for split, clips in self.clips.items():
                 unknown = [n for n, s in zip(clips.names, clips.speakers.tolist(), strict=True) if s < 0]
