@@ -9,7 +9,7 @@ set -euo pipefail
 DATA=${1:-../shared/data}
 OUT=benchmarks/results/beyond
 RUNS=runs/beyond
-mkdir -p "$OUT" "$RUNS" docs
+mkdir -p "$OUT" "$RUNS/generated" docs
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 step() {  # step NAME COMMAND...: run COMMAND, its JSON (stdout) into $OUT/NAME.json, once
@@ -39,5 +39,14 @@ step fashion-completion attnlab sample "$RUNS/fashion-gated-pixelcnn" --out docs
   --complete test:5 --json
 step fsdd-seven-cached attnlab sample "$RUNS/fsdd-wavenet" --digit 7 --out docs/fsdd-seven.wav --seconds 0.5 --json
 step fsdd-seven-naive attnlab sample "$RUNS/fsdd-wavenet" --digit 7 --out "$RUNS/seven-naive.wav" --seconds 0.5 --naive --json
+# Are the generated digits recognizable? A classifier trained on real recordings, scored on real test
+# recordings and on 100 WaveNet samples of each digit (0.5 s each).
+step fsdd-digits-train attnlab train fsdd-digits --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-digits" --json
+step fsdd-digits-test attnlab eval "$RUNS/fsdd-digits" --split test --json
+for digit in 0 1 2 3 4 5 6 7 8 9; do
+  step "fsdd-generate-$digit" attnlab sample "$RUNS/fsdd-wavenet" --digit $digit --num-samples 100 --seconds 0.5 \
+    --out "$RUNS/generated/${digit}_wavenet.wav" --json
+done
+step fsdd-digits-generated attnlab eval "$RUNS/fsdd-digits" --split all --data-dir "$RUNS/generated" --json
 step vit-attention attnlab attention "$RUNS/fashion-vit" --image test:5 --out docs/vit-attention.png --json
 step autoregressive-cost attnlab cost --autoregressive --json
