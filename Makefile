@@ -1,18 +1,30 @@
-# attnlab: `make demo` trains a small GPT and prints a sample; `make test` runs the test suite.
-# Both create .venv on first use. torch is installed first, pinned, so that pip takes the local
+# attnlab: `make demo` trains a small GPT and prints a sample; `make test` runs the test suite;
+# `make serve` installs what `attnlab serve` needs. They create .venv on first use. torch is installed first, pinned, so that pip takes the local
 # CPU wheel instead of resolving a CUDA build.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install dev lint bench clean
+.PHONY: demo test install dev serve browser lint bench clean
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
 
-test: $(VENV)/.dev-installed
+test: $(VENV)/.dev-installed browser
 	$(BIN)/pytest
+
+serve: $(VENV)/.serve-installed
+	@echo "ready: $(BIN)/attnlab serve RUN [RUN ...]"
+
+# The page's browser test drives Debian's chromium through chromium-driver. Installed here when
+# missing and apt-get is usable (root); otherwise one line, and the test skips saying why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get -qq update >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get -qq install -y --no-install-recommends chromium chromium-driver >/dev/null || \
+	  echo "make: chromium and chromium-driver are not installed (needs root and apt-get): the browser test will skip"; }
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests benchmarks
@@ -27,6 +39,10 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.serve-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[serve]"
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml $(VENV)/.installed

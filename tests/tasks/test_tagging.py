@@ -304,3 +304,25 @@ def test_missing_data(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     result = cli(capsys, "train", "ud-pos", "--data-dir", tmp_path / "empty", "--out", tmp_path / "r", *TINY)
     assert_user_error(result, "-ud-train.conllu")
+
+
+def test_tag_probabilities_are_the_softmax_at_each_words_first_subword(bert_run):
+    """What `attnlab serve`'s /v1/tags shows: every tag's probability for each word, the softmax of
+    the model's scores at the word's first subword; `tag` picks the most likely."""
+    from attnlab.tasks import open_task
+    from attnlab.tasks.tagging import WORD
+
+    run = load(bert_run)
+    task = open_task(run)
+    text = "The quick fox can't jump."
+    (scored,) = task.tag_probabilities(run.model, [text], torch.device("cpu"))
+    ids, starts, _ = task.encode_sentences([WORD.findall(text)])
+    with torch.no_grad():
+        scores = run.model(torch.tensor(ids))[0]  # (T, tags)
+    assert [w for w, _ in scored] == ["The", "quick", "fox", "ca", "n't", "jump", "."]
+    for (_, probs), position in zip(scored, starts[0], strict=True):
+        assert list(probs) == list(task.labels)
+        expected = torch.softmax(scores[position].float(), dim=-1)
+        torch.testing.assert_close(torch.tensor(list(probs.values())), expected)
+    (tagged,) = task.tag(run.model, [text], torch.device("cpu"))
+    assert tagged == [(w, task.labels[int(torch.tensor(list(p.values())).argmax())]) for w, p in scored]

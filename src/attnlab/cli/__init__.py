@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "cost",
     "ablate",
     "scale",
+    "serve",
 )
 
 
@@ -86,14 +87,13 @@ def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str = "
     """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
     from attnlab import load
     from attnlab.device import resolve_device
-    from attnlab.tasks import TASKS
+    from attnlab.tasks import open_task
 
     dev = resolve_device(device)
     run = load(run_dir, device=dev, checkpoint=checkpoint)
     if run.config.task != task_name:
         raise UserError(f"{run_dir} is a {run.config.task!r} run, not a {task_name} model")
-    task = TASKS[task_name](run.config.data, run.config.model, run.path, resume=True, splits=())
-    return run, task, dev
+    return run, open_task(run), dev
 
 
 def add_text_arguments(p: argparse.ArgumentParser, task_name: str) -> None:

@@ -60,13 +60,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
     if loaded.config.task == "nodes":
         raise UserError(f"{args.run_dir} is a node-classification run: draw a node's attention with --node ID")
-    if loaded.config.task in ("images", "image-classification", "audio"):
+    if loaded.config.task in ("images", "image-classification", "audio", "digits"):
         raise UserError(f"{args.run_dir} is an {loaded.config.task!r} run: --text is for text models (ViT: --image)")
-    if getattr(loaded.config.model, "attention", "full") == "linformer" and args.kind != "cross":
-        raise UserError(
-            f"{args.run_dir} uses Linformer attention: each query attends to k projections of all the tokens, "
-            "not to tokens, so there is no token-to-token map to draw"
-        )
     maps = attention_maps(loaded, args.text, kind=args.kind, beam=args.beam)
     maps.check(args.layer, args.head)
     layer = maps.n_layers - 1 if args.layer is None else args.layer

@@ -31,13 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from attnlab import load
     from attnlab.cli import read_text_arguments
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.tasks import Translation
+    from attnlab.tasks import open_task
 
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
@@ -46,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
     if run.config.task != "translation":
         raise UserError(f"{args.run_dir} is a {run.config.task!r} run, not a translation model; use `attnlab sample`")
-    task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
+    task = open_task(run)
     sources, cut = task.encode_sources(lines)
     if cut:
         sys.stderr.write(
@@ -55,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         )
     outputs = task.translate_ids(run.model, sources, device, beam=args.beam, **_search_options(args))
     if args.attention is not None:
-        _save_alignment(task, run.model, sources[0], args.attention, device, args, torch)
+        _save_alignment(task, run.model, sources[0], args.attention, device, args)
     if args.json:
         from attnlab.cli import print_json
 
@@ -71,22 +69,13 @@ def _search_options(args: argparse.Namespace) -> dict:
     return dict(length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, fused=args.fused)
 
 
-def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.Namespace, torch) -> None:
+def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.Namespace) -> None:
     """Heatmap of the decoder's cross-attention for the first sentence and the ids it was translated to."""
-    from attnlab.decode.seq2seq import beam_search
     from attnlab.errors import UserError
     from attnlab.viz.attention import plot_alignment
 
     if not source_ids:
         raise UserError("the first input line is empty: there is no alignment to draw")
-    src = torch.tensor([source_ids], device=device)
-    (target_ids,) = beam_search(
-        model, src, beam_size=args.beam, bos_id=task.bos_id, eos_id=task.eos_id, **_search_options(args)
-    )
-    tgt_in = torch.tensor([[task.bos_id, *target_ids]], device=device)
-    with torch.no_grad():
-        weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)
-    tok = task.tokenizer
-    target_tokens = [*tok.token_texts(target_ids), "</s>"]
-    plot_alignment(weights, tok.token_texts(source_ids), target_tokens, path, title="decoder cross-attention")
+    found = task.align(model, source_ids, device, beam=args.beam, **_search_options(args))
+    plot_alignment(found.weights, found.source_tokens, found.target_tokens, path, title="decoder cross-attention")
     sys.stderr.write(f"alignment saved to {path}\n")

@@ -35,6 +35,47 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+class TextPieces:
+    """Token ids in, text out, one token at a time: `add` returns the text that can no longer
+    change, and whether a stop string has ended the text.
+
+    Byte-level tokens can end inside a UTF-8 character, and a stop string can span tokens, so a
+    piece is only released once it can no longer change; the text ends before the first stop
+    string. The end-of-text token is the caller's to watch (`finish` releases what is held back).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]  # an empty stop string would end every completion at once
+        self.ids: list[int] = []
+        self.emitted = 0  # characters released so far
+
+    def add(self, token_id: int) -> tuple[str, bool]:
+        """The new stable text after token_id, and True when a stop string ended the text there."""
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        hits = [text.find(s, max(0, self.emitted - len(s))) for s in self.stop]
+        hits = [h for h in hits if h >= 0]
+        if hits:
+            piece = text[self.emitted : max(self.emitted, min(hits))]
+            self.emitted += len(piece)
+            return piece, True
+        # An incomplete UTF-8 sequence decodes as U+FFFD: wait for its other bytes. What could
+        # start a stop string is held back from the complete characters before it.
+        stable = text.rstrip("\ufffd")
+        safe = len(stable) - _held_back(stable, self.stop)
+        piece = text[self.emitted : max(self.emitted, safe)]
+        self.emitted += len(piece)
+        return piece, False
+
+    def finish(self) -> str:
+        """What was held back, once no token will follow."""
+        text = self.tokenizer.decode(self.ids)
+        piece = text[self.emitted :]
+        self.emitted = len(text)
+        return piece
+
+
 def stream_text(
     model: nn.Module,
     tokenizer: Tokenizer,
@@ -46,15 +87,10 @@ def stream_text(
     compile: bool = False,
     fused: bool = False,
 ) -> Iterator[str]:
-    """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come.
-
-    Byte-level tokens can end inside a UTF-8 character, and a stop string can span tokens, so a
-    piece is only yielded once it can no longer change; the text ends before the first stop string.
-    `compile` and `fused` choose how the decoding step runs (see `generate_tokens`).
+    """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come (see
+    `TextPieces`). `compile` and `fused` choose how the decoding step runs (see `generate_tokens`).
     """
-    stop = [s for s in stop if s]  # an empty stop string would end every completion at once
-    ids: list[int] = []
-    emitted = 0
+    pieces = TextPieces(tokenizer, stop)
     tokens = generate_tokens(
         model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id, compile=compile, fused=fused
     )
@@ -62,25 +98,14 @@ def stream_text(
         token_id = int(token[0])
         if token_id == tokenizer.eos_id:
             break
-        ids.append(token_id)
-        text = tokenizer.decode(ids)
-        hits = [text.find(s, max(0, emitted - len(s))) for s in stop]
-        hits = [h for h in hits if h >= 0]
-        if hits:
-            end = min(hits)
-            if end > emitted:
-                yield text[emitted:end]
+        piece, stopped = pieces.add(token_id)
+        if piece:
+            yield piece
+        if stopped:
             return
-        # An incomplete UTF-8 sequence decodes as U+FFFD: wait for its other bytes. What could
-        # start a stop string is held back from the complete characters before it.
-        stable = text.rstrip("\ufffd")
-        safe = len(stable) - _held_back(stable, stop)
-        if safe > emitted:
-            yield text[emitted:safe]
-            emitted = safe
-    text = tokenizer.decode(ids)
-    if len(text) > emitted:
-        yield text[emitted:]
+    piece = pieces.finish()
+    if piece:
+        yield piece
 
 
 def complete(

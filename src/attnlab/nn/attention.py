@@ -97,16 +97,35 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v `(B, H, T, D)` at `positions` `(T,)` long, in place; return the whole buffers
-        `(B, H, max_len, D)`. Slots never written hold zeros: the caller masks them out.
+        """Store k, v `(B, H, T, D)` at `positions` in place; return the whole buffers `(B, H,
+        max_len, D)`. Slots never written hold zeros: the caller masks them out.
+
+        positions: `(T,)` long, the same for every row; or `(B, T)`, each row its own (continuous
+        batching, where the sequences of a batch started at different times).
 
         The static-shape path: every decoding step sees the same shapes, and the position is a
         tensor rather than a Python int, so a compiled step is compiled once and the loop never
         waits on the device. `length` is not tracked here; the caller knows the positions.
         """
+        if positions.dim() == 2:
+            index = positions[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))  # (B, H, T, D)
+            self.k.scatter_(2, index, k.to(self.k.dtype))
+            self.v.scatter_(2, index, v.to(self.v.dtype))
+            return self.k, self.v
         self.k.index_copy_(2, positions, k.to(self.k.dtype))
         self.v.index_copy_(2, positions, v.to(self.v.dtype))
         return self.k, self.v
+
+    def view(self, rows: slice, length: int | None = None) -> "KVCache":
+        """A cache over some rows and the first `length` slots (default all) of this one's
+        buffers, sharing their memory: what is written through it lands here. Continuous batching
+        prefills one row and runs each step over the rows in use and the slots filled so far,
+        without copying."""
+        length = self.max_len if length is None else length
+        part = KVCache.__new__(KVCache)
+        part.k, part.v = self.k[rows, :, :length], self.v[rows, :, :length]
+        part.length, part._spare = 0, None
+        return part
 
     def reset(self) -> None:
         self.length = 0
@@ -232,6 +251,8 @@ class MultiHeadAttention(nn.Module):
         positions: with `cache`, the positions `(Tq,)` long of the queries in the cached sequence:
             keys and values are written there (`KVCache.write`) and each query attends to the whole
             preallocated cache up to its own position (static shapes; `causal` is then implied).
+            `(B, Tq)`: each row at its own positions (continuous batching); position schemes that
+            act on the scores (ALiBi, relative) and sparse patterns take `(Tq,)` only.
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
         b, t_q, c = x.shape
@@ -258,15 +279,21 @@ class MultiHeadAttention(nn.Module):
         q_pos = None
         if self_attention and not self.plain:
             q_pos = self._query_positions(t_q, cache, positions, x.device)
+            if q_pos.dim() == 2:
+                self._check_row_positions()
             if self.positions is not None:  # rotary: the keys enter the cache rotated
-                q, k = self.positions.rotate(q, k, q_pos)
+                # Per-row positions (B, T) rotate as (B, 1, T): every head of a row alike.
+                q, k = self.positions.rotate(q, k, q_pos if q_pos.dim() == 1 else q_pos[:, None])
+                q_pos = None if q_pos.dim() == 2 else q_pos  # nothing below reads them then
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead
         # masks added below always keep each query's own position.
         may_empty_rows = mask is not None
         if cache is not None and positions is not None:
             k, v = cache.write(k, v, positions)
             slots = torch.arange(cache.max_len, device=x.device)
-            visible = slots[None, :] <= positions[:, None]  # (Tq, max_len): the past and itself
+            visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len): the past and itself
+            if visible.dim() == 3:
+                visible = visible[:, None]  # (B, 1, Tq, max_len): every head alike
             mask = visible if mask is None else mask & visible
             causal = False  # the visibility mask already is the look-ahead rule
         elif cache is not None:
@@ -322,6 +349,15 @@ class MultiHeadAttention(nn.Module):
                 y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             weights = None
         return self.out_proj(self._merge_heads(y)), weights
+
+    def _check_row_positions(self) -> None:
+        """Per-row query positions reach rotary positions only: the score terms of ALiBi and
+        relative positions and the sparse patterns take one set of positions for the batch."""
+        if self.pattern is not None or (self.positions is not None and not self.positions.row_positions):
+            raise ValueError(
+                "per-row positions (B, T) need full attention with input or rotary positions; "
+                "decode this model one sequence at a time"
+            )
 
     def _merge_heads(self, y: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = y.shape

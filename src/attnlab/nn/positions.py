@@ -164,6 +164,10 @@ class AttentionPositions(nn.Module):
     fused = True
     """Whether attention may still take PyTorch's fused kernel (a score bias goes in as a float mask)."""
 
+    row_positions = False
+    """Whether the hooks take per-row positions `(B, 1, T)` (continuous batching): a rotation does;
+    a score bias is made for one set of positions."""
+
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and the new k `(B, H, T, D)`, both at positions pos `(T,)` -> the same shapes."""
         return q, k
@@ -198,6 +202,8 @@ class RotaryPositions(AttentionPositions):
     """RoPE (Su et al. 2021): q and k rotated by position-dependent angles, no parameters. A key
     is rotated once, when it is made; a KV cache holds rotated keys, so a decoding step rotates
     only the new position."""
+
+    row_positions = True
 
     def __init__(self, n_heads: int, head_dim: int, *, theta: float = 10000.0, **_: object) -> None:
         super().__init__()

@@ -39,6 +39,13 @@ TASKS = {
     )
 }
 
+
+def open_task(run):
+    """The task object of a loaded run (what `attnlab.load` returns), ready to apply its model to new
+    inputs: the run's tokenizer and labels, no data read."""
+    return TASKS[run.config.task](run.config.data, run.config.model, run.path, resume=True, splits=())
+
+
 __all__ = [
     "TASKS",
     "AudioDataConfig",
@@ -60,4 +67,5 @@ __all__ = [
     "TaggingDataConfig",
     "Translation",
     "TranslationDataConfig",
+    "open_task",
 ]

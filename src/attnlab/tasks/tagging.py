@@ -221,15 +221,27 @@ class Tagging(EncoderTask):
     def split_size(self, split: str) -> int:
         return sum(len(s.words) for s in self.sentences[split])
 
-    @torch.no_grad()
     def tag(self, model: torch.nn.Module, texts: Sequence[str], device: torch.device) -> list[list[tuple[str, str]]]:
-        """(word, tag) pairs for each text, words split off as in UD English."""
+        """(word, tag) pairs for each text, words split off as in UD English; "?" for a word cut off
+        by max_len."""
+        return [
+            [(word, max(probs, key=probs.get) if probs else "?") for word, probs in sentence]
+            for sentence in self.tag_probabilities(model, texts, device)
+        ]
+
+    @torch.no_grad()
+    def tag_probabilities(
+        self, model: torch.nn.Module, texts: Sequence[str], device: torch.device
+    ) -> list[list[tuple[str, dict[str, float]]]]:
+        """(word, probability of every tag) for each word of each text, words split off as in UD
+        English; an empty dict for a word cut off by max_len (the model never saw it)."""
         sentences = [WORD.findall(t) for t in texts]
         ids, starts, _ = self.encode_sentences(sentences)
         padded = self.pad(ids)
         logits = self.logits(model, padded.to(device), *self._pooling(starts, padded)).float().cpu()
+        probs = torch.softmax(logits, dim=-1)  # (B, T, L)
         out = []
         for row, (words, first) in enumerate(zip(sentences, starts, strict=True)):
-            predicted = [self.labels[int(logits[row, p].argmax())] for p in first]
-            out.append(list(zip(words, predicted + ["?"] * (len(words) - len(predicted)), strict=True)))
+            scored = [dict(zip(self.labels, probs[row, p].tolist(), strict=True)) for p in first]
+            out.append(list(zip(words, scored + [{}] * (len(words) - len(scored)), strict=True)))
         return out

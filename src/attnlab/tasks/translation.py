@@ -63,6 +63,19 @@ class TranslationDataConfig:
             raise ValueError(f"vocab_size must be >= 260 (256 bytes + specials), got {self.vocab_size}")
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """A sentence's translation and where the decoder looked while writing it."""
+
+    translation: str
+    source_tokens: list[str]
+    """The source sentence's tokens: the columns (S)."""
+    target_tokens: list[str]
+    """The translation's tokens and a final "</s>": the rows (T)."""
+    weights: torch.Tensor
+    """float32 `(T, S)`, on the CPU; each row sums to 1."""
+
+
 class Translation:
     """Sequence-to-sequence translation with a Transformer or an RNN encoder–decoder."""
 
@@ -212,6 +225,38 @@ class Translation:
             for row, i in enumerate(indices):
                 out[i] = self.tokenizer.decode(ids[row], skip_special=True).strip() if lengths[i] else ""
         return out
+
+    @torch.no_grad()
+    def align(
+        self,
+        model: nn.Module,
+        source_ids: Sequence[int],
+        device: torch.device,
+        *,
+        beam: int = 5,
+        length_penalty: float = 1.0,
+        max_len_ratio: float = 1.5,
+        fused: bool = False,
+    ) -> "Alignment":
+        """One encoded source sentence's translation by beam search and the decoder's cross-attention
+        over it (`model.cross_attention`: the last layer's, averaged over heads) under teacher forcing
+        on that translation."""
+        if not source_ids:
+            raise UserError("the sentence is empty: there is nothing to translate or align")
+        src = torch.tensor([list(source_ids)], device=device)
+        options = dict(length_penalty=length_penalty, max_len_ratio=max_len_ratio, fused=fused)
+        (target_ids,) = beam_search(model, src, beam_size=beam, bos_id=self.bos_id, eos_id=self.eos_id, **options)
+        tgt_in = torch.tensor([[self.bos_id, *target_ids]], device=device)
+        weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)
+        tok = self.tokenizer
+        # Row t is where the decoder looked while predicting the token after tgt_in[t]: label it with
+        # that token; the last row predicted </s>.
+        return Alignment(
+            translation=tok.decode(target_ids, skip_special=True).strip(),
+            source_tokens=tok.token_texts(source_ids),
+            target_tokens=[*tok.token_texts(target_ids), "</s>"],
+            weights=weights,
+        )
 
     def encode_sources(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
         """Source token ids of each text (empty text -> no tokens) and how many were cut to max_len."""

@@ -71,6 +71,17 @@ class AttentionMaps:
             )
 
 
+def has_attention(model: torch.nn.Module) -> bool:
+    """Whether `attention_maps` can show this model's attention: the Transformers and the RNN with
+    attention, not the BiLSTM, the plain RNN encoder-decoder or a graph model."""
+    from attnlab.models.bert import Bert
+    from attnlab.models.gpt import GPT
+    from attnlab.models.rnn import AttentionGRUSeq2Seq
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+
+    return isinstance(model, GPT | Bert | Seq2SeqTransformer | AttentionGRUSeq2Seq)
+
+
 def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) -> AttentionMaps:
     """The attention weights of `run` (what `attnlab.load` returns) for `text`.
 
@@ -81,19 +92,23 @@ def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) ->
     """
     from attnlab.models.bert import Bert
     from attnlab.models.gpt import GPT
-    from attnlab.models.rnn import AttentionGRUSeq2Seq
     from attnlab.models.seq2seq import Seq2SeqTransformer
 
     if kind is not None and kind not in KINDS:
         raise UserError(f"unknown attention kind {kind!r}; choose one of {', '.join(KINDS)}")
     if not text.strip():
         raise UserError("the text is empty: there is no attention to show; pass --text TEXT")
+    if getattr(run.config.model, "attention", "full") == "linformer" and kind != "cross":
+        raise UserError(
+            f"{run.path} uses Linformer attention: each query attends to k projections of all the tokens, "
+            "not to tokens, so there is no token-to-token map to draw"
+        )
     model = run.model
     if isinstance(model, GPT | Bert):
         if kind == "cross":
             raise UserError(f"a {run.config.task!r} run has self-attention only; drop --kind cross")
         return _gpt_maps(run, text) if isinstance(model, GPT) else _bert_maps(run, text)
-    if isinstance(model, Seq2SeqTransformer | AttentionGRUSeq2Seq):
+    if has_attention(model):  # a translation model
         if kind == "self" and not isinstance(model, Seq2SeqTransformer):
             raise UserError("the RNN encoder-decoder has no self-attention; use --kind cross")
         return _translation_maps(run, text, kind or "cross", beam)
@@ -150,11 +165,11 @@ def _bert_maps(run, text: str) -> AttentionMaps:
 def _translation_maps(run, text: str, kind: str, beam: int) -> AttentionMaps:
     from attnlab.decode.seq2seq import beam_search
     from attnlab.models.seq2seq import Seq2SeqTransformer
-    from attnlab.tasks import Translation
+    from attnlab.tasks import open_task
 
     if beam < 1:
         raise UserError(f"--beam must be >= 1, got {beam}")
-    task = Translation(run.config.data, run.config.model, run.path, resume=True, splits=())
+    task = open_task(run)
     source_ids = task.tokenizer.encode(text.strip())
     _check_length(len(source_ids), task.data_config.max_len, "data.max_len")
     src = torch.tensor([source_ids], device=_device(run.model))

@@ -1,0 +1,76 @@
+"""attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching]"""
+
+import argparse
+import os
+
+from attnlab.cli import positive_int
+
+ENV_KEY = "ATTNLAB_API_KEY"
+INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a web page and an OpenAI-compatible API over trained runs",
+        description="Serve trained runs over HTTP: a page to talk to them at /, and an API under /v1 "
+        "(completions as OpenAI's API has them, translations, classifications, tags, attention; "
+        "documented at /docs). One process serves every run given; concurrent completions of a model "
+        "are decoded together. To serve more traffic, start several and put a load balancer in front.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a run folder, or NAME=FOLDER to name the model")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(ENV_KEY),
+        help=f"require 'Authorization: Bearer KEY' on /v1 (default ${ENV_KEY}); needed with a --host "
+        "other than this machine",
+    )
+    p.add_argument("--max-batch", type=positive_int, default=32, help="streams decoded together per model (32)")
+    p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting per model; past it: 429 (64)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024, help="largest max_tokens of a completion (1024)")
+    p.add_argument("--max-n", type=positive_int, default=8, help="most completions per request, n x prompts (8)")
+    p.add_argument("--max-prompt-tokens", type=positive_int, help="longest prompt in tokens (default 4096)")
+    p.add_argument("--no-batching", action="store_true", help="decode one request at a time (a baseline)")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from attnlab.errors import UserError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError(INSTALL) from None
+    from attnlab.device import resolve_device
+    from attnlab.serve.app import create_app
+    from attnlab.serve.limits import Limits
+    from attnlab.serve.registry import load_runs
+    from attnlab.serve.server import bind, check_exposure, url
+
+    check_exposure(args.host, args.api_key)
+    limits = Limits(
+        max_tokens=args.max_tokens,
+        max_n=args.max_n,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        batched=not args.no_batching,
+    )
+    runs = load_runs(args.runs, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    sock = bind(args.host, args.port)
+    app = create_app(runs, api_key=args.api_key, limits=limits)
+    names = ", ".join(f"{name} ({run.config.task})" for name, run in runs.items())
+    address = url(sock)
+    sys.stderr.write(f"attnlab serve: {names} on {address}/  (API: {address}/v1, docs: {address}/docs)\n")
+    sys.stderr.flush()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=2))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,174 @@
+"""Continuous batching (Yu et al. 2022, "Orca"): many sequences decoded together, each at its own
+position, joining and leaving between steps.
+
+A language model served to many clients spends a one-sequence decoding step mostly on fixed
+costs: launching each layer's kernels, reading every weight. Run as one batch, N sequences cost
+little more than one. But requests arrive at any time and stop at different lengths, so the batch
+cannot wait for all its sequences to start or finish together: a new sequence is prefilled into a
+free row of one preallocated KV cache and joins at the next step; a finished one leaves, and the
+last row moves into its place so that the rows in use stay 0 … A−1. Each step runs the model once
+over those rows, every row writing its key and value at its own position (`KVCache.write` with
+per-row positions) and attending to its own filled slots.
+
+Every sequence follows `generate_tokens`' rules exactly, so a batch gives each sequence the tokens
+it would get decoded alone: the prompt's last block_size tokens are prefilled, and once a sequence
+fills block_size positions its window slides, its next tokens predicted from its last block_size
+tokens recomputed in full (those sequences leave the cache and are batched among themselves).
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from attnlab.decode.sampling import Picker, _eval_mode
+from attnlab.nn.attention import MultiHeadAttention
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence being decoded: its prompt, the tokens generated so far, and how it ends."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    pick: Picker | None = None  # None: greedy, taken for all greedy rows at once
+    eos_id: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (the end-of-text token) or "length"
+    row: int = -1  # its row of the cache; -1 once its window slides (or before it joins)
+    filled: int = 0  # cache slots written: the position the next token is written at
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+def takes_row_positions(model: nn.Module) -> bool:
+    """Whether every attention layer of the model accepts per-row positions `(B, T)`."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    return all(m.pattern is None and (m.positions is None or m.positions.row_positions) for m in layers)
+
+
+class Batcher:
+    """The sequences decoded together by one model (a GPT-style decoder: `model(idx, cache=...,
+    positions=..., last_only=True)`, `model.new_cache`, `model.config.block_size`).
+
+    `join` prefills a sequence and picks its first token; `step` gives every sequence its next
+    token; sequences that finish leave by themselves, `leave` takes one out early (a client gone,
+    a stop string). Not thread-safe: one thread drives it.
+    """
+
+    def __init__(self, model: nn.Module, max_batch: int = 32) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model
+        self.max_batch = max_batch
+        self.block = model.config.block_size
+        self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time
+        self.cache = model.new_cache(max_batch, self.block)
+        self.device = self.cache[0].k.device
+        self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
+        self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
+
+    def __len__(self) -> int:
+        return len(self.cached) + len(self.windowed)
+
+    def join(self, prompt: list[int], max_new_tokens: int, pick: Picker | None = None, eos_id: int | None = None):
+        """Prefill `prompt` (token ids, at least one) and pick its first token. Returns the
+        `Sequence`, already done when that token ends it."""
+        if len(self) >= self.max_batch:
+            raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
+        if not prompt:
+            raise ValueError("a prompt needs at least one token")
+        seq = Sequence(list(prompt), max_new_tokens, pick, eos_id)
+        if max_new_tokens <= 0:
+            seq.finish_reason = "length"
+            return seq
+        window = seq.prompt[-self.block :]
+        seq.row, seq.filled = len(self.cached), len(window)
+        views = [layer.view(slice(seq.row, seq.row + 1)) for layer in self.cache]
+        idx = torch.tensor([window], dtype=torch.long, device=self.device)
+        with _eval_mode(self.model):
+            logits = self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
+        self.cached.append(seq)
+        self._advance([seq], logits)
+        return seq
+
+    def step(self) -> list[Sequence]:
+        """Feed every sequence its last token and pick the next one. Returns the sequences that
+        got a token (finished ones have left the batch)."""
+        moving = list(self.cached) + list(self.windowed)
+        if not moving:
+            return []
+        for seq in [s for s in self.cached if s.filled >= self.block]:
+            self._slide(seq)  # no slot left for the token: from here on its window slides
+        with _eval_mode(self.model):
+            cached, windowed = self._cached_logits(), self._windowed_logits()
+        if self.cached:
+            self._advance(list(self.cached), cached)
+        if self.windowed:
+            self._advance(list(self.windowed), windowed)
+        return moving
+
+    def leave(self, seq: Sequence) -> None:
+        """Take seq out of the batch (finished, or no longer wanted); its row goes to the last row's sequence."""
+        if seq.row >= 0:
+            last = self.cached.pop()
+            if last is not seq:
+                n = last.filled  # the slots written so far, all the row holds
+                for layer in self.cache:
+                    layer.k[seq.row, :, :n] = layer.k[last.row, :, :n]
+                    layer.v[seq.row, :, :n] = layer.v[last.row, :, :n]
+                last.row = seq.row
+                self.cached[seq.row] = last
+            seq.row = -1
+        elif seq in self.windowed:
+            self.windowed.remove(seq)
+
+    def _slide(self, seq: Sequence) -> None:
+        self.leave(seq)
+        self.windowed.append(seq)
+
+    def _cached_logits(self) -> torch.Tensor | None:
+        """One step for the cached rows: each writes its last token at its own position. `(A, V)`."""
+        if not self.cached:
+            return None
+        tokens = torch.tensor([[s.tokens[-1]] for s in self.cached], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.filled] for s in self.cached], dtype=torch.long, device=self.device)
+        length = max(s.filled for s in self.cached) + 1  # attend to the filled slots alone
+        if self.row_positions:
+            views = [layer.view(slice(0, len(self.cached)), length) for layer in self.cache]
+            logits = self.model(tokens, cache=views, positions=positions, last_only=True)[:, -1]
+        else:  # a model whose positions act on the scores: one row at a time
+            rows = []
+            for i, seq in enumerate(self.cached):
+                views = [layer.view(slice(i, i + 1), seq.filled + 1) for layer in self.cache]
+                rows.append(self.model(tokens[i : i + 1], cache=views, positions=positions[i], last_only=True)[:, -1])
+            logits = torch.cat(rows)
+        for seq in self.cached:
+            seq.filled += 1
+        return logits
+
+    def _windowed_logits(self) -> torch.Tensor | None:
+        """The sliding windows, each its last block_size tokens (all the same length). `(W, V)`."""
+        if not self.windowed:
+            return None
+        windows = [(s.prompt + s.tokens)[-self.block :] for s in self.windowed]
+        idx = torch.tensor(windows, dtype=torch.long, device=self.device)
+        return self.model(idx, last_only=True)[:, -1]
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Pick each sequence's next token from its logits row; finished sequences leave."""
+        greedy = logits.argmax(dim=-1).tolist() if any(s.pick is None for s in seqs) else None
+        for i, seq in enumerate(seqs):
+            token = greedy[i] if seq.pick is None else int(seq.pick(logits[i : i + 1])[0])
+            seq.tokens.append(token)
+            if seq.eos_id is not None and token == seq.eos_id:
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= seq.max_new_tokens:
+                seq.finish_reason = "length"
+            if seq.done:
+                self.leave(seq)
+
+
+__all__ = ["Batcher", "Sequence", "takes_row_positions"]

@@ -1,0 +1,40 @@
+"""The caps a server enforces on every request, so no request can hold a model for long or grow a
+pile of work without bound. A request past a cap gets a 400 naming the field and the cap; a model
+whose queue is full answers 429 with Retry-After."""
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request caps and per-model queue bounds of `attnlab serve` (its command-line flags)."""
+
+    max_tokens: int = 1024
+    """Most new tokens one completion may ask for (`max_tokens`)."""
+    max_n: int = 8
+    """Most completions one request may ask for: `n` times the number of prompts."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens; None: the worker's default. The model reads a prompt's last block_size
+    tokens, as `attnlab sample` does."""
+    max_text_chars: int = 20_000
+    """Longest text in characters, in any field, checked before tokenizing."""
+    max_body_bytes: int = 4_000_000
+    """Largest request body (its Content-Length); past it: 413."""
+    max_inputs: int = 64
+    """Most texts in one classification or tagging request."""
+    max_beam: int = 16
+    """Largest beam of a translation or of the translation behind a cross-attention map."""
+    max_attention_tokens: int = 128
+    """Longest text whose attention maps are sent (the maps grow with the square of its length)."""
+    max_batch: int = 32
+    """Streams one language model decodes together (one batched forward per step)."""
+    max_queue: int = 64
+    """Requests that may wait for one model, beyond those running; past it: 429."""
+    batched: bool = True
+    """False decodes one request at a time (the baseline of the batching benchmark)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "batched" and value is not None and value < 1:
+                raise ValueError(f"{f.name} must be >= 1, got {value}")

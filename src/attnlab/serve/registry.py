@@ -1,0 +1,160 @@
+"""The models a server holds: run folders loaded by name, and what each one can answer.
+
+The run's task decides its endpoints (`ENDPOINTS`): a language model completes text, a translation
+model translates, an encoder classifies or tags; every text model with attention shows it. A
+request that names a model with the wrong endpoint gets a 400 naming the endpoints it has.
+"""
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from attnlab.errors import UserError
+from attnlab.serve.errors import APIError
+
+ENDPOINTS = {
+    "lm": "/v1/completions",
+    "translation": "/v1/translations",
+    "classification": "/v1/classifications",
+    "tagging": "/v1/tags",
+    "mlm": None,  # a masked language model only shows its attention
+}
+ATTENTION = "/v1/attention"
+KINDS = {
+    "lm": "language model",
+    "translation": "translation model",
+    "classification": "classifier",
+    "tagging": "tagger",
+    "mlm": "masked language model",
+}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def parse_model_spec(spec: str) -> tuple[str, Path]:
+    """`NAME=PATH`, or a `PATH` named after its folder: "tiny=runs/demo" -> ("tiny", runs/demo),
+    "runs/demo/" -> ("demo", runs/demo)."""
+    name, sep, path = spec.partition("=")
+    if sep and path and NAME.fullmatch(name):
+        return name, Path(path)
+    path = Path(spec)
+    return path.resolve().name, path
+
+
+def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "best") -> dict[str, Any]:
+    """Each `NAME=PATH` or `PATH` loaded with `attnlab.load`, by name; a `UserError` for a missing or
+    broken run folder, a run of a task the server has no endpoint for, or two runs of one name."""
+    from attnlab import load
+
+    runs: dict[str, Any] = {}
+    for spec in specs:
+        name, path = parse_model_spec(spec)
+        if name in runs:
+            raise UserError(f"two models are named {name!r}; tell them apart with NAME=PATH")
+        run = load(path, device=device, checkpoint=checkpoint)
+        if run.config.task not in ENDPOINTS:
+            raise UserError(
+                f"{path} is a {run.config.task!r} run; attnlab serve serves runs of the text tasks "
+                f"({', '.join(ENDPOINTS)})"
+            )
+        runs[name] = run
+    return runs
+
+
+@dataclass
+class ServedModel:
+    """One loaded run (`attnlab.load`) and what the server keeps beside it.
+
+    helper: the run's task object (`attnlab.tasks.open_task`) for translation, classification and
+        tagging, which know how to apply the model to text; None for the others.
+    worker: the decoding thread of a language model (continuous batching); None for the others.
+    """
+
+    name: str
+    run: Any
+    helper: Any = None
+    worker: Any = None
+    created: int = 0
+    # Model calls other than decoding run one at a time per model, in a thread of the pool; the
+    # count of those running or waiting is bounded like the worker's queue.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    in_flight: int = 0
+
+    @property
+    def task(self) -> str:
+        return self.run.config.task
+
+    @property
+    def device(self):
+        return next(self.run.model.parameters()).device
+
+    @property
+    def endpoints(self) -> list[str]:
+        from attnlab.viz.maps import has_attention
+
+        own = [ENDPOINTS[self.task]] if ENDPOINTS[self.task] else []
+        return own + ([ATTENTION] if has_attention(self.run.model) else [])
+
+    @property
+    def context(self) -> int | None:
+        """The longest prompt or text the model takes, in tokens."""
+        if self.worker is not None:
+            return self.worker.context
+        if self.task == "translation":
+            return self.helper.data_config.max_len
+        if self.helper is not None:  # classification, tagging: [CLS] text [SEP]
+            return self.helper.max_len - 2
+        config = self.run.model.config
+        return config.max_len - 2 if hasattr(config, "max_len") else None
+
+    def require(self, endpoint: str) -> None:
+        """A 400 naming the endpoints this model has, unless it has `endpoint`."""
+        if endpoint not in self.endpoints:
+            has = " and ".join(f"POST {e}" for e in self.endpoints) or "nothing"
+            raise APIError(
+                400,
+                f"model {self.name!r} is a {KINDS[self.task]}: it answers {has}, not POST {endpoint}",
+                param="model",
+            )
+
+    async def call(self, bound: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in a thread of the pool, one call of this model at a time; a 429 when `bound`
+        calls are already running or waiting."""
+        if self.in_flight >= bound:
+            raise APIError(429, f"model {self.name!r} is busy; try again shortly", headers={"Retry-After": "1"})
+        self.in_flight += 1  # only ever changed on the event loop's thread
+        try:
+            return await run_in_threadpool(self._locked, fn, *args)
+        finally:
+            self.in_flight -= 1
+
+    def _locked(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.lock:
+            return fn(*args)
+
+
+def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> dict[str, ServedModel]:
+    """Each run with its task helper, or its decoding worker (not started) for a language model."""
+    from attnlab.tasks import open_task
+
+    served = {}
+    for name, run in runs.items():
+        model = ServedModel(name, run, created=_created(run.path))
+        if model.task == "lm":
+            from attnlab.serve.worker import ModelWorker
+
+            model.worker = ModelWorker(run.model, run.tokenizer, **worker_options)
+        elif model.task != "mlm":
+            model.helper = open_task(run)
+        served[name] = model
+    return served
+
+
+def _created(path: Path) -> int:
+    """When the run's weights were written (Unix time), for the `created` field of /v1/models."""
+    weights = Path(path) / "model.safetensors"
+    return int(weights.stat().st_mtime) if weights.exists() else 0

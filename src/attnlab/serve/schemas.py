@@ -1,0 +1,209 @@
+"""Request and response bodies of the API, as pydantic models (they also write the OpenAPI page).
+
+The completion bodies follow OpenAI's legacy completions API (`POST /v1/completions`, the
+`text_completion` object and its stream chunks), so the official `openai` client reads them
+unchanged; `top_k` is ours. Requests reject unknown fields (a 400 naming the field) instead of
+silently ignoring an option the server does not implement (`logprobs`, `echo`, `best_of`, ...).
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _unicode(text: str) -> str:
+    """JSON can carry lone UTF-16 surrogates ("\\ud800") that are not text: refuse them here rather
+    than in the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (it holds a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # what torch.Generator.manual_seed takes
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str = Field(description="a model id from GET /v1/models")
+
+
+# -- completions ---------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = Field(False, description="end the stream with a chunk that holds only `usage`")
+
+
+class CompletionRequest(Request):
+    """OpenAI's legacy completion request. null means the default, as in OpenAI's API."""
+
+    prompt: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        "", description="text to continue, or a list of texts; empty: start from the end-of-text token"
+    )
+    max_tokens: int | None = Field(16, ge=0, description="new tokens per completion (default 16)")
+    temperature: float | None = Field(1.0, ge=0, le=2, description="softmax temperature; 0 = greedy")
+    top_p: float | None = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens (an attnlab extension)")
+    n: int | None = Field(1, ge=1, description="completions per prompt")
+    stream: bool | None = Field(False, description="send the text as server-sent events as it is generated")
+    stream_options: StreamOptions | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = Field(
+        None, description="up to 4 strings; the text ends before the first"
+    )
+    seed: Seed | None = Field(None, description="the same seed gives the same text; choice i uses seed + i")
+    user: str | None = Field(None, description="accepted for compatibility, not used")
+
+    @property
+    def new_tokens(self) -> int:
+        return 16 if self.max_tokens is None else self.max_tokens
+
+    @property
+    def per_prompt(self) -> int:
+        return self.n or 1
+
+    def stops(self) -> tuple[str, ...]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(s for s in stop if s)  # an empty stop string would end every completion at once
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Completion(BaseModel):
+    """A whole completion (`stream: false`), or one server-sent event of a stream (`stream: true`:
+    `choices` holds the new text of one choice; its last event sets `finish_reason`)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "attnlab"
+    task: str = Field(description="the run's task: lm, translation, classification, tagging or mlm")
+    endpoints: list[str] = Field(description="the paths this model answers, besides /v1/models")
+    context: int | None = Field(description="longest prompt or text in tokens")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# -- the other families --------------------------------------------------------------------------
+
+
+class TranslationRequest(Request):
+    input: Text = Field(description="the source sentence")
+    beam: int | None = Field(None, ge=1, description="beam size; 1 = greedy (default 5, or the server's cap)")
+
+
+class TranslationResponse(BaseModel):
+    """The translation and where the decoder looked while writing it: `attention[t][s]` is the
+    weight of source token s when predicting target token t (last decoder layer, mean over heads)."""
+
+    object: Literal["translation"] = "translation"
+    model: str
+    input: str
+    translation: str
+    source_tokens: list[str]
+    target_tokens: list[str] = Field(description='the translation\'s tokens and a final "</s>"')
+    source_labels: list[str] = Field(description="the source tokens as one-line labels (a space shown as ▁)")
+    target_labels: list[str]
+    attention: list[list[float]] = Field(description="(target tokens) x (source tokens), rows sum to 1")
+
+
+class TextsRequest(Request):
+    input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="a text or a list of texts")
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class Classification(BaseModel):
+    index: int
+    input: str
+    label: str
+    probabilities: dict[str, float] = Field(description="every label's probability, most likely first")
+
+
+class ClassificationResponse(BaseModel):
+    object: Literal["list"] = "list"
+    model: str
+    data: list[Classification]
+
+
+class TaggedWord(BaseModel):
+    word: str
+    tag: str = Field(description='"?" for a word past the model\'s length limit')
+    probability: float
+    probabilities: dict[str, float] = Field(description="every tag's probability, most likely first")
+
+
+class Tagging(BaseModel):
+    index: int
+    input: str
+    words: list[TaggedWord]
+
+
+class TaggingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    model: str
+    data: list[Tagging]
+
+
+class AttentionRequest(Request):
+    input: Text = Field(description="the text to look at; translation: the source sentence")
+    kind: Literal["self", "cross"] | None = Field(
+        None, description="translation: cross (default) or the encoder's self-attention"
+    )
+    beam: int | None = Field(
+        None, ge=1, description="translation: beam size of the translation shown (default 5, or the server's cap)"
+    )
+
+
+class AttentionResponse(BaseModel):
+    """The data of `attnlab attention`'s HTML explorer (`attnlab.viz.html.attention_data`):
+    `layers[l][h][q][k]` is the weight of key token k for query token q in head h of layer l."""
+
+    object: Literal["attention"] = "attention"
+    model: str
+    kind: str
+    causal: bool
+    text: str
+    output: str = Field(description="translation runs: the translation whose cross-attention is shown")
+    query_tokens: list[str]
+    key_tokens: list[str]
+    query_labels: list[str]
+    key_labels: list[str]
+    layers: list[list[list[list[float]]]]
+    decimals: int
+    colours: list[str]

@@ -1,0 +1,384 @@
+// attnlab serve: the page. It speaks only the server's own HTTP API (/v1/...), as any client would:
+// completions stream in as server-sent events read from fetch's ReadableStream; Stop aborts the
+// fetch, and the server cancels the generation when the connection goes.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const KEY = "attnlab-api-key", MODEL = "attnlab-model";
+  const state = { models: [], key: localStorage.getItem(KEY) || "", controller: null, views: 0 };
+
+  // -- talking to the server -----------------------------------------------------------------
+  async function api(path, body, signal) {
+    const headers = { "Content-Type": "application/json" };
+    if (state.key) headers.Authorization = "Bearer " + state.key;
+    const response = await fetch(path, {
+      method: body === undefined ? "GET" : "POST",
+      headers: headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: signal,
+    });
+    if (response.status === 401) {
+      $("key-panel").hidden = false;
+      $("api-key").focus();
+    }
+    if (!response.ok) {
+      let message = response.status + " " + response.statusText;
+      try { message = (await response.json()).error.message; } catch (e) { /* not JSON */ }
+      throw new Error(message);
+    }
+    return response;
+  }
+
+  function showError(message) {
+    $("error").textContent = message;
+    $("error").hidden = !message;
+  }
+
+  // -- models ----------------------------------------------------------------------------------
+  async function loadModels() {
+    const response = await api("/v1/models");
+    state.models = (await response.json()).data;
+    const picker = $("model");
+    picker.replaceChildren(...state.models.map((m) => new Option(m.id + "  ·  " + m.task, m.id)));
+    const saved = localStorage.getItem(MODEL);
+    if (state.models.some((m) => m.id === saved)) picker.value = saved;
+    selectModel();
+  }
+
+  function current() {
+    return state.models.find((m) => m.id === $("model").value);
+  }
+
+  function has(model, endpoint) {
+    return model.endpoints.includes(endpoint);
+  }
+
+  function selectModel() {
+    const model = current();
+    if (!model) return;
+    if (state.controller) state.controller.abort();
+    localStorage.setItem(MODEL, model.id);
+    showError("");
+    $("model-info").textContent = model.task + (model.context ? " · up to " + model.context + " tokens in" : "");
+    $("lm-view").hidden = !has(model, "/v1/completions");
+    $("mt-view").hidden = !has(model, "/v1/translations");
+    // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
+    const tags = has(model, "/v1/tags"), classify = has(model, "/v1/classifications");
+    const attentionOnly = model.endpoints.length === 1 && has(model, "/v1/attention");
+    $("enc-view").hidden = !(tags || classify || attentionOnly);
+    $("enc-title").textContent = tags ? "Tag each word" : classify ? "Classify" : "A text to look at";
+    $("enc-run").textContent = tags ? "Tag" : "Classify";
+    $("enc-run").hidden = attentionOnly;
+    $("enc-result").hidden = true;
+    $("mt-result").hidden = true;
+    $("attn-section").hidden = !has(model, "/v1/attention");
+    $("attention-box").replaceChildren();
+    $("attn-status").textContent = "";
+  }
+
+  // -- completion ------------------------------------------------------------------------------
+  function numberOr(id, fallback) {
+    const text = $(id).value.trim();
+    return text === "" ? fallback : Number(text);
+  }
+
+  function completionRequest() {
+    const body = {
+      model: current().id,
+      prompt: $("prompt").value,
+      max_tokens: numberOr("max-tokens", 300),
+      temperature: Number($("temperature").value),
+      top_p: Number($("top-p").value),
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    const topK = numberOr("top-k", null), seed = numberOr("seed", null);
+    if (topK !== null) body.top_k = topK;
+    if (seed !== null) body.seed = seed;
+    return body;
+  }
+
+  // Server-sent events: blocks separated by a blank line, each `data: <json>` or `data: [DONE]`.
+  async function* events(response) {
+    const reader = response.body.getReader(), decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        for (const line of block.split("\n")) {
+          const data = line.startsWith("data:") ? line.slice(5).trim() : "";
+          if (data && data !== "[DONE]") yield JSON.parse(data);
+        }
+      }
+    }
+  }
+
+  function setRunning(running) {
+    $("generate").disabled = running;
+    $("stop").disabled = !running;
+    $("completion").querySelector(".cursor").hidden = !running;
+    $("completion").dataset.state = running ? "running" : "idle";
+  }
+
+  async function generate() {
+    showError("");
+    const out = $("completion"), generated = out.querySelector(".generated");
+    const body = completionRequest(), controller = new AbortController();
+    out.querySelector(".placeholder").hidden = true;
+    out.querySelector(".echo").textContent = body.prompt;
+    generated.replaceChildren();
+    out.dataset.pieces = "0";
+    state.controller = controller;
+    setRunning(true);
+    const started = performance.now();
+    let pieces = 0, finish = null, usage = null;
+    const seconds = () => (performance.now() - started) / 1000;
+    try {
+      const response = await api("/v1/completions", body, controller.signal);
+      $("lm-status").textContent = "generating…";
+      for await (const chunk of events(response)) {
+        if (chunk.usage) usage = chunk.usage;
+        for (const choice of chunk.choices) {
+          if (choice.text) {
+            generated.append(choice.text);
+            out.dataset.pieces = String(++pieces);
+          }
+          if (choice.finish_reason) finish = choice.finish_reason;
+        }
+        $("lm-status").textContent = pieces + " pieces · " + seconds().toFixed(1) + " s";
+      }
+      const tokens = usage ? usage.completion_tokens : pieces;
+      const why = finish === "length" ? "reached max tokens" : "the model ended the text";
+      $("lm-status").textContent = tokens + " tokens in " + seconds().toFixed(1) + " s (" +
+        (tokens / seconds()).toFixed(0) + " tokens/s) · " + why;
+      out.dataset.finish = finish || "";
+    } catch (e) {
+      if (e.name === "AbortError") {
+        $("lm-status").textContent = "stopped after " + pieces + " pieces";
+        out.dataset.finish = "stopped";
+      } else {
+        showError(e.message);
+        $("lm-status").textContent = "";
+      }
+    } finally {
+      if (state.controller === controller) state.controller = null;
+      setRunning(false);
+    }
+  }
+
+  function stop() {
+    if (state.controller) state.controller.abort();
+  }
+
+  // -- translation and its heatmap ---------------------------------------------------------------
+  async function translate() {
+    showError("");
+    $("mt-status").textContent = "translating…";
+    try {
+      const body = { model: current().id, input: $("source").value, beam: numberOr("beam", 5) };
+      const result = await (await api("/v1/translations", body)).json();
+      $("translation").textContent = result.translation;
+      $("mt-result").hidden = false;
+      drawHeatmap(result.source_labels, result.target_labels, result.attention);
+      $("mt-status").textContent = "beam " + body.beam;
+    } catch (e) {
+      showError(e.message);
+      $("mt-status").textContent = "";
+    }
+  }
+
+  function colour(w) {
+    const stops = window.attentionColours;
+    const x = Math.max(0, Math.min(1, w)) * (stops.length - 1);
+    const i = Math.min(Math.floor(x), stops.length - 2), f = x - i;
+    const a = parseInt(stops[i].slice(1), 16), b = parseInt(stops[i + 1].slice(1), 16);
+    const mix = (shift) => Math.round(((a >> shift) & 255) * (1 - f) + ((b >> shift) & 255) * f);
+    return "rgb(" + mix(16) + "," + mix(8) + "," + mix(0) + ")";
+  }
+
+  // A heatmap on a canvas: rows are the translation's tokens, columns the source's; weights 0..1
+  // coloured with viridis, as in the PNG pictures of `attnlab translate --attention`.
+  function drawHeatmap(columns, rows, weights) {
+    const canvas = $("heatmap"), ctx = canvas.getContext("2d");
+    const font = "12px " + getComputedStyle(document.body).getPropertyValue("--mono");
+    ctx.font = font;
+    const widest = (labels) => Math.max(...labels.map((t) => ctx.measureText(t).width), 10);
+    const left = widest(rows) + 12, top = widest(columns) + 12;
+    const room = canvas.parentElement.clientWidth - left - 4;
+    const cell = Math.max(14, Math.min(34, Math.floor(room / columns.length)));
+    const width = left + cell * columns.length, height = top + cell * rows.length;
+    const scale = window.devicePixelRatio || 1;
+    canvas.width = width * scale;
+    canvas.height = height * scale;
+    canvas.style.width = width + "px";
+    canvas.style.height = height + "px";
+    ctx.setTransform(scale, 0, 0, scale, 0, 0);
+    ctx.font = font;
+    ctx.fillStyle = getComputedStyle(document.body).color;
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    rows.forEach((t, r) => ctx.fillText(t, left - 6, top + r * cell + cell / 2));
+    columns.forEach((t, c) => {
+      ctx.save();
+      ctx.translate(left + c * cell + cell / 2, top - 6);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(t, 0, 0);
+      ctx.restore();
+    });
+    weights.forEach((row, r) => row.forEach((w, c) => {
+      ctx.fillStyle = colour(w);
+      ctx.fillRect(left + c * cell, top + r * cell, cell - 1, cell - 1);
+    }));
+    canvas.onmousemove = (e) => {
+      const box = canvas.getBoundingClientRect();
+      const c = Math.floor((e.clientX - box.left - left) / cell), r = Math.floor((e.clientY - box.top - top) / cell);
+      const tip = $("heat-tip");
+      if (c < 0 || r < 0 || c >= columns.length || r >= rows.length) { tip.hidden = true; return; }
+      tip.textContent = rows[r] + "  →  " + columns[c] + "\nweight " + weights[r][c].toFixed(4);
+      tip.style.left = e.clientX + 14 + "px";
+      tip.style.top = e.clientY + 14 + "px";
+      tip.hidden = false;
+    };
+    canvas.onmouseleave = () => { $("heat-tip").hidden = true; };
+  }
+
+  // -- classification and tagging ------------------------------------------------------------
+  function bar(probability) {
+    const outer = document.createElement("div"), inner = document.createElement("span");
+    outer.className = "bar";
+    inner.style.width = (100 * probability).toFixed(1) + "%";
+    outer.append(inner);
+    return outer;
+  }
+
+  function element(tag, className, text) {
+    const el = document.createElement(tag);
+    if (className) el.className = className;
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+
+  const percent = (p) => (100 * p).toFixed(1) + "%";
+
+  function classificationView(item) {
+    const box = element("div", "sentence");
+    box.append(element("p", "quote", "“" + item.input + "”"));
+    box.append(element("p", "verdict", item.label + " · " + percent(item.probabilities[item.label])));
+    const bars = element("div", "bars");
+    Object.entries(item.probabilities).forEach(([label, p], i) => {
+      const row = element("div", "bar-row" + (i === 0 ? " best" : ""));
+      row.append(element("span", "name", label), bar(p), element("span", "value", percent(p)));
+      bars.append(row);
+    });
+    box.append(bars);
+    return box;
+  }
+
+  function taggingView(item) {
+    const box = element("div", "sentence"), words = element("div", "words");
+    box.append(element("p", "quote", "“" + item.input + "”"));
+    item.words.forEach((w) => {
+      const chip = element("div", "word");
+      chip.title = Object.entries(w.probabilities).slice(0, 3).map(([t, p]) => t + " " + percent(p)).join("\n");
+      chip.append(element("span", "w", w.word), element("span", "t", w.tag), bar(w.probability),
+        element("span", "p", percent(w.probability)));
+      words.append(chip);
+    });
+    box.append(words);
+    return box;
+  }
+
+  async function runEncoder() {
+    showError("");
+    const model = current(), tags = has(model, "/v1/tags");
+    const lines = $("enc-input").value.split("\n").filter((l) => l.trim());
+    $("enc-status").textContent = "…";
+    try {
+      const path = tags ? "/v1/tags" : "/v1/classifications";
+      const result = await (await api(path, { model: model.id, input: lines.length ? lines : "" })).json();
+      $("enc-result").replaceChildren(...result.data.map(tags ? taggingView : classificationView));
+      $("enc-result").hidden = false;
+      $("enc-status").textContent = lines.length > 1 ? lines.length + " sentences, one per line" : "";
+    } catch (e) {
+      showError(e.message);
+      $("enc-status").textContent = "";
+    }
+  }
+
+  // -- the attention explorer of `attnlab attention`, fed by /v1/attention --------------------
+  function typedText(model) {
+    if (has(model, "/v1/completions")) return $("prompt").value;
+    if (has(model, "/v1/translations")) return $("source").value;
+    return $("enc-input").value.split("\n").find((l) => l.trim()) || "";  // the first sentence
+  }
+
+  function select(className, names, chosen) {
+    const el = element("select", className);
+    names.forEach((name, i) => el.append(new Option(name, String(i), i === chosen, i === chosen)));
+    return el;
+  }
+
+  async function showAttention() {
+    showError("");
+    const model = current();
+    $("attn-status").textContent = "…";
+    try {
+      const body = { model: model.id, input: typedText(model) };
+      if (has(model, "/v1/translations")) body.beam = numberOr("beam", 5);
+      const data = await (await api("/v1/attention", body)).json();
+      const id = "attention-" + ++state.views, root = element("div", "attn");
+      root.id = id;
+      const caption = data.kind + ": “" + data.text + "”" + (data.output ? " → “" + data.output + "”" : "");
+      const controls = element("div", "attn-controls");
+      const layer = element("label", "", "layer "), head = element("label", "", "head ");
+      layer.append(select("attn-layer", data.layers.map((_, i) => "layer " + i), data.layers.length - 1));
+      head.append(select("attn-head", data.layers[0].map((_, h) => "head " + h), 0));
+      controls.append(layer, head, element("span", "hint", "hover a cell for its weight"));
+      const json = element("script");
+      json.type = "application/json";
+      json.id = id + "-data";
+      json.textContent = JSON.stringify(data);
+      root.append(element("p", "attn-caption", caption), controls, element("div", "attn-grid"),
+        element("div", "attn-tip"));
+      $("attention-box").replaceChildren(root, json);
+      window.attentionView(id);
+      $("attn-status").textContent = data.layers.length + " layers × " + data.layers[0].length + " heads";
+    } catch (e) {
+      showError(e.message);
+      $("attn-status").textContent = "";
+    }
+  }
+
+  // -- wiring ----------------------------------------------------------------------------------
+  function start() {
+    $("model").addEventListener("change", selectModel);
+    $("generate").addEventListener("click", generate);
+    $("stop").addEventListener("click", stop);
+    $("translate").addEventListener("click", translate);
+    $("enc-run").addEventListener("click", runEncoder);
+    $("show-attention").addEventListener("click", showAttention);
+    $("prompt").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) generate();
+    });
+    ["temperature", "top-p"].forEach((id) => {
+      $(id).addEventListener("input", () => { $(id + "-value").textContent = $(id).value; });
+    });
+    $("key-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      state.key = $("api-key").value.trim();
+      localStorage.setItem(KEY, state.key);
+      $("key-panel").hidden = true;
+      loadModels().catch((err) => showError(err.message));
+    });
+    loadModels().catch((err) => showError(err.message));
+  }
+
+  start();
+})();

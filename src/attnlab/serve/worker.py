@@ -1,0 +1,242 @@
+"""One model's decoding thread: completions asked for by the web app's event loop, decoded together
+by continuous batching (`attnlab.decode.batching`), their text sent back piece by piece.
+
+The event loop must never wait on the model, and the model must never wait on a slow client: each
+request is a `Stream` whose pieces the decoding thread hands to the loop
+(`call_soon_threadsafe`) and whose `cancel` the loop sets. New requests wait in a bounded queue
+(past it: `QueueFull`, the app's 429) and join the batch between steps; a cancelled one leaves at
+the next step.
+"""
+
+import asyncio
+import collections
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.data.tokenizers import Tokenizer
+from attnlab.decode.batching import Batcher, Sequence
+from attnlab.decode.sampling import Picker, sampling_picker
+from attnlab.decode.text import TextPieces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one completion is decoded."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None  # a generator of the stream's own: the same seed gives the same text
+    stop: tuple[str, ...] = ()  # the text ends before the first stop string
+
+    def picker(self, device: torch.device) -> Picker | None:
+        """The stream's token picker; None for greedy (which the batch takes for all rows at once)."""
+        if self.temperature == 0:
+            return None
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        top_p = self.top_p if self.top_p < 1.0 else None
+        return sampling_picker(self.temperature, self.top_k, top_p, generator)
+
+
+class QueueFull(Exception):
+    """The model's queue is at its bound; try again after `retry_after` seconds."""
+
+    def __init__(self, waiting: int, retry_after: float) -> None:
+        super().__init__(f"{waiting} requests are already waiting for this model; retry in {retry_after:g} s")
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str  # new text: whole characters, never part of a stop string
+    tokens: int  # the new tokens it covers
+
+
+class Stream:
+    """One completion. Iterate it (`async for piece in stream`) in the event loop's thread."""
+
+    def __init__(self, prompt_ids: list[int], sampling: Sampling, loop: asyncio.AbstractEventLoop) -> None:
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None  # "stop" or "length" once finished
+        self.error: str | None = None  # set when decoding failed on the server
+        self.cancelled = False
+        self._loop = loop
+        self._pieces: asyncio.Queue[Piece | None] = asyncio.Queue()
+        self._unsent = 0  # tokens not yet covered by a piece (no whole character yet)
+
+    def cancel(self) -> None:
+        """Stop decoding this completion; its batch row is freed at the next step. Thread-safe."""
+        self.cancelled = True
+
+    async def __aiter__(self) -> AsyncIterator[Piece]:
+        while (piece := await self._pieces.get()) is not None:
+            yield piece
+
+    # The decoding thread's side.
+    def _send(self, text: str, count: int) -> None:
+        self.completion_tokens += count
+        self._unsent += count
+        if text:
+            self._put(Piece(text, self._unsent))
+            self._unsent = 0
+
+    def _end(self, finish_reason: str | None, error: str | None = None) -> None:
+        self.finish_reason, self.error = finish_reason, error
+        self._put(None)
+
+    def _put(self, item: Piece | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._pieces.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (the server is stopping): nobody is listening
+            pass
+
+
+class ModelWorker:
+    """Decodes the completions of one model in a thread of its own.
+
+    max_batch: sequences decoded together (1: one request at a time). max_queue: requests that may
+    wait for a row; more are refused with `QueueFull`. max_prompt_tokens: the longest prompt
+    accepted (`context`); the model reads a prompt's last block_size tokens, as `attnlab sample` does.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        *,
+        max_batch: int = 32,
+        max_queue: int = 64,
+        batched: bool = True,
+        max_prompt_tokens: int = 4096,
+    ) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batcher = Batcher(model, max_batch if batched else 1)
+        self.max_queue = max_queue
+        self.context = max_prompt_tokens
+        self.generated_tokens = 0
+        self._waiting: collections.deque[Stream] = collections.deque()
+        self._running: dict[Sequence, tuple[Stream, TextPieces]] = {}
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="attnlab-decode", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def submit(self, prompt_ids: list[int], sampling: Sampling) -> Stream:
+        """Queue a completion of prompt_ids (at least one id). Call from the event loop's thread."""
+        if not prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        stream = Stream(list(prompt_ids), sampling, asyncio.get_running_loop())
+        with self._wake:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(len(self._waiting), retry_after=1.0)
+            self._waiting.append(stream)
+            self._wake.notify()
+        return stream
+
+    def stats(self) -> dict:
+        return {
+            "active": len(self._running),
+            "queued": len(self._waiting),
+            "max_batch": self.batcher.max_batch,
+            "generated_tokens": self.generated_tokens,
+            "batched": self.batcher.max_batch > 1,
+        }
+
+    # The decoding thread.
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self._running:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                joining = []
+                while self._waiting and len(self._running) + len(joining) < self.batcher.max_batch:
+                    joining.append(self._waiting.popleft())
+            try:
+                self._step(joining)
+            except Exception as e:  # a request must never take the thread down with it
+                log.exception("decoding failed")
+                self._fail_all(f"decoding failed on the server: {type(e).__name__}: {e}")
+        self._fail_all(None)
+        for stream in self._waiting:
+            stream._end(None)
+
+    def _step(self, joining: list[Stream]) -> None:
+        for seq, (stream, _) in list(self._running.items()):
+            if stream.cancelled:  # a client gone: free its row before the step
+                self.batcher.leave(seq)
+                del self._running[seq]
+                stream._end(None)
+        for stream in joining:
+            if stream.cancelled:
+                stream._end(None)
+                continue
+            s = stream.sampling
+            seq = self.batcher.join(
+                stream.prompt_ids, s.max_tokens, s.picker(self.batcher.device), self.tokenizer.eos_id
+            )
+            self._running[seq] = (stream, TextPieces(self.tokenizer, s.stop))
+            self._deliver(seq)
+        for seq in self.batcher.step():
+            self._deliver(seq)
+
+    def _deliver(self, seq: Sequence) -> None:
+        """Hand the sequence's newest token to its stream as text; end the stream when it is done."""
+        stream, pieces = self._running[seq]
+        if not seq.tokens:  # max_tokens 0: done when it joined
+            self._finish(seq, "length")
+            return
+        self.generated_tokens += 1
+        token = seq.tokens[-1]
+        if seq.finish_reason == "stop":  # the end-of-text token: no text of its own
+            stream._send(pieces.finish(), 0)
+            self._finish(seq, "stop")
+            return
+        text, stopped = pieces.add(token)
+        if stopped:
+            stream._send(text, 1)
+            self.batcher.leave(seq)
+            self._finish(seq, "stop")
+        elif seq.done:
+            stream._send(text + pieces.finish(), 1)
+            self._finish(seq, "length")
+        else:
+            stream._send(text, 1)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        stream, _ = self._running.pop(seq)
+        stream._end(reason)
+
+    def _fail_all(self, error: str | None) -> None:
+        for seq, (stream, _) in list(self._running.items()):
+            self.batcher.leave(seq)
+            stream._end(None, error)
+        self._running.clear()
