@@ -188,7 +188,8 @@ def test_each_preset_resolves(name):
     # Every value the preset sets ends up in the config.
     for section in ("model", "data", "train"):
         for key, value in doc.get(section, {}).items():
-            assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+            expected = tuple(value) if isinstance(value, list) else value  # TOML arrays become tuples
+            assert getattr(getattr(cfg, section), key) == expected, f"{section}.{key}"
 
 
 def test_unknown_preset_suggests_close_matches():

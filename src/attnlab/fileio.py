@@ -6,6 +6,7 @@ process killed at any moment leaves either the old file or the new one, never ha
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +62,19 @@ def atomic_link(source: Path, path: Path) -> None:
             shutil.copyfile(source, tmp)
 
     atomic_write(path, link)
+
+
+def check_writable(path: Path) -> None:
+    """A `UserError` now, before minutes of work, when `path` could not be written: its folder is
+    missing, or a file cannot be created there (tried for real: permission bits say nothing to root)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise UserError(f"{path.parent} is not an existing folder; create it first, or save elsewhere")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror}; choose another --out") from None
 
 
 def fsync_dir(folder: Path) -> None:

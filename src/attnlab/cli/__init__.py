@@ -62,7 +62,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
     """' (did you mean 'sample'?)' for a close match among `choices`, else ''."""
-    matches = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    # 0.7, not difflib's 0.6: at 0.6 every short option sharing the "--" prefix and a letter or
+    # two comes along ('--promt' suggested '--out' beside '--prompt').
+    matches = difflib.get_close_matches(word, choices, n=3, cutoff=0.7)
     return f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
 
 

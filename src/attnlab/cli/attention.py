@@ -1,5 +1,6 @@
 """attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]
-attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)"""
+attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)
+attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)"""
 
 import argparse
 from pathlib import Path
@@ -17,12 +18,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bidirectional self-attention, translation models the decoder's cross-attention from the translation "
         "of --text to --text (--kind self: the encoder's self-attention). A GAT run (node classification) takes "
         "--node ID instead: the node's neighbourhood with each edge weighted by each head's attention, and "
-        "histograms of every layer's attention entropy against uniform attention (PNG).",
+        "histograms of every layer's attention entropy against uniform attention (PNG). A ViT run takes --image "
+        "SPLIT:INDEX: the attention from [CLS] to each patch drawn over the image (the last layer's, averaged over "
+        "heads, unless --layer and --head say otherwise).",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument("--text", help="the text to look at (translation: the source sentence)")
     p.add_argument("--node", type=int, metavar="ID", help="a GAT run: the node whose neighbourhood to draw")
-    p.add_argument("--data-dir", help="with --node: read the graph from this folder instead of the run's data.data_dir")
+    p.add_argument("--image", metavar="SPLIT:INDEX", help="a ViT run: the image to look at, e.g. test:5")
+    p.add_argument(
+        "--data-dir", help="with --node or --image: read the data from this folder instead of the run's data.data_dir"
+    )
     p.add_argument("--layer", type=non_negative_int, help="layer to draw, from 0 (default the last)")
     p.add_argument("--head", type=non_negative_int, help="one head of the layer (default: all heads in a grid)")
     p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
@@ -40,16 +46,22 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.viz.maps import attention_maps
 
-    if (args.text is None) == (args.node is None):
-        raise UserError("give --text TEXT (a text model) or --node ID (a GAT run), one of the two")
+    if sum(x is not None for x in (args.text, args.node, args.image)) != 1:
+        raise UserError("give --text TEXT (a text model), --node ID (a GAT run) or --image SPLIT:INDEX (a ViT run)")
     if args.node is not None:
         return _node(args)
+    if args.image is not None:
+        from attnlab.cli.vit_attention import draw_cls_attention
+
+        return draw_cls_attention(args)
     if args.data_dir:
-        raise UserError("--data-dir goes with --node (a graph run); a text model reads --text")
+        raise UserError("--data-dir goes with --node (a graph run) or --image (a ViT run); a text model reads --text")
     path = _check_out(args.out if args.out is not None else Path("attention.html"))
     loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
     if loaded.config.task == "nodes":
         raise UserError(f"{args.run_dir} is a node-classification run: draw a node's attention with --node ID")
+    if loaded.config.task in ("images", "image-classification", "audio", "digits"):
+        raise UserError(f"{args.run_dir} is an {loaded.config.task!r} run: --text is for text models (ViT: --image)")
     maps = attention_maps(loaded, args.text, kind=args.kind, beam=args.beam)
     maps.check(args.layer, args.head)
     layer = maps.n_layers - 1 if args.layer is None else args.layer

@@ -1,6 +1,7 @@
 """attnlab cost [--lengths 64,128,...] [--width K] [--layers D] [--heads H] [--repeats N] [--passes N] [--threads N]
 [--max-memory MIB] [--fit-from T] [--attention window,bigbird] [--attention-window W] [--attention-block B] [--quick]
-[--out DIR] [--json]"""
+[--out DIR] [--json]
+attnlab cost --autoregressive [--json]"""
 
 import argparse
 import sys
@@ -84,6 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick", action="store_true", help="tiny lengths and model: checks that it runs in seconds, measures little"
     )
+    p.add_argument(
+        "--autoregressive",
+        action="store_true",
+        help="instead: count the receptive field and sequential steps (training, generation) of the image and audio "
+        "presets' models (PixelCNN, Gated PixelCNN, pixel Transformer, WaveNet) beside an RNN; measures nothing",
+    )
     p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     p.set_defaults(run=run)
@@ -97,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.fileio import atomic_write_text
 
+    if args.autoregressive:
+        return _autoregressive(args)
     # --quick: patterns narrower than its lengths, so that they leave keys out as at full size.
     quick = (
         dict(lengths=QUICK_LENGTHS, width=16, layers=1, heads=2, repeats=1, attention_window=8, attention_block=4)
@@ -144,3 +153,38 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(result))
     return 0
+
+
+def _autoregressive(args: argparse.Namespace) -> int:
+    """--autoregressive: the counted table of `attnlab.receptive`, alone."""
+    from attnlab.errors import UserError
+    from attnlab.receptive import autoregressive_rows, format_rows
+
+    measuring = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k in MEASURING and v not in (None, False)]
+    if measuring:
+        raise UserError(f"--autoregressive counts and measures nothing: drop {', '.join(measuring)}")
+    rows = autoregressive_rows()
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json({"rows": [r.to_json() for r in rows]})
+    else:
+        print(format_rows(rows))
+    return 0
+
+
+MEASURING = (
+    "lengths",
+    "width",
+    "layers",
+    "heads",
+    "repeats",
+    "passes",
+    "max_memory",
+    "fit_from",
+    "attention",
+    "attention_window",
+    "attention_block",
+    "quick",
+    "out",
+)

@@ -9,14 +9,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="evaluate a trained run on held-out data",
         description="Evaluate a run on a split: loss and perplexity for language models (every block, "
         "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU); "
-        "accuracy for classification, tagging and node classification.",
+        "accuracy for classification, tagging, node and image classification; bits per dimension for image density "
+        "models (PixelCNN, Gated PixelCNN, pixel GPT); NLL and bits per sample for WaveNet.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument(
         "--split",
         default="val",
         help="val or train (LM); val, test2016 or test2017 (translation); val, dev or test (classification, "
-        "tagging); val or test (masked LM, node classification)",
+        "tagging); val or test (masked LM, node classification, images, audio)",
     )
     p.add_argument("--beam", type=int, default=5, help="beam size for translation (default 5)")
     p.add_argument(

@@ -14,6 +14,10 @@ TASK_COMMANDS = {
     "tagging": ("tag", "eval", "embed", "attention"),
     "mlm": ("embed", "eval", "attention", "train --init-from"),
     "nodes": ("eval", "attention --node"),
+    "images": ("sample", "eval"),
+    "audio": ("sample", "eval"),
+    "image-classification": ("eval", "attention --image"),
+    "digits": ("eval",),
 }
 TASK_NAMES = {
     "lm": "language-model",
@@ -22,6 +26,10 @@ TASK_NAMES = {
     "tagging": "tagging",
     "mlm": "masked-LM (BERT pre-training)",
     "nodes": "node-classification",
+    "images": "image-density",
+    "audio": "WaveNet audio",
+    "image-classification": "image-classification",
+    "digits": "spoken-digit-classification",
 }
 # What each command needs, in the words of its error.
 NEEDS = {

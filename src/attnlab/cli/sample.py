@@ -1,8 +1,11 @@
 """attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-[--compile | --fused]"""
+[--compile | --fused]
+attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
+attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]"""
 
 import argparse
 import sys
+from pathlib import Path
 
 from attnlab.cli import non_negative_int, positive_int
 
@@ -10,8 +13,10 @@ from attnlab.cli import non_negative_int, positive_int
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
-        help="generate text from a trained language model",
-        description="Continue a prompt with a trained language model.",
+        help="generate text, images or audio from a trained model",
+        description="Continue a prompt with a trained language model; sample images (a PNG grid) from an image "
+        "density run (PixelCNN, Gated PixelCNN, pixel GPT), or complete the bottom half of a real image; "
+        "generate a spoken digit (a WAV file) from a WaveNet run.",
     )
     p.add_argument(
         "run_dir",
@@ -21,11 +26,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=500, help="tokens to generate (default 500)")
-    p.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy (default 0.8)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        help="softmax temperature; 0 = greedy (default 0.8 for text, 1 for images and audio)",
+    )
     p.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with probability >= p")
     p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
-    p.add_argument("--num-samples", type=positive_int, default=1, help="independent samples (default 1)")
+    p.add_argument(
+        "--num-samples", type=positive_int, help="independent samples (default 1; 16 images; WAVs: FILE_1.wav, ...)"
+    )
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument(
@@ -38,9 +49,41 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the decoding step as one C++ call (pre-norm GPTs on a CPU; built on first use, ~1 minute)",
     )
+    media = p.add_argument_group("images and audio")
+    media.add_argument("--out", type=Path, help="the picture (.png, image runs) or the sound (.wav, WaveNet runs)")
+    media.add_argument("--class", dest="label", type=int, metavar="C", help="image runs: sample images of class C")
+    media.add_argument(
+        "--complete",
+        metavar="SPLIT:INDEX",
+        help="image runs: keep the top half of that image (e.g. test:5) and sample the rest, --num-samples times",
+    )
+    media.add_argument("--data-dir", help="with --complete: read the image from this folder instead of data.data_dir")
+    media.add_argument("--digit", type=int, help="WaveNet runs: the digit to say (0-9)")
+    media.add_argument("--speaker", help="WaveNet runs conditioned on the speaker: whose voice")
+    media.add_argument("--seconds", type=float, default=0.5, help="WaveNet runs: length of the sound (default 0.5)")
+    media.add_argument(
+        "--naive",
+        action="store_true",
+        help="WaveNet runs: rerun the receptive field for every sample instead of the per-layer cache (the reference)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help='print {"samples": [...]} as JSON')
     p.set_defaults(run=run)
+
+
+MEDIA_TASKS = ("images", "audio", "image-classification")
+
+
+def _media_flags(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "--out": args.out is not None,
+        "--class": args.label is not None,
+        "--complete": args.complete,
+        "--data-dir": args.data_dir,
+        "--digit": args.digit is not None,
+        "--speaker": args.speaker,
+        "--naive": args.naive,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,20 +96,32 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
     from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
 
+    device = resolve_device(args.device)
+    media = [flag for flag, value in _media_flags(args).items() if value]
+    if is_hf_folder(args.run_dir):
+        model, tokenizer, task = None, None, "lm"
+    else:
+        run = load(args.run_dir, device=device)
+        if run.config.task in MEDIA_TASKS:
+            from attnlab.cli.sample_media import sample_media
+
+            return sample_media(args, run, device)
+        model, tokenizer, task = run.model, run.tokenizer, run.config.task
+    if media and task == "lm":
+        raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")
+    if task != "lm":
+        require_kind(args.run_dir, run.config, "sample")
+    args.temperature = 0.8 if args.temperature is None else args.temperature
+    args.num_samples = args.num_samples or 1
     if args.temperature < 0:
         raise UserError(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.compile and args.fused:
         raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
-    device = resolve_device(args.device)
-    if is_hf_folder(args.run_dir):
+    if model is None:
         loaded = load_causal_lm(args.run_dir)
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
-    else:
-        run = load(args.run_dir, device=device)
-        require_kind(args.run_dir, run.config, "sample")
-        model, tokenizer = run.model, run.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)

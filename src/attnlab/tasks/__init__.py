@@ -14,15 +14,31 @@ encoder in there); `uses_tokenizer = False` for a task whose run folder has no t
 (node classification); `report_split`, the split `attnlab train --seeds` evaluates each run on.
 """
 
+from attnlab.tasks.audio import AudioDataConfig, SpeechDensity
 from attnlab.tasks.classification import Classification, ClassificationDataConfig
+from attnlab.tasks.digits import DigitClassification, DigitsDataConfig
+from attnlab.tasks.images import ImageDensity, ImagesDataConfig
 from attnlab.tasks.lm import LanguageModeling, LMDataConfig
 from attnlab.tasks.mlm import MaskedLM, MLMDataConfig
 from attnlab.tasks.nodes import NodeClassification, NodesDataConfig
 from attnlab.tasks.tagging import Tagging, TaggingDataConfig
 from attnlab.tasks.translation import Translation, TranslationDataConfig
+from attnlab.tasks.vision import ImageClassification
 
 TASKS = {
-    task.name: task for task in (LanguageModeling, Translation, MaskedLM, Classification, Tagging, NodeClassification)
+    task.name: task
+    for task in (
+        LanguageModeling,
+        Translation,
+        MaskedLM,
+        Classification,
+        Tagging,
+        NodeClassification,
+        ImageDensity,
+        ImageClassification,
+        SpeechDensity,
+        DigitClassification,
+    )
 }
 
 
@@ -34,6 +50,13 @@ def open_task(run):
 
 __all__ = [
     "TASKS",
+    "AudioDataConfig",
+    "DigitClassification",
+    "DigitsDataConfig",
+    "ImageClassification",
+    "ImageDensity",
+    "ImagesDataConfig",
+    "SpeechDensity",
     "Classification",
     "ClassificationDataConfig",
     "LMDataConfig",
