@@ -34,8 +34,22 @@ def test_the_readme_python_lines_run(tmp_path):
         )
         == 0
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code + "print('README OK')"], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
+    # The `openai` client example talks to `attnlab serve` on port 8000: serve the tiny run for it,
+    # on a free port written into the example.
+    from attnlab.serve.app import create_app
+    from attnlab.serve.registry import load_runs
+    from attnlab.serve.server import BackgroundServer
+
+    assert "http://127.0.0.1:8000/v1" in code
+    runs = load_runs([f"shakespeare-char-cpu={tmp_path / 'runs' / 'shakespeare-char-cpu'}"])
+    with BackgroundServer(create_app(runs)) as server:
+        code = code.replace("http://127.0.0.1:8000", server.url)
+        done = subprocess.run(
+            [sys.executable, "-c", code + "print('README OK')"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.rstrip().endswith("README OK")

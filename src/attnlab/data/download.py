@@ -142,18 +142,46 @@ def _tinyshakespeare() -> DataSet:
     )
 
 
-# Cora and Citeseer (the cora-* and citeseer-* presets) are not here: upstream (kimiyoung/planetoid)
-# publishes them as Python pickles, which attnlab does not unpickle.
-DATASETS = {d.name: d for d in (_multi30k(), _wikitext2(), _ud_ewt(), _sst2(), _tinyshakespeare())}
+def _fashion_mnist() -> DataSet:
+    # Zalando's own download location (the repository's README links it); the files are those of
+    # zalandoresearch/fashion-mnist data/fashion/, which the shared copy holds unchanged.
+    base = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+    sums = {
+        "train-images-idx3-ubyte.gz": ("b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7", 26421856),
+        "train-labels-idx1-ubyte.gz": ("0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056", 29491),
+        "t10k-images-idx3-ubyte.gz": ("cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa", 4422079),
+        "t10k-labels-idx1-ubyte.gz": ("8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05", 5125),
+    }
+    return DataSet(
+        "fashion-mnist",
+        "Fashion-MNIST, 28x28 grey images of 10 kinds of clothing (Xiao, Rasul & Vollgraf 2017), IDX, gzip",
+        "MIT, Copyright 2017 Zalando SE",
+        ("fashion-pixelcnn", "fashion-gated-pixelcnn", "fashion-igpt", "fashion-vit", "fashion-cnn"),
+        tuple(RemoteFile(n, base + n, sha, size) for n, (sha, size) in sums.items()),
+    )
+
+
+# Not here: Cora and Citeseer (the cora-* and citeseer-* presets), which upstream
+# (kimiyoung/planetoid) publishes as Python pickles that attnlab does not unpickle; and the Free
+# Spoken Digit Dataset (fsdd-* presets), 3,000 WAV files in a git repository
+# (github.com/Jakobovski/free-spoken-digit-dataset, recordings/), which `git clone` fetches better
+# than 3,000 pinned downloads.
+NOT_OFFERED = {
+    "cora": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
+    "citeseer": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
+    "planetoid": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
+    "fsdd": "the Free Spoken Digit Dataset is 3,000 files in a git repository: "
+    "git clone https://github.com/Jakobovski/free-spoken-digit-dataset and pass its recordings/ as --data-dir",
+}
+DATASETS = {d.name: d for d in (_multi30k(), _wikitext2(), _ud_ewt(), _sst2(), _tinyshakespeare(), _fashion_mnist())}
 
 
 def find(name: str) -> DataSet:
     from attnlab.config import close_matches
 
     if name not in DATASETS:
-        hint = " (Cora and Citeseer are published as Python pickles, which attnlab does not read)" * (
-            name.lower() in ("cora", "citeseer", "planetoid")
-        )
+        reason = NOT_OFFERED.get(name.lower())
+        hint = f" ({reason})" if reason else ""
         raise UserError(
             f"unknown data set {name!r}{close_matches(name, DATASETS)}{hint}; data sets are {', '.join(DATASETS)}"
         )
