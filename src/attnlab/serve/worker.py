@@ -84,7 +84,16 @@ class Stream:
         self.cancelled = True
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
-        while (piece := await self._pieces.get()) is not None:
+        ended = False
+        while not ended and (piece := await self._pieces.get()) is not None:
+            # Pieces that piled up while the event loop was busy go out as one: under load, one
+            # event per token for every stream costs the loop more than the model's step.
+            while not self._pieces.empty():
+                more = self._pieces.get_nowait()
+                if more is None:
+                    ended = True
+                    break
+                piece = Piece(piece.text + more.text, piece.tokens + more.tokens)
             yield piece
 
     # The decoding thread's side.
