@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from attnlab.errors import UserError
 
@@ -142,3 +144,26 @@ def image_splits(
     if "test" in splits:
         out["test"] = read_split(folder, "test")
     return {s: out[s] for s in splits}
+
+
+def flip_and_shift(images: torch.Tensor, flip: bool, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Each image mirrored left-right with probability 1/2 (if `flip`) and moved by up to `max_shift` pixels
+    in each direction (the uncovered border filled with 0, the background). images `(B, H, W)`
+    -> `(B, H, W)`, the same dtype.
+
+    A classifier that sees each training image only a few times at this budget learns less from
+    pixel positions it should ignore: the garment is the same garment a pixel to the left.
+    """
+    b, h, w = images.shape
+    if flip:
+        mirrored = torch.rand(b, generator=generator) < 0.5
+        images = torch.where(mirrored[:, None, None], images.flip(-1), images)
+    if max_shift == 0:
+        return images
+    s = max_shift
+    padded = F.pad(images, (s, s, s, s))  # (B, H + 2s, W + 2s)
+    dy = torch.randint(0, 2 * s + 1, (b,), generator=generator)
+    dx = torch.randint(0, 2 * s + 1, (b,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h))[:, :, None]  # (B, H, 1)
+    cols = (dx[:, None] + torch.arange(w))[:, None, :]  # (B, 1, W)
+    return padded[torch.arange(b)[:, None, None], rows, cols]

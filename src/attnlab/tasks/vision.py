@@ -7,6 +7,7 @@ on the test images to report.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.data.images import flip_and_shift
 from attnlab.errors import UserError
 from attnlab.models.vit import CNN, CNNConfig, ViT, ViTConfig
 from attnlab.tasks.images import (
@@ -25,6 +27,22 @@ from attnlab.tasks.images import (
     read_images,
 )
 
+
+@dataclass(frozen=True)
+class ClassifiedImagesDataConfig(ImagesDataConfig):
+    """The images of a classifier, and how its training images are varied (`flip_and_shift`)."""
+
+    flip: bool = False
+    """Mirror each training image left-right with probability 1/2."""
+    max_shift: int = 0
+    """Move each training image by up to this many pixels up/down and left/right (0 = never)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.max_shift <= 8:
+            raise ValueError(f"max_shift must be in 0..8 pixels, got {self.max_shift}")
+
+
 MODEL_KINDS: dict[str, type] = {"vit": ViTConfig, "cnn": CNNConfig}
 MODELS: dict[type, type[nn.Module]] = {ViTConfig: ViT, CNNConfig: CNN}
 
@@ -33,7 +51,7 @@ class ImageClassification:
     """The class of each image."""
 
     name = "image-classification"
-    data_config_class = ImagesDataConfig
+    data_config_class = ClassifiedImagesDataConfig
     selection = ("val_accuracy", "max")
     split_names = SPLITS
     report_split = "test"
@@ -49,7 +67,7 @@ class ImageClassification:
 
     def __init__(
         self,
-        data: ImagesDataConfig,
+        data: ClassifiedImagesDataConfig,
         model: ViTConfig | CNNConfig,
         run_dir: Path,
         *,
@@ -72,7 +90,10 @@ class ImageClassification:
         return self.build_model_from_config(self.model_config)
 
     def train_batch(self, index: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-        return random_batch(self.images["train"], self.batch_size, generator)
+        images, labels = random_batch(self.images["train"], self.batch_size, generator)
+        if self.data_config.flip or self.data_config.max_shift:
+            images = flip_and_shift(images, self.data_config.flip, self.data_config.max_shift, generator)
+        return images, labels
 
     @staticmethod
     def batch_tokens(batch: tuple[torch.Tensor, ...]) -> int:
