@@ -36,9 +36,12 @@ dev: $(VENV)/.dev-installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# attnlab's C++ kernels are compiled for this CPU here, once (a few minutes), so that no command
+# pauses for them later; where they cannot be built, attnlab says so and runs on PyTorch's operators.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e .
+	$(BIN)/attnlab kernels build || true
 	touch $@
 
 $(VENV)/.serve-installed: pyproject.toml $(VENV)/.installed

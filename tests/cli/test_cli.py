@@ -71,12 +71,33 @@ def test_sample_is_seeded_and_streaming_prints_the_same_text(trained_run, capsys
 )
 def test_compiled_and_fused_greedy_samples_print_the_eager_text(trained_run, capsys, recwarn, flag, fallback):
     args = ("sample", trained_run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "12")
-    code, eager, _ = cli(capsys, *args)
+    code, eager, _ = cli(capsys, *args, "--no-fused")
     assert code == 0
     code, faster, _ = cli(capsys, *args, flag)
     assert code == 0
     assert not [w for w in recwarn if fallback in str(w.message)]  # it did not fall back
     assert faster == eager and len(eager) > len("ROMEO:")
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_sample_takes_the_fused_step_by_default_where_it_is_built_and_never_builds_it(
+    trained_run, capsys, monkeypatch, built
+):
+    from attnlab.decode import fused
+
+    steps = []
+    gpt_step = fused.gpt_step
+    monkeypatch.setattr(fused, "gpt_step", lambda *a: steps.append(1) or gpt_step(*a))
+    monkeypatch.setattr(fused, "is_built", lambda: built)
+    if not built:
+        monkeypatch.setattr(fused, "extension", lambda: pytest.fail("the default must not build the fused step"))
+    args = ("sample", trained_run, "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "12")
+    code, default, _ = cli(capsys, *args)
+    assert code == 0 and len(steps) == (1 if built else 0)
+    code, eager, _ = cli(capsys, *args, "--no-fused")
+    assert code == 0 and len(steps) == (1 if built else 0) and default == eager
+    code, _, _ = cli(capsys, *args, "--compile")  # --compile alone: the compiled step, not the fused one
+    assert code == 0 and len(steps) == (1 if built else 0)
 
 
 def test_sample_refuses_compile_and_fused_together(trained_run, capsys):

@@ -50,3 +50,52 @@ def test_avx2_cpus_get_8_float_loops_and_others_gcc_s_choice(monkeypatch):
     assert wide not in _flags_built_on(monkeypatch, b"flags : fpu sse4_2 avx")
     assert wide not in _flags_built_on(monkeypatch, b"Features : fp asimd")
     assert extensions.vector_width_flags(b"flags : fpu avx2", "x86-64-v3") == []
+
+
+class _Built:
+    def __init__(self, library: Path) -> None:
+        self.__file__ = str(library)
+
+
+def test_a_finished_build_is_known_without_building_and_a_changed_source_is_not(monkeypatch, tmp_path):
+    """`is_built` is what lets the defaults take the kernels without ever pausing for a compiler:
+    true only after a build of exactly these sources, for this CPU, whose library is still there."""
+    source = tmp_path / "src" / "kernels.cpp"
+    source.parent.mkdir()
+    source.write_text("int f() { return 1; }\n")
+    library = tmp_path / "cache" / "probe.so"
+    library.parent.mkdir()
+    library.write_bytes(b"\x7fELF")
+    builds = []
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / "cache" / name))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: builds.append(kw["name"]) or _Built(library))
+    monkeypatch.setattr(extensions, "cpu_identity", lambda: b"flags : fpu avx2")
+
+    assert not extensions.is_built("probe", source)
+    assert builds == []  # asking never builds
+    extensions.build("probe", source, what="probe", fallback="none")
+    assert extensions.is_built("probe", source)
+    assert not extensions.is_built("probe", source, march="x86-64-v2")  # another instruction set: another build
+    monkeypatch.setattr(extensions, "cpu_identity", lambda: b"flags : fpu avx2 avx512f")
+    assert not extensions.is_built("probe", source)  # another CPU
+    monkeypatch.setattr(extensions, "cpu_identity", lambda: b"flags : fpu avx2")
+    source.write_text("int f() { return 2; }\n")
+    assert not extensions.is_built("probe", source)  # the source changed since
+    extensions.build("probe", source, what="probe", fallback="none")
+    assert extensions.is_built("probe", source)
+    library.unlink()
+    assert not extensions.is_built("probe", source)  # the library is gone from the cache
+
+
+def test_a_failed_build_is_not_marked_built(monkeypatch, tmp_path):
+    source = tmp_path / "kernels.cpp"
+    source.write_text("int f();\n")
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+
+    def fail(**kw):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    with pytest.warns(UserWarning, match="could not be built .*no compiler"):
+        assert extensions.build("probe", source, what="probe", fallback="none") is None
+    assert not extensions.is_built("probe", source)

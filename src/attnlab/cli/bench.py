@@ -1,4 +1,5 @@
-"""attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile | --fused] [--repeats N] [--out FILE.json]"""
+"""attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile | --fused | --no-fused] [--repeats N]
+[--out FILE.json]"""
 
 import argparse
 import sys
@@ -29,9 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--fused",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="run attnlab's training blocks through its C++ kernels and its decoding step as one C++ call "
-        "(fp32 pre-norm GPTs on a CPU; built on first use)",
+        "(fp32 pre-norm GPTs on a CPU): the default on a CPU where `attnlab kernels build` has built them, as "
+        "for `attnlab train` and `attnlab sample`; --fused builds them first if need be, --no-fused measures "
+        "PyTorch's path",
     )
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
@@ -63,6 +66,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--compile and --fused are two ways to run attnlab's steps; pick one")
     if args.fused and device.type != "cpu":
         raise UserError("--fused runs attnlab's CPU kernels; use --device cpu")
+    if args.fused is None:  # the defaults' paths, which the other commands take
+        from attnlab.decode import fused
+        from attnlab.nn import kernels
+
+        args.fused = device.type == "cpu" and not args.compile and kernels.is_built() and fused.is_built()
+        if device.type == "cpu" and not args.compile:
+            progress(
+                "attnlab's C++ kernels: "
+                + ("on (built here)" if args.fused else "off: not built here (`attnlab kernels build`, once)")
+            )
     result = run_benchmarks(
         device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile, fused=args.fused
     )

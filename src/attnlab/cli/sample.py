@@ -1,5 +1,5 @@
 """attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-[--compile | --fused]
+[--compile | --fused | --no-fused]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
 attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]"""
 
@@ -46,8 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--fused",
-        action="store_true",
-        help="run the decoding step as one C++ call (pre-norm GPTs on a CPU; built on first use, ~1 minute)",
+        action=argparse.BooleanOptionalAction,
+        help="run the decoding step as one C++ call (pre-norm fp32 GPTs on a CPU): the default where "
+        "`attnlab kernels build` has built it; --fused builds it first if need be (~1 minute), "
+        "--no-fused keeps PyTorch's path",
     )
     media = p.add_argument_group("images and audio")
     media.add_argument("--out", type=Path, help="the picture (.png, image runs) or the sound (.wav, WaveNet runs)")
@@ -122,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         loaded = load_causal_lm(args.run_dir)
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
+    if args.fused is None:  # the default: the C++ step where it is built and covers the model
+        from attnlab.decode.fused import by_default
+
+        args.fused = not args.compile and by_default(model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)

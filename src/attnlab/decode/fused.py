@@ -4,9 +4,11 @@ encoder–decoder Transformer's decoder for beam search.
 An eager decoding step of a small GPT is ~100 PyTorch operators, and at batch 1 their call
 overhead is as large as the arithmetic; torch.compile fuses the elementwise ones but still calls
 the products one by one. The fused step is the whole step in plain loops: one call per token. It
-is built with PyTorch's C++ extension tools on first use (~1 minute, cached afterwards in
-`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), so it is opt-in:
-`generate_tokens(..., fused=True)`, `attnlab sample --fused`, `attnlab bench --fused`.
+is built with PyTorch's C++ extension tools (~1 minute, cached afterwards in `TORCH_EXTENSIONS_DIR`,
+by default ~/.cache/torch_extensions) by `attnlab kernels build`, which `make` runs at
+installation, or on first use: `generate_tokens(..., fused=True)`. `attnlab sample` and `attnlab
+bench` take it by default where it is built (`is_built`), and never wait for a build unless
+asked (`--fused`); `--no-fused` keeps PyTorch's path.
 
 What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), full attention,
 any position scheme added at the input (the embeddings stay in Python; rotary, ALiBi and relative
@@ -34,17 +36,31 @@ from torch import nn
 
 from attnlab.nn import KVCache
 from attnlab.nn.extensions import build
+from attnlab.nn.extensions import is_built as is_built_here
 from attnlab.nn.kernels import ACTIVATION_CODES
 from attnlab.nn.projection import MKLDNN, reordered_weight
 
 T = TypeVar("T")
 
 
+SOURCE = Path(__file__).with_name("fused_step.cpp")
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled step, built on first use; None (with a warning) when it cannot be built."""
-    source = Path(__file__).with_name("fused_step.cpp")
-    return build("attnlab_fused_step", source, what="fused decoding step", fallback="decoding eagerly")
+    return build("attnlab_fused_step", SOURCE, what="fused decoding step", fallback="decoding eagerly")
+
+
+def is_built() -> bool:
+    """Whether `extension()` loads a finished build (no pause to compile)."""
+    return is_built_here("attnlab_fused_step", SOURCE)
+
+
+def by_default(model: nn.Module) -> bool:
+    """Whether decoding `model` without a flag takes the fused step: it is built here (no pause to
+    compile) and covers the model."""
+    return supports(model, []) and is_built()
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:

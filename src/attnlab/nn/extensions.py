@@ -1,8 +1,10 @@
-"""Building attnlab's C++ sources with PyTorch's extension tools, on first use.
+"""Building attnlab's C++ sources with PyTorch's extension tools.
 
 A build takes about a minute and is cached afterwards (in `TORCH_EXTENSIONS_DIR`, by default
 ~/.cache/torch_extensions); the code that uses one falls back to PyTorch's operators, with a
-warning, where it cannot be built (no compiler, no ninja).
+warning, where it cannot be built (no compiler, no ninja). `attnlab kernels build` (which `make`
+runs when it installs attnlab) builds them ahead of time; `is_built` then says so without building,
+which is how the defaults (`"auto"`) take the kernels only when using them costs no pause.
 """
 
 import hashlib
@@ -34,7 +36,7 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
     cpu = cpu_identity()
     headers.update(cpu)
     try:
-        return cpp_extension.load(
+        module = cpp_extension.load(
             name=name,
             sources=[str(source)],
             extra_cflags=[
@@ -56,6 +58,40 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
     except Exception as e:  # no compiler, no ninja, a build error: the caller uses PyTorch instead
         warnings.warn(f"the {what} could not be built ({type(e).__name__}: {e}); {fallback}", stacklevel=3)
         return None
+    library = getattr(module, "__file__", None)
+    marker = _marker(name, source, march) if library else None
+    if marker is not None and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{library}\n")
+    return module
+
+
+def is_built(name: str, source: Path, march: str = "native") -> bool:
+    """Whether `build(name, source, march=march)` would load a finished build from the cache rather
+    than compile: a build of these sources, headers and flags, on this CPU, with this PyTorch,
+    finished here before (and its library is still there)."""
+    marker = _marker(name, source, march)
+    if marker is None or not marker.is_file():
+        return False
+    return Path(marker.read_text().strip()).is_file()
+
+
+def _marker(name: str, source: Path, march: str) -> Path | None:
+    """The file that records a finished build of `source` as it is now, in PyTorch's extension
+    cache (None where that cache cannot be located)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha256()
+    for path in [source, *sorted(source.parent.parent.glob("*/*.h"))]:
+        digest.update(path.read_bytes())
+    digest.update(cpu_identity())
+    digest.update(f"{march} {torch.__version__} {sysconfig.get_python_version()}".encode())
+    try:
+        folder = Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:  # a private helper of PyTorch's: without it, nothing counts as built
+        return None
+    return folder / f"attnlab-built-{digest.hexdigest()[:24]}"
 
 
 def vector_width_flags(cpu: bytes, march: str) -> list[str]:

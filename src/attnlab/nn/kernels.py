@@ -6,13 +6,14 @@ well: ~1 ns an element) and its attention kernel at small T, with the head split
 around it. `kernels.cpp` computes both in vectorized loops, attention straight from the fused
 q/k/v projection `(B, T, 3C)` to `(B, T, C)`.
 
-Off by default, as it is built with PyTorch's C++ extension tools on first use (~1 minute,
-cached): turn it on for a block of code with `with attnlab.nn.kernels.enabled():` (the trainer's
-`train.fused_kernels`, `attnlab bench --fused`). Inside, `gelu` and `self_attention` take the
-kernels for fp32 CPU tensors outside torch.compile and autocast, and PyTorch's operators for
-everything else (including a build that failed, with a warning). So do whole pre-norm blocks
-(`pre_norm_block`, one C++ call forward and one backward) and a GPT's stack of them
-(`pre_norm_stack`, the whole stack one call each way).
+Built with PyTorch's C++ extension tools (~1 minute, cached): by `attnlab kernels build`, which
+`make` runs at installation, or on first use. Turn it on for a block of code with
+`with attnlab.nn.kernels.enabled():`; the trainer does for its steps when `train.fused_kernels`
+says so ("auto", the default: when the kernels are built here, so that no run waits for a
+build). Inside, `gelu` and `self_attention` take the kernels for fp32 CPU tensors outside
+torch.compile and autocast, and PyTorch's operators for everything else (including a build that
+failed, with a warning). So do whole pre-norm blocks (`pre_norm_block`, one C++ call forward and
+one backward) and a GPT's stack of them (`pre_norm_stack`, the whole stack one call each way).
 """
 
 import contextlib
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.extensions import build
+from attnlab.nn.extensions import is_built as is_built_here
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head sizes the attention kernel is compiled for."""
@@ -49,11 +51,18 @@ def is_enabled() -> bool:
     return _on
 
 
+SOURCE = Path(__file__).with_name("kernels.cpp")
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled kernels, built on first use; None (with a warning) when they cannot be built."""
-    source = Path(__file__).with_name("kernels.cpp")
-    return build("attnlab_kernels", source, what="training kernels", fallback="using PyTorch's operators")
+    return build("attnlab_kernels", SOURCE, what="training kernels", fallback="using PyTorch's operators")
+
+
+def is_built() -> bool:
+    """Whether `extension()` loads a finished build (no pause to compile)."""
+    return is_built_here("attnlab_kernels", SOURCE)
 
 
 def _applies(x: torch.Tensor) -> ModuleType | None:

@@ -69,11 +69,14 @@ class TrainConfig:
     compile: bool = False
     """Run the training forward pass through torch.compile. Where compilation is unavailable or
     fails, training goes on without it and says so; the result reports which path ran."""
-    fused_kernels: bool = False
+    fused_kernels: bool | str = "auto"
     """Run the training steps' Transformer blocks, and the gradient clipping with the AdamW step
     (`attnlab.train.optim.ClippingAdamW`), through attnlab's C++ kernels (fp32 on a CPU:
-    `attnlab.nn.kernels`, built on first use); what they do not cover, and every step where they
-    cannot be built, uses PyTorch's operators. The result reports whether they were on."""
+    `attnlab.nn.kernels`); what they do not cover, and every step where they cannot be built, uses
+    PyTorch's operators. "auto": on a CPU where `attnlab kernels build` (which `make` runs) has built
+    them, so that no run waits a minute for a build; true: built on first use if need be; false:
+    PyTorch's operators. A new run records what "auto" chose, so that a resumed run computes as the
+    uninterrupted one would; the result reports whether they were on."""
     keep_last: int = 2
     """Checkpoints kept in the run folder's checkpoints/ (the newest K; best.safetensors is kept apart)."""
     max_bad_steps: int = 5
@@ -122,6 +125,8 @@ class TrainConfig:
         for name in ("patience", "checkpoint_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if isinstance(self.fused_kernels, str) and self.fused_kernels != "auto":
+            raise ValueError(f"fused_kernels must be true, false or 'auto', got {self.fused_kernels!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
 

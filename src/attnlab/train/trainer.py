@@ -213,6 +213,9 @@ def train(
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     dtype, why = resolve_dtype(tc.dtype, device)  # "auto": bf16 where the hardware runs it fast
     precision = Precision(device, dtype)
+    fused_kernels, kernels_line = choose_kernels(tc.fused_kernels, device, run_dir if resume else None)
+    tc = dataclasses.replace(tc, fused_kernels=fused_kernels)
+    config = dataclasses.replace(config, train=tc)  # the choice is saved with the run
 
     def prepare() -> Any:  # rank 0: checks the folder, writes tokenizer, data cache and config
         saved = _prepare_run_dir(config, run_dir, resume)
@@ -365,12 +368,11 @@ def train(
 
     if tc.compile:
         log("torch.compile: " + ("on" if step_model is not model else "not available here; training without it"))
-    fused_kernels = tc.fused_kernels and kernels.extension() is not None
-    if tc.fused_kernels:
-        log("attnlab's C++ kernels: " + ("on" if fused_kernels else "not built here; PyTorch's operators instead"))
-        uncovered = kernels.unsupported_parts(model) if fused_kernels else None
-        if uncovered:
-            log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
+    if kernels_line:
+        log(kernels_line)
+    uncovered = kernels.unsupported_parts(model) if fused_kernels else None
+    if uncovered:
+        log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
     model.train()
     window_start, window_tokens = time.perf_counter(), 0
     tokens_per_sec = math.nan
@@ -490,6 +492,27 @@ def train(
         dtype=dtype,
         stopped_by=stopped_by,
     )
+
+
+def choose_kernels(setting: bool | str, device: torch.device, resumed: Path | None) -> tuple[bool, str | None]:
+    """Whether the run's steps take attnlab's C++ kernels (`train.fused_kernels`), and the line
+    that says so. "auto" takes them on a CPU where they are built already (a run never waits for a
+    build); a resumed run (`resumed`: its folder) keeps what it chose when it started."""
+    if resumed is not None and setting == "auto" and (resumed / CONFIG).exists():
+        setting = read_config(resumed).train.fused_kernels  # a bool, or "auto" in a run from before it was saved
+    if setting == "auto":
+        if device.type != "cpu":
+            return False, None
+        if not kernels.is_built():
+            return False, (
+                "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; "
+                "`attnlab kernels build` (once, about a minute) makes CPU training steps faster"
+            )
+        setting = True
+    if not setting:
+        return False, None
+    on = kernels.extension() is not None
+    return on, "attnlab's C++ kernels: " + ("on" if on else "not built here; PyTorch's operators instead")
 
 
 def _metrics_sinks(config: RunConfig, run_dir: Path, resume_step: int | None) -> MetricsSinks:
