@@ -61,7 +61,7 @@ def test_fused_translate_writes_what_the_eager_one_does(mt_run, capsys, tmp_path
         pytest.skip("the fused step could not be built here")
     src = tmp_path / "in.de"
     src.write_text("Ein Hund läuft.\nZwei Kinder spielen im Park.\nEine Frau liest ein Buch.\n", encoding="utf-8")
-    code, eager, _ = cli(capsys, "translate", mt_run, "--input", src, "--beam", "3")
+    code, eager, _ = cli(capsys, "translate", mt_run, "--input", src, "--beam", "3", "--no-fused")
     assert code == 0
     code, fused, _ = cli(capsys, "translate", mt_run, "--input", src, "--beam", "3", "--fused")
     assert code == 0 and fused == eager and len(fused.splitlines()) == 3

@@ -1,4 +1,4 @@
-"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused] [--attention out.png]"""
+"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]"""
 
 import argparse
 import sys
@@ -20,8 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len-ratio", type=float, default=1.5, help="output length limit per source token")
     p.add_argument(
         "--fused",
-        action="store_true",
-        help="run each decoder step as one C++ call (Transformer models on a CPU; built on first use, ~1 minute)",
+        action=argparse.BooleanOptionalAction,
+        help="run each decoder step as one C++ call (fp32 Transformer models on a CPU): the default where "
+        "`attnlab kernels build` has built it; --fused builds it first if need be (~1 minute), --no-fused "
+        "keeps PyTorch's path",
     )
     p.add_argument("--attention", type=Path, metavar="PNG", help="save the first sentence's alignment heatmap")
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
@@ -45,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
     require_kind(args.run_dir, run.config, "translate")
     task = open_task(run)
+    if args.fused is None:  # the default: the C++ step where it is built and covers the model
+        from attnlab.decode.fused import by_default
+
+        args.fused = by_default(run.model)
     sources, cut = task.encode_sources(lines)
     if cut:
         sys.stderr.write(

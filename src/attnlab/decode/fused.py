@@ -58,9 +58,9 @@ def is_built() -> bool:
 
 
 def by_default(model: nn.Module) -> bool:
-    """Whether decoding `model` without a flag takes the fused step: it is built here (no pause to
-    compile) and covers the model."""
-    return supports(model, []) and is_built()
+    """Whether decoding `model` without a flag takes a fused step (the GPT's or the decoder's): it
+    is built here (no pause to compile) and covers the model."""
+    return (supports(model, []) or supports_decoder(model)) and is_built()
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:
