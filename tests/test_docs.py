@@ -243,3 +243,8 @@ def test_the_root_pages_links_resolve(page):
         if anchor and file.suffix == ".md":
             headings = re.findall(r"^#+ (.*)$", file.read_text(encoding="utf-8"), flags=re.M)
             assert anchor in {slug(h) for h in headings}, f"{page}: a link to {target}, which has no such heading"
+
+
+def test_the_readme_stays_short():
+    """The README is what a person reads first; the rest lives in docs/ (issue 33: at most 250 lines)."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
