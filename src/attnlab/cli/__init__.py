@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "scale",
     "serve",
     "data",
+    "export",
 )
 
 
