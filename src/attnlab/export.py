@@ -9,7 +9,7 @@ A run with a part its family's transformers class does not have (ALiBi, relative
 ReZero, a mixture of experts, a sparse attention pattern, shared blocks ...) or of a task no
 transformers class covers here (RNNs, images, audio, graphs) is refused with an `ExportError`
 naming the part. The folder holds config.json, model.safetensors and the tokenizer's files
-(`attnlab.models.hf.tokenizers`): `from_pretrained(OUT_DIR)` loads it offline, and attnlab's own
+(`attnlab.models.hf.tokenizer_export`): `from_pretrained(OUT_DIR)` loads it offline, and attnlab's own
 importers (`load_causal_lm`, `load_bert`, `load_marian`) read it back.
 
 Layer: beside train/ (it reads a run folder through `train.checkpoint.load_run`); the `export`
@@ -32,7 +32,7 @@ from attnlab.models.hf._common import HFCheckpoint, save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
 from attnlab.models.hf.marian import marian_export
-from attnlab.models.hf.tokenizers import special_token_ids, tokenizer_files
+from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.train.checkpoint import Run, load_run, read_config
 

@@ -27,7 +27,7 @@ from attnlab.models.hf.bert import bert_config_to_hf, bert_export
 from attnlab.models.hf.gpt2 import gpt2_config_to_hf
 from attnlab.models.hf.llama import llama_config_to_hf
 from attnlab.models.hf.marian import load_marian, marian_config_from_hf, marian_config_to_hf, marian_export
-from attnlab.models.hf.tokenizers import tokenizer_files
+from attnlab.models.hf.tokenizer_export import tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
 transformers = pytest.importorskip("transformers")
