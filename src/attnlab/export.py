@@ -34,7 +34,8 @@ from attnlab.models.hf.bert import bert_export
 from attnlab.models.hf.marian import marian_export
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
-from attnlab.train.checkpoint import Run, load_run, read_config
+from attnlab.tasks.encoder import read_labels
+from attnlab.train.checkpoint import Run, load_run
 
 EXPORT_FORMATS = ("hf",)
 """What `export_run` writes: "hf", a Hugging Face transformers folder."""
@@ -62,8 +63,6 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
         checkpoint.config |= special_token_ids(run.tokenizer)
         return checkpoint, model.config.block_size
     if task in ENCODER_TASKS and isinstance(model, Bert):
-        from attnlab.tasks.encoder import read_labels
-
         labels = read_labels(run.path) if model.config.head in ("sequence", "token") else None
         return bert_export(model, labels), model.config.max_len
     if task == "translation" and isinstance(model, Seq2SeqTransformer):
@@ -86,7 +85,6 @@ def export_run(
     if to not in EXPORT_FORMATS:
         raise UserError(f"cannot export to {to!r}; the formats are {', '.join(EXPORT_FORMATS)}")
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    read_config(run_dir)  # "not a run folder" before anything else is read
     run = load_run(run_dir, checkpoint=checkpoint)
     try:
         hf, max_length = hf_checkpoint_of_run(run)

@@ -64,6 +64,7 @@ def ids(shape=(2, 12), high=V, seed=1) -> torch.Tensor:
         {},  # attnlab's default GELU (erf), tied
         dict(activation="gelu_tanh", tie_weights=False),
         dict(activation="relu", ffn_mult=2, layer_norm_eps=1e-6),
+        dict(ffn_hidden=50),  # a width that is no multiple of n_embd: GPT-2's n_inner takes any
         LLAMA_PARTS,
         LLAMA_PARTS | dict(n_head=4, n_kv_head=2, n_embd=32, tie_weights=False, rope_theta=500.0),
     ],
@@ -80,7 +81,7 @@ def test_causal_lm_gives_the_same_logits_in_transformers_and_back(tmp_path, over
         torch.testing.assert_close(theirs(x).logits, ours, atol=ATOL, rtol=0)
         back = (load_llama if expected == "LlamaForCausalLM" else load_gpt2)(folder)
         torch.testing.assert_close(back(x), ours, atol=ATOL, rtol=0)
-    assert back.config.tie_weights == model.config.tie_weights
+    assert back.config.tie_weights == model.config.tie_weights and back.config.d_ff == model.config.d_ff
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])

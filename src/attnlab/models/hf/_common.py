@@ -298,7 +298,12 @@ def part_problems(config: Any, rules: Mapping[str, PartRule], target: str) -> li
     ]
 
 
+def refusal(problems: Sequence[str], target: str) -> ExportError:
+    """The `ExportError` naming every problem, on one line."""
+    return ExportError(f"cannot export to transformers {target}: " + "; ".join(problems))
+
+
 def refuse(problems: Sequence[str], target: str) -> None:
-    """Raise an `ExportError` naming every problem, on one line; nothing when there are none."""
+    """Raise `refusal(problems, target)`; nothing when there are no problems."""
     if problems:
-        raise ExportError(f"cannot export to transformers {target}: " + "; ".join(problems))
+        raise refusal(problems, target)

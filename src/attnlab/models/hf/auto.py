@@ -18,7 +18,7 @@ import torch
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT
-from attnlab.models.hf._common import CONFIG_FILE, HFCheckpoint, read_hf_config, read_lm_tokenizer, refuse
+from attnlab.models.hf._common import CONFIG_FILE, HFCheckpoint, read_hf_config, read_lm_tokenizer, refusal
 from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
 from attnlab.models.hf.llama import llama_export, llama_export_problems, load_llama
 from attnlab.models.hf.mixtral import load_mixtral
@@ -85,5 +85,4 @@ def causal_lm_export(model: GPT) -> HFCheckpoint:
         if not problems[name]:
             return export(model)
     nearest = min(problems, key=lambda name: len(problems[name]))  # the first of equals: GPT-2
-    refuse(problems[nearest], nearest)
-    raise AssertionError("unreachable: refuse raised")
+    raise refusal(problems[nearest], nearest)

@@ -134,11 +134,10 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
     n_inner = hf.get("n_inner")
     if n_inner is None:
         n_inner = 4 * n_embd
-    elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1 or n_inner % n_embd != 0:
-        raise CheckpointError(
-            f"{source}: n_inner={n_inner!r} is not a positive multiple of n_embd={n_embd}; "
-            "attnlab's feed-forward width is ffn_mult * n_embd"
-        )
+    elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1:
+        raise CheckpointError(f"{source}: n_inner={n_inner!r} is not a positive integer")
+    # A multiple of n_embd is attnlab's ffn_mult; any other width is named exactly (ffn_hidden).
+    ffn = {"ffn_mult": n_inner // n_embd} if n_inner % n_embd == 0 else {"ffn_hidden": n_inner}
     if dropout is None:
         keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
         dropout = one_dropout({key: get(key, (int, float)) for key in keys}, source)
@@ -154,7 +153,7 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
             positions="learned",
             activation=HF_ACTIVATIONS[activation],
             norm="pre",
-            ffn_mult=n_inner // n_embd,
+            **ffn,
             layer_norm_eps=float(get("layer_norm_epsilon", (int, float))),
             tie_weights=get("tie_word_embeddings", bool),
         )
