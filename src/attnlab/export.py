@@ -1,7 +1,7 @@
 """A trained run folder as a Hugging Face `transformers` folder: `attnlab export RUN --to hf OUT_DIR`.
 
 Which transformers class a run becomes depends on its task and its model's parts:
-    lm, GPT with GPT-2's parts (learned positions, LayerNorm, GELU / ReLU, biases) -> GPT2LMHeadModel
+    lm, GPT with GPT-2's parts (learned positions, LayerNorm, GELU / ReLU)       -> GPT2LMHeadModel
     lm, GPT with Llama's parts (rotary positions, RMSNorm, SwiGLU, no biases)      -> LlamaForCausalLM
     mlm / classification / tagging, BERT   -> BertForMaskedLM / ...ForSequenceClassification / ...ForTokenClassification
     translation, the encoder–decoder Transformer (post-norm, sinusoids, shared vocabulary) -> MarianMTModel

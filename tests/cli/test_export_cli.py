@@ -42,7 +42,7 @@ def mt_doc(folder: Path, kind: str) -> dict:
 
 
 DOCS = {
-    "gpt2": lambda folder: lm_doc(folder),
+    "gpt2": lambda folder: lm_doc(folder, bias=False),  # as the shakespeare-char preset
     "llama": lambda folder: lm_doc(folder, **LLAMA_PARTS),
     "alibi": lambda folder: lm_doc(folder, positions="alibi"),
     "mlm": lambda folder: encoder_doc("mlm", WIKITEXT, **TWO_STEPS),

@@ -64,6 +64,7 @@ def ids(shape=(2, 12), high=V, seed=1) -> torch.Tensor:
         {},  # attnlab's default GELU (erf), tied
         dict(activation="gelu_tanh", tie_weights=False),
         dict(activation="relu", ffn_mult=2, layer_norm_eps=1e-6),
+        dict(bias=False),  # nanoGPT's choice (and the shakespeare-char preset's): zero biases in GPT-2
         dict(ffn_hidden=50),  # a width that is no multiple of n_embd: GPT-2's n_inner takes any
         LLAMA_PARTS,
         LLAMA_PARTS | dict(n_head=4, n_kv_head=2, n_embd=32, tie_weights=False, rope_theta=500.0),

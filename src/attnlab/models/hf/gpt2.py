@@ -252,7 +252,6 @@ GPT2_EXPORT_RULES: dict[str, PartRule] = {
     "positions": (is_value("positions", "learned"), "learned position embeddings"),
     "norm": (is_value("norm", "pre"), "LayerNorm before each sublayer (pre-norm)"),
     "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
-    "bias": (is_value("bias", True), "biases in every linear layer and LayerNorm"),
     "activation": (is_value("activation", *EXPORT_ACTIVATIONS), f"one of {sorted(EXPORT_ACTIVATIONS)}"),
     "n_kv_head": (lambda c: c.kv_heads == c.n_head, "one key/value head per query head"),
 }
@@ -286,14 +285,18 @@ def gpt2_config_to_hf(config: GPTConfig) -> dict[str, Any]:
 
 def gpt2_export(model: GPT) -> HFCheckpoint:
     """`model` as a transformers `GPT2LMHeadModel` checkpoint: `gpt2_plan` read backwards, Conv1D
-    weights transposed back to `(in, out)`; `lm_head.weight` only when untied. Raises `ExportError`
-    naming every part GPT-2 does not have."""
+    weights transposed back to `(in, out)`; `lm_head.weight` only when untied. A model without
+    biases (`bias=False`, nanoGPT's choice) gets zero biases, which compute the same function.
+    Raises `ExportError` naming every part GPT-2 does not have."""
     config = gpt2_config_to_hf(model.config)
     state = model.state_dict()
-    tensors = {
-        f"transformer.{hf}": state[ours].t() if conv else state[ours]
-        for hf, (ours, conv) in gpt2_plan(model.config.n_layer).items()
-    }
+    tensors = {}
+    for hf, (ours, conv) in gpt2_plan(model.config.n_layer).items():
+        if ours not in state:  # a bias of a bias-free model: as wide as its weight's output
+            weight = state[ours.removesuffix(".bias") + ".weight"]
+            tensors[f"transformer.{hf}"] = weight.new_zeros(weight.size(0))
+        else:
+            tensors[f"transformer.{hf}"] = state[ours].t() if conv else state[ours]
     if not model.config.tie_weights:
         tensors["lm_head.weight"] = state["lm_head.weight"]
     return HFCheckpoint(config, tensors)
