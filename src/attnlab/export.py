@@ -70,7 +70,7 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
         return marian_export(model, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id), model.config.max_len
     kind = getattr(run.config.model, "kind", None) or type(model).__name__
     raise ExportError(
-        f"a {task} run of a {kind} model has no transformers counterpart; attnlab exports GPT language "
+        f"task {task!r} with model {kind!r} has no transformers counterpart here; attnlab exports GPT language "
         "models, BERT encoders (mlm, classification, tagging) and encoder–decoder Transformers (translation)"
     )
 
