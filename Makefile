@@ -1,6 +1,7 @@
 # attnlab: `make demo` trains a small GPT and prints a sample; `make test` runs the test suite;
-# `make serve` installs what `attnlab serve` needs; `make docs` builds the documentation site (--strict). They create .venv on first use. torch is installed first, pinned, so that pip takes the local
-# CPU wheel instead of resolving a CUDA build.
+# `make serve` installs what `attnlab serve` needs; `make docs` builds the documentation site
+# (--strict). They create .venv on first use. torch is installed first, pinned, so that pip takes
+# the local CPU wheel instead of resolving a CUDA build.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
