@@ -1,12 +1,13 @@
 # attnlab: `make demo` trains a small GPT and prints a sample; `make test` runs the test suite;
-# `make serve` installs what `attnlab serve` needs. They create .venv on first use. torch is installed first, pinned, so that pip takes the local
-# CPU wheel instead of resolving a CUDA build.
+# `make serve` installs what `attnlab serve` needs; `make docs` builds the documentation site
+# (--strict). They create .venv on first use. torch is installed first, pinned, so that pip takes
+# the local CPU wheel instead of resolving a CUDA build.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install dev serve browser lint bench clean
+.PHONY: demo test install dev serve docs browser lint bench clean
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
@@ -16,6 +17,12 @@ test: $(VENV)/.dev-installed browser
 
 serve: $(VENV)/.serve-installed
 	@echo "ready: $(BIN)/attnlab serve RUN [RUN ...]"
+
+# The site from docs/ and mkdocs.yml into site/. --strict: a broken link or anchor, a page missing
+# from the nav, or a docstring mkdocstrings cannot read is an error. CI runs it (.ci/run).
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "docs: site/index.html"
 
 # The page's browser test drives Debian's chromium through chromium-driver. Installed here when
 # missing and apt-get is usable (root); otherwise one line, and the test skips saying why.
@@ -48,9 +55,13 @@ $(VENV)/.serve-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[serve]"
 	touch $@
 
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[docs]"
+	touch $@
+
 $(VENV)/.dev-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[dev,plot]"
 	touch $@
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

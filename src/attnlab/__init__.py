@@ -8,7 +8,7 @@ maps = attnlab.viz.attention_maps(run, "ROMEO:")   # subpackages load on first u
 from importlib import import_module
 from pathlib import Path
 
-from attnlab.errors import CheckpointError, ConfigError, UserError
+from attnlab.errors import CheckpointError, ConfigError, ExportError, UserError
 
 __version__ = "0.1.0"
 
@@ -38,4 +38,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *SUBPACKAGES})
 
 
-__all__ = ["CheckpointError", "ConfigError", "UserError", "__version__", "load"]
+__all__ = ["CheckpointError", "ConfigError", "ExportError", "UserError", "__version__", "load"]

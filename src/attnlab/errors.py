@@ -15,3 +15,8 @@ class ConfigError(UserError):
 
 class CheckpointError(UserError):
     """A run folder that is missing, incomplete, corrupt or incompatible."""
+
+
+class ExportError(UserError, ValueError):
+    """A model with a part that the export target has no counterpart for. Also a `ValueError`:
+    asking a library function to convert such a model is a bad argument too."""

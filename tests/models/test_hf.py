@@ -212,11 +212,17 @@ def test_unrepresentable_config(tmp_path, key, value):
 
 
 def test_n_inner_not_multiple(tmp_path):
-    folder = saved(hf_gpt2(), tmp_path)
+    # Any width is read exactly (attnlab's ffn_hidden)...
+    theirs = hf_gpt2(n_inner=48)
+    ours = load_gpt2(saved(theirs, tmp_path / "48"))
+    assert ours.config.d_ff == 48
+    assert_same_logits(ours, theirs)
+    # ...and checked against the weights.
+    folder = saved(hf_gpt2(), tmp_path / "128")
     edit_config(folder, n_inner=48)
     with pytest.raises(CheckpointError) as e:
         load_gpt2(folder)
-    check_error(e, "n_inner=48", "n_embd=32")
+    check_error(e, "h.0.mlp.c_fc.weight", "(32, 48)")
 
 
 def test_not_gpt2(tmp_path):

@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "serve",
     "data",
     "kernels",
+    "export",
 )
 
 

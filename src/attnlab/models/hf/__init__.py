@@ -8,12 +8,32 @@ openai-community/gpt2`) and pass its path. One module per family, all sharing th
 - `llama`: `load_llama(folder)` -> `GPT` with RMSNorm, SwiGLU, rotary positions, grouped-query attention;
 - `mixtral`: `load_mixtral(folder)` -> the same `GPT` with a mixture of SwiGLU experts;
 - `auto`: `load_causal_lm(folder)` -> any of the three causal LMs with its tokenizer, by model_type;
-- `marian`: `to_marian(model)` -> a transformers `MarianMTModel` computing the same function.
+- `marian`: `load_marian(folder)` -> `Seq2SeqTransformer`; `to_marian(model)` -> a transformers
+  `MarianMTModel` computing the same function.
 Each module's docstring gives its source format and its HF -> attnlab name map.
+
+Export, the same name maps read backwards: `gpt2_export`, `llama_export` (or `causal_lm_export`,
+which picks one by the model's parts), `bert_export`, `marian_export` turn a model into an
+`HFCheckpoint` (config.json as a dict, tensors under transformers' names), `save_hf_checkpoint`
+writes it, `tokenizer_export.tokenizer_files` gives the tokenizer's files. A part the target family
+lacks raises `attnlab.ExportError` naming it. `attnlab.export.export_run` does all of it for a run.
 """
 
-from attnlab.models.hf._common import CONFIG_FILE, HF_ACTIVATIONS, TOKENIZER_FILE, WEIGHT_FILES
-from attnlab.models.hf.auto import CAUSAL_LM_LOADERS, LoadedCausalLM, is_hf_folder, load_causal_lm
+from attnlab.models.hf._common import (
+    CONFIG_FILE,
+    HF_ACTIVATIONS,
+    TOKENIZER_FILE,
+    WEIGHT_FILES,
+    HFCheckpoint,
+    save_hf_checkpoint,
+)
+from attnlab.models.hf.auto import (
+    CAUSAL_LM_LOADERS,
+    LoadedCausalLM,
+    causal_lm_export,
+    is_hf_folder,
+    load_causal_lm,
+)
 from attnlab.models.hf.bert import (
     BERT_DEFAULTS,
     BERT_FIXED_SWITCHES,
@@ -28,6 +48,7 @@ from attnlab.models.hf.bert import (
     VOCAB_FILE,
     LoadedBert,
     bert_config_from_hf,
+    bert_export,
     load_bert,
 )
 from attnlab.models.hf.gpt2 import (
@@ -37,10 +58,23 @@ from attnlab.models.hf.gpt2 import (
     IGNORED_TENSOR,
     TOP_TENSORS,
     gpt2_config_from_hf,
+    gpt2_export,
     load_gpt2,
 )
-from attnlab.models.hf.llama import LLAMA_DEFAULTS, LLAMA_FIXED_SWITCHES, llama_config_from_hf, load_llama
-from attnlab.models.hf.marian import MARIAN_LAYER_NORM_EPS, marian_feature_order, to_marian
+from attnlab.models.hf.llama import (
+    LLAMA_DEFAULTS,
+    LLAMA_FIXED_SWITCHES,
+    llama_config_from_hf,
+    llama_export,
+    load_llama,
+)
+from attnlab.models.hf.marian import (
+    MARIAN_LAYER_NORM_EPS,
+    load_marian,
+    marian_export,
+    marian_feature_order,
+    to_marian,
+)
 from attnlab.models.hf.mixtral import MIXTRAL_DEFAULTS, MIXTRAL_FIXED_SWITCHES, load_mixtral, mixtral_config_from_hf
 
 __all__ = [
@@ -70,18 +104,26 @@ __all__ = [
     "TOP_TENSORS",
     "VOCAB_FILE",
     "WEIGHT_FILES",
+    "HFCheckpoint",
     "LoadedBert",
     "LoadedCausalLM",
     "bert_config_from_hf",
+    "bert_export",
+    "causal_lm_export",
     "gpt2_config_from_hf",
+    "gpt2_export",
     "is_hf_folder",
     "llama_config_from_hf",
+    "llama_export",
     "load_bert",
     "load_causal_lm",
     "load_gpt2",
     "load_llama",
+    "load_marian",
     "load_mixtral",
+    "marian_export",
     "marian_feature_order",
     "mixtral_config_from_hf",
+    "save_hf_checkpoint",
     "to_marian",
 ]

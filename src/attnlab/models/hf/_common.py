@@ -5,21 +5,26 @@ Weights: `model.safetensors`, or `pytorch_model.bin` (a state dict of tensors; r
 `torch.load(weights_only=True)`, so a pickle never runs code), or either one sharded behind its
 `*.index.json` (`{"weight_map": {tensor name: shard file}}`, as `save_pretrained` writes it).
 Every error is a `CheckpointError` naming the file, the key and the fix.
+
+The way back, for the exporters: `HFCheckpoint` (a config.json as a dict, tensors under
+transformers' names), `save_hf_checkpoint` to write it, and `part_problems` / `refuse` to name
+what a target family cannot represent (an `ExportError`).
 """
 
+import dataclasses
 import json
 import pickle
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
-from attnlab.errors import CheckpointError
+from attnlab.errors import CheckpointError, ExportError
 
 CONFIG_FILE = "config.json"
 # Looked for in this order; the first one present is read.
@@ -39,6 +44,8 @@ HF_ACTIVATIONS = {
     "gelu": "gelu",
     "relu": "relu",
 }
+# The way back: attnlab activation -> the first HF name of each (HF_ACTIVATIONS read backwards).
+EXPORT_ACTIVATIONS = {ours: hf for hf, ours in reversed(HF_ACTIVATIONS.items())}
 
 
 def check_switches(hf: Mapping[str, Any], switches: Mapping[str, tuple[Any, str]], family: str, source: str) -> None:
@@ -232,3 +239,71 @@ def read_lm_tokenizer(folder: Path, hf: Mapping[str, Any], source: str, vocab_si
     return BPETokenizer(
         tokenizer.tokenizer, bos_id=special["bos_token_id"], eos_id=special["eos_token_id"], add_special_tokens=True
     )
+
+
+# -- the way back: attnlab -> a transformers folder ------------------------------------------------
+
+
+@dataclasses.dataclass
+class HFCheckpoint:
+    """A model in transformers' terms, ready to be written as a folder that `from_pretrained` reads."""
+
+    config: dict[str, Any]
+    """config.json as a dict: `model_type`, `architectures` and the family's fields."""
+    tensors: dict[str, torch.Tensor]
+    """Every tensor under transformers' name, in transformers' layout. A tied matrix is stored once
+    (transformers ties it again on loading, as its own save_pretrained expects)."""
+
+
+def save_hf_checkpoint(checkpoint: HFCheckpoint, folder: Path) -> list[str]:
+    """Write config.json and model.safetensors into `folder` (which must exist); returns the file names.
+    The safetensors metadata says "pt", the mark transformers' own files carry."""
+    (folder / CONFIG_FILE).write_text(json.dumps(checkpoint.config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in checkpoint.tensors.items()}
+    save_file(tensors, folder / WEIGHT_FILES[0], metadata={"format": "pt"})
+    return [CONFIG_FILE, WEIGHT_FILES[0]]
+
+
+# A part of an attnlab config a target family can take: field -> (the test of its value, what the
+# target has instead, in words). The test reads the whole config, as some fields only make sense
+# beside others (n_kv_head against the number of heads).
+PartRule = tuple[Callable[[Any], bool], str]
+
+
+def is_value(field: str, *allowed: Any) -> Callable[[Any], bool]:
+    """The test that `config.field` is one of `allowed`."""
+    return lambda config: getattr(config, field) in allowed
+
+
+# What no exporter takes: the block variants of attnlab.nn.parts and the sparse attention patterns,
+# which no transformers family computes in the dense models exported here.
+COMMON_EXPORT_RULES: dict[str, PartRule] = {
+    "attention": (is_value("attention", "full"), "full attention (no window, BigBird or Linformer pattern)"),
+    "experts": (is_value("experts", 0), "a dense feed-forward layer (no mixture of experts)"),
+    "block_sharing": (
+        is_value("block_sharing", "none"),
+        "its own weights in every block (no ALBERT or Universal sharing)",
+    ),
+    "embedding_dim": (is_value("embedding_dim", None), "token embeddings as wide as the model (no factorization)"),
+}
+
+
+def part_problems(config: Any, rules: Mapping[str, PartRule], target: str) -> list[str]:
+    """Each part of `config` that breaks one of `rules`, as "field = value (TARGET has ...)".
+    Example: positions='alibi' against GPT-2's rules -> ["positions = 'alibi' (GPT-2 has learned positions)"]."""
+    return [
+        f"{field} = {getattr(config, field)!r} ({target} has {wanted})"
+        for field, (fits, wanted) in rules.items()
+        if not fits(config)
+    ]
+
+
+def refusal(problems: Sequence[str], target: str) -> ExportError:
+    """The `ExportError` naming every problem, on one line."""
+    return ExportError(f"cannot export to transformers {target}: " + "; ".join(problems))
+
+
+def refuse(problems: Sequence[str], target: str) -> None:
+    """Raise `refusal(problems, target)`; nothing when there are no problems."""
+    if problems:
+        raise refusal(problems, target)

@@ -1,4 +1,5 @@
-"""Import Hugging Face BERT checkpoints from a local folder into attnlab's `Bert`.
+"""Import Hugging Face BERT checkpoints from a local folder into attnlab's `Bert`, and export a
+`Bert` back (`bert_export`): the same name map read both ways.
 
 BERT source format: `config.json` (a `BertConfig`, transformers `models/bert/configuration_bert.py`),
 the weights (see `_common`), and the vocabulary: `tokenizer.json` (a WordPiece `tokenizers` file) or BERT's
@@ -20,6 +21,7 @@ Name map, HF -> attnlab (i = block index, "layer.i" short for "encoder.layer.i")
     pooler.dense                           -> pooler
     cls.predictions.transform.dense / LayerNorm -> head.dense / head.norm
     cls.predictions.bias                   -> head.decoder.bias (the decoder weight is embeddings.token)
+    classifier                             -> head.proj (BertForSequenceClassification / ...TokenClassification)
 BERT's `nn.Linear` weights are `(out, in)` like attnlab's, so nothing is transposed. Stacking the
 query, key and value weights gives `in_proj` exactly: both libraries split the result into heads as
 contiguous slices of C / H features. The next-sentence head (`cls.seq_relationship`) has no attnlab
@@ -41,16 +43,23 @@ from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
 from attnlab.errors import CheckpointError
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.models.hf._common import (
+    COMMON_EXPORT_RULES,
     CONFIG_FILE,
+    EXPORT_ACTIVATIONS,
     HF_ACTIVATIONS,
     TOKENIZER_FILE,
+    HFCheckpoint,
+    PartRule,
     check_switches,
     checked,
     config_value,
+    is_value,
     one_dropout,
+    part_problems,
     read_hf_config,
     read_json,
     read_weights,
+    refuse,
 )
 
 VOCAB_FILE = "vocab.txt"
@@ -81,7 +90,14 @@ BERT_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
     "add_cross_attention": (False, "attnlab's BERT blocks have no cross-attention"),
 }
 
-BERT_HEADS = ("auto", "mlm", "none")
+BERT_HEADS = ("auto", "mlm", "sequence", "token", "none")
+# attnlab head -> the transformers class that has it (config.json's `architectures`).
+BERT_ARCHITECTURES = {
+    "mlm": "BertForMaskedLM",
+    "sequence": "BertForSequenceClassification",
+    "token": "BertForTokenClassification",
+    "none": "BertModel",
+}
 
 # Encoder tensors: HF name (after the optional "bert.") -> attnlab name.
 BERT_TOP_TENSORS: dict[str, str] = {
@@ -116,6 +132,8 @@ BERT_MLM_TENSORS: dict[str, str] = {
     "cls.predictions.transform.LayerNorm.bias": "head.norm.bias",
     "cls.predictions.bias": "head.decoder.bias",
 }
+# The label classifier of both classification heads (dropout, then this layer).
+BERT_CLASSIFIER_TENSORS = {"classifier.weight": "head.proj.weight", "classifier.bias": "head.proj.bias"}
 # Stored by some checkpoints and not needed: position / segment id buffers (attnlab counts positions
 # itself) and the next-sentence-prediction head, which attnlab's Bert does not have.
 BERT_IGNORED_TENSOR = re.compile(r"embeddings\.(position_ids|token_type_ids)|cls\.seq_relationship\..*")
@@ -126,25 +144,29 @@ class LoadedBert:
     """A Hugging Face BERT checkpoint as attnlab objects."""
 
     model: Bert
-    """In eval mode; its head is "mlm" or "none"."""
+    """In eval mode; its head is "mlm", "sequence", "token" or "none"."""
     tokenizer: WordPieceTokenizer
     config: BertConfig
     missing: list[str] = dataclasses.field(default_factory=list)
     """attnlab parameters the checkpoint has no tensor for, left at their fresh initialisation
-    (the pooler of a BertForMaskedLM checkpoint)."""
+    (the pooler of a BertForMaskedLM or BertForTokenClassification checkpoint)."""
+    labels: list[str] = dataclasses.field(default_factory=list)
+    """A classifier's label names in id order (config.json's id2label); empty without one."""
 
 
 def bert_config_from_hf(
     hf: Mapping[str, Any],
     *,
     head: str = "none",
+    n_labels: int = 0,
     pad_id: int | None = None,
     dropout: float | None = None,
     source: str = CONFIG_FILE,
 ) -> BertConfig:
     """The `BertConfig` equivalent to a Hugging Face BERT `config.json`, read as a dict.
 
-    Keys left out take transformers' BertConfig defaults. `head` is "mlm" or "none". `pad_id`, the
+    Keys left out take transformers' BertConfig defaults. `head` is "mlm", "sequence", "token" (with
+    `n_labels` classes) or "none". `pad_id`, the
     tokenizer's [PAD] id, must agree with `pad_token_id` when the config sets one (attnlab masks
     padding by id). `dropout` overrides the HF dropouts; by default `hidden_dropout_prob` and
     `attention_probs_dropout_prob` must agree, as attnlab has one rate. Raises `CheckpointError`
@@ -195,6 +217,7 @@ def bert_config_from_hf(
             layer_norm_eps=float(get("layer_norm_eps", (int, float))),
             pad_id=pad_id,
             head=head,
+            n_labels=n_labels,
         )
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from e
@@ -208,10 +231,11 @@ def load_bert(
 
     The folder holds `config.json`, the weights and the vocabulary (see the module docstring).
     head: "auto" gives the masked-LM head when the checkpoint has one (`cls.predictions.*`, saved
-    by BertForMaskedLM and BertForPreTraining) and no head otherwise; "mlm" requires it; "none"
-    skips it. Every encoder tensor must be present with the shape config.json implies; only the
-    pooler may be absent. Parameters are cast to `dtype`. Raises `CheckpointError` naming the file
-    and the key on any mismatch.
+    by BertForMaskedLM and BertForPreTraining), the classifier when it has one (`classifier.*`:
+    "sequence" or "token" by config.json's `architectures`), and no head otherwise; "mlm",
+    "sequence" and "token" require theirs; "none" skips any. Every encoder tensor must be present
+    with the shape config.json implies; only the pooler may be absent. Parameters are cast to
+    `dtype`. Raises `CheckpointError` naming the file and the key on any mismatch.
     """
     if head not in BERT_HEADS:
         raise ValueError(f"head must be one of {list(BERT_HEADS)}, got {head!r}")
@@ -223,14 +247,10 @@ def load_bert(
     tokenizer = _read_bert_tokenizer(folder)
     hf_state = _bert_state(tensors, weights_path)
 
-    has_mlm = any(name.startswith("cls.predictions.") for name in hf_state)
-    if head == "mlm" and not has_mlm:
-        raise CheckpointError(
-            f"{weights_path}: no masked-LM head (cls.predictions.*); save a BertForMaskedLM or pass head='none'"
-        )
-    head = "mlm" if head == "mlm" or head == "auto" and has_mlm else "none"
+    head = _stored_head(head, hf_state, hf_config, weights_path)
+    labels = _labels(hf_config, hf_state, str(config_path)) if head in ("sequence", "token") else []
     config = bert_config_from_hf(
-        hf_config, head=head, pad_id=tokenizer.pad_id, dropout=dropout, source=str(config_path)
+        hf_config, head=head, n_labels=len(labels), pad_id=tokenizer.pad_id, dropout=dropout, source=str(config_path)
     )
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
@@ -247,7 +267,49 @@ def load_bert(
     missing = [name for name in result.missing_keys if name != "head.decoder.weight"]
     if any(name not in BERT_POOLER_TENSORS.values() for name in missing) or result.unexpected_keys:
         raise RuntimeError(f"BERT name map is incomplete: missing {missing}, unexpected {result.unexpected_keys}")
-    return LoadedBert(model=model.eval(), tokenizer=tokenizer, config=config, missing=missing)
+    return LoadedBert(model=model.eval(), tokenizer=tokenizer, config=config, missing=missing, labels=labels)
+
+
+def _stored_head(head: str, hf_state: Mapping[str, torch.Tensor], hf_config: Mapping[str, Any], source: Path) -> str:
+    """The head to build: `head` once the checkpoint is checked to hold it, or for "auto" the one it holds."""
+    has_mlm = any(name.startswith("cls.predictions.") for name in hf_state)
+    has_classifier = "classifier.weight" in hf_state
+    if head == "mlm" and not has_mlm:
+        raise CheckpointError(
+            f"{source}: no masked-LM head (cls.predictions.*); save a BertForMaskedLM or pass head='none'"
+        )
+    if head in ("sequence", "token") and not has_classifier:
+        raise CheckpointError(
+            f"{source}: no classifier (classifier.weight); save a {BERT_ARCHITECTURES[head]} or pass head='none'"
+        )
+    if head != "auto":
+        return head
+    if has_mlm:
+        return "mlm"
+    if not has_classifier:
+        return "none"
+    # Both classification heads store the same two tensors; only the class that saved them tells which.
+    architectures = hf_config.get("architectures") or []
+    for name in ("sequence", "token"):
+        if BERT_ARCHITECTURES[name] in architectures:
+            return name
+    raise CheckpointError(
+        f"{source}: a classifier is stored but config.json's architectures {architectures} name neither "
+        "BertForSequenceClassification nor BertForTokenClassification; pass head='sequence' or head='token'"
+    )
+
+
+def _labels(hf_config: Mapping[str, Any], hf_state: Mapping[str, torch.Tensor], source: str) -> list[str]:
+    """The classifier's label names in id order: config.json's id2label when it has one for every
+    class, else LABEL_0, LABEL_1, ... (transformers' own default names)."""
+    n = hf_state["classifier.weight"].size(0)
+    id2label = hf_config.get("id2label") or {}
+    if not isinstance(id2label, dict):
+        raise CheckpointError(f"{source}: id2label must be an object, got {id2label!r}")
+    names = [id2label.get(str(i), id2label.get(i)) for i in range(n)]
+    if len(id2label) != n or not all(isinstance(name, str) for name in names):
+        return [f"LABEL_{i}" for i in range(n)]
+    return names
 
 
 def _read_bert_tokenizer(folder: Path) -> WordPieceTokenizer:
@@ -292,15 +354,21 @@ def _bert_state(tensors: Mapping[str, torch.Tensor], source: Path) -> dict[str, 
     return state
 
 
+def bert_encoder_plan(n_layers: int) -> dict[str, str]:
+    """The encoder tensors of an `n_layers`-block BERT but q, k, v (`BERT_QKV`): HF name -> attnlab name."""
+    plan = dict(BERT_TOP_TENSORS)
+    for i in range(n_layers):
+        plan.update({f"encoder.layer.{i}.{hf}": f"blocks.{i}.{ours}" for hf, ours in BERT_LAYER_TENSORS.items()})
+    return plan
+
+
 def _convert_bert(
     hf_state: dict[str, torch.Tensor], config: BertConfig, expected: Mapping[str, torch.Tensor], source: Path
 ) -> dict[str, torch.Tensor]:
     """Rename HF BERT tensors to attnlab's names and stack q, k, v; check keys, shapes and the tying."""
     hf_state = dict(hf_state)
     c = config.d_model
-    plan = dict(BERT_TOP_TENSORS)
-    for i in range(config.n_layers):
-        plan.update({f"encoder.layer.{i}.{hf}": f"blocks.{i}.{ours}" for hf, ours in BERT_LAYER_TENSORS.items()})
+    plan = bert_encoder_plan(config.n_layers)
     optional = dict(BERT_POOLER_TENSORS)
 
     # The MLM decoder: its weight is the word embedding matrix, its bias cls.predictions.bias (older
@@ -319,6 +387,10 @@ def _convert_bert(
             )
     else:
         hf_state = {name: t for name, t in hf_state.items() if not name.startswith("cls.predictions.")}
+    if config.head in ("sequence", "token"):
+        plan.update(BERT_CLASSIFIER_TENSORS)
+    else:
+        hf_state = {name: t for name, t in hf_state.items() if name not in BERT_CLASSIFIER_TENSORS}
 
     qkv = {
         f"encoder.layer.{i}.attention.self.{part}.{kind}"
@@ -349,3 +421,79 @@ def _convert_bert(
             parts = [take(f"encoder.layer.{i}.attention.self.{p}.{kind}", expected[ours][:c]) for p in BERT_QKV]
             state[ours] = torch.cat(parts, dim=0)  # (3C, C) or (3C,): rows [q; k; v]
     return state
+
+
+# -- export: attnlab Bert -> transformers BertFor... -----------------------------------------------
+
+# What a Bert needs to be a transformers BERT (besides COMMON_EXPORT_RULES).
+BERT_EXPORT_RULES: dict[str, PartRule] = {
+    **COMMON_EXPORT_RULES,
+    "positions": (is_value("positions", "learned"), "learned absolute positions"),
+    "norm": (is_value("norm", "post"), "LayerNorm after each residual sum (post-norm)"),
+    "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
+    "activation": (is_value("activation", *EXPORT_ACTIVATIONS), f"one of {sorted(EXPORT_ACTIVATIONS)}"),
+    "n_kv_head": (lambda c: c.n_kv_head in (None, c.n_heads), "one key/value head per query head"),
+    # Only the sequence classifier and BertModel's pooler_output read the pooler.
+    "pooling": (lambda c: c.pooling == "cls" or c.head in ("mlm", "token"), "a pooler on the [CLS] state"),
+}
+
+
+def bert_export_problems(config: BertConfig) -> list[str]:
+    """What keeps `config` from being a transformers BERT, one entry per part (empty: nothing)."""
+    return part_problems(config, BERT_EXPORT_RULES, "BERT")
+
+
+def bert_config_to_hf(config: BertConfig, labels: list[str] | None = None) -> dict[str, Any]:
+    """The BERT config.json of `config` (the inverse of `bert_config_from_hf`), for the
+    transformers class of its head; `labels` name a classifier's classes (default LABEL_i).
+    Raises `ExportError` naming every part transformers' BERT does not have."""
+    refuse(bert_export_problems(config), "BERT")
+    hf: dict[str, Any] = {
+        "model_type": "bert",
+        "architectures": [BERT_ARCHITECTURES[config.head]],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "intermediate_size": config.ffn_size,
+        "hidden_act": EXPORT_ACTIVATIONS[config.activation],
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.dropout,
+        "max_position_embeddings": config.max_len,
+        "type_vocab_size": config.type_vocab_size,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": config.pad_id,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,  # the masked-LM decoder is the token embedding, in both libraries
+    }
+    if config.head in ("sequence", "token"):
+        names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_labels)]
+        if len(names) != config.n_labels:
+            raise ValueError(f"{len(names)} label names for a classifier of {config.n_labels} classes")
+        hf["id2label"] = dict(enumerate(names))
+        hf["label2id"] = {name: i for i, name in enumerate(names)}
+    return hf
+
+
+def bert_export(model: Bert, labels: list[str] | None = None) -> HFCheckpoint:
+    """`model` as a checkpoint of the transformers class of its head (`BERT_ARCHITECTURES`): the
+    name map read backwards, in_proj split into query, key and value. The pooler goes where
+    transformers has one (BertModel, BertForSequenceClassification); the masked-LM decoder's weight
+    is the word embedding and is not stored twice. Raises `ExportError` naming every part
+    transformers' BERT does not have."""
+    c = model.config
+    config = bert_config_to_hf(c, labels)
+    state = model.state_dict()
+    # The BertFor* classes hold the encoder under "bert."; BertModel is the encoder itself.
+    prefix = "" if c.head == "none" else "bert."
+    tensors = {prefix + hf: state[ours] for hf, ours in bert_encoder_plan(c.n_layers).items()}
+    for i in range(c.n_layers):
+        for kind in ("weight", "bias"):
+            parts = state[f"blocks.{i}.attn.in_proj.{kind}"].chunk(3)  # rows [q; k; v]
+            for part, t in zip(BERT_QKV, parts, strict=True):
+                tensors[f"{prefix}encoder.layer.{i}.attention.self.{part}.{kind}"] = t
+    if c.head in ("none", "sequence"):
+        tensors.update({prefix + hf: state[ours] for hf, ours in BERT_POOLER_TENSORS.items()})
+    heads = {"mlm": BERT_MLM_TENSORS, "sequence": BERT_CLASSIFIER_TENSORS, "token": BERT_CLASSIFIER_TENSORS}
+    tensors.update({hf: state[ours] for hf, ours in heads.get(c.head, {}).items()})
+    return HFCheckpoint(config, tensors)

@@ -1,4 +1,5 @@
-"""Import Hugging Face GPT-2 checkpoints from a local folder into attnlab's `GPT`.
+"""Import Hugging Face GPT-2 checkpoints from a local folder into attnlab's `GPT`, and export a
+`GPT` with GPT-2's parts back (`gpt2_export`).
 
 GPT-2 source format: a folder as written by `transformers`' `save_pretrained` for `GPT2LMHeadModel` or
 `GPT2Model`, the layout of the `openai-community/gpt2*` repositories on the Hugging Face Hub:
@@ -8,7 +9,8 @@ GPT-2 source format: a folder as written by `transformers`' `save_pretrained` fo
 Names are those of transformers `models/gpt2/modeling_gpt2.py`, with a `transformer.` prefix when
 saved from `GPT2LMHeadModel` and none when saved from `GPT2Model`.
 
-Name map, HF -> attnlab (i = block index):
+Name map, HF -> attnlab (i = block index; `gpt2_plan`, read one way by `load_gpt2`, the other by
+`gpt2_export`):
     wte                 -> token_embedding          wpe      -> positions.embedding
     h.i.ln_1 / h.i.ln_2 -> blocks.i.norm1 / norm2   ln_f     -> final_norm
     h.i.attn.c_attn     -> blocks.i.attn.in_proj    h.i.attn.c_proj -> blocks.i.attn.out_proj
@@ -37,14 +39,21 @@ import torch
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.hf._common import (
+    COMMON_EXPORT_RULES,
     CONFIG_FILE,
+    EXPORT_ACTIVATIONS,
     HF_ACTIVATIONS,
+    HFCheckpoint,
+    PartRule,
     check_switches,
     checked,
     config_value,
+    is_value,
     one_dropout,
+    part_problems,
     read_hf_config,
     read_weights,
+    refuse,
 )
 
 # not model: key -> (the value attnlab computes, what the other value would do).
@@ -125,11 +134,10 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
     n_inner = hf.get("n_inner")
     if n_inner is None:
         n_inner = 4 * n_embd
-    elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1 or n_inner % n_embd != 0:
-        raise CheckpointError(
-            f"{source}: n_inner={n_inner!r} is not a positive multiple of n_embd={n_embd}; "
-            "attnlab's feed-forward width is ffn_mult * n_embd"
-        )
+    elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1:
+        raise CheckpointError(f"{source}: n_inner={n_inner!r} is not a positive integer")
+    # A multiple of n_embd is attnlab's ffn_mult; any other width is named exactly (ffn_hidden).
+    ffn = {"ffn_mult": n_inner // n_embd} if n_inner % n_embd == 0 else {"ffn_hidden": n_inner}
     if dropout is None:
         keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
         dropout = one_dropout({key: get(key, (int, float)) for key in keys}, source)
@@ -145,7 +153,7 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
             positions="learned",
             activation=HF_ACTIVATIONS[activation],
             norm="pre",
-            ffn_mult=n_inner // n_embd,
+            **ffn,
             layer_norm_eps=float(get("layer_norm_epsilon", (int, float))),
             tie_weights=get("tie_word_embeddings", bool),
         )
@@ -205,14 +213,20 @@ def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout
     return model.eval()
 
 
+def gpt2_plan(n_layer: int) -> dict[str, tuple[str, bool]]:
+    """Every GPT2Model tensor of an `n_layer`-block model: HF name -> (attnlab name, is a Conv1D weight)."""
+    plan = {hf: (ours, False) for hf, ours in TOP_TENSORS.items()}
+    for i in range(n_layer):
+        for hf, (ours, conv) in BLOCK_TENSORS.items():
+            plan[f"h.{i}.{hf}"] = (f"blocks.{i}.{ours}", conv)
+    return plan
+
+
 def _convert(
     hf_state: dict[str, torch.Tensor], config: GPTConfig, expected: Mapping[str, torch.Tensor], source: Path
 ) -> dict[str, torch.Tensor]:
     """Rename HF GPT-2 tensors to attnlab's names, transposing Conv1D weights; check keys and shapes."""
-    plan = {hf: (ours, False) for hf, ours in TOP_TENSORS.items()}
-    for i in range(config.n_layer):
-        for hf, (ours, conv) in BLOCK_TENSORS.items():
-            plan[f"h.{i}.{hf}"] = (f"blocks.{i}.{ours}", conv)
+    plan = gpt2_plan(config.n_layer)
     for name in hf_state:
         if name not in plan:
             raise CheckpointError(
@@ -228,3 +242,61 @@ def _convert(
             )
         state[ours] = checked(hf, hf_state[hf], expected[ours], conv, source)
     return state
+
+
+# -- export: attnlab GPT -> transformers GPT2LMHeadModel -------------------------------------------
+
+# What a GPT needs to be a GPT-2 (besides COMMON_EXPORT_RULES).
+GPT2_EXPORT_RULES: dict[str, PartRule] = {
+    **COMMON_EXPORT_RULES,
+    "positions": (is_value("positions", "learned"), "learned position embeddings"),
+    "norm": (is_value("norm", "pre"), "LayerNorm before each sublayer (pre-norm)"),
+    "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
+    "activation": (is_value("activation", *EXPORT_ACTIVATIONS), f"one of {sorted(EXPORT_ACTIVATIONS)}"),
+    "n_kv_head": (lambda c: c.kv_heads == c.n_head, "one key/value head per query head"),
+}
+
+
+def gpt2_export_problems(config: GPTConfig) -> list[str]:
+    """What keeps `config` from being a transformers GPT-2, one entry per part (empty: nothing)."""
+    return part_problems(config, GPT2_EXPORT_RULES, "GPT-2")
+
+
+def gpt2_config_to_hf(config: GPTConfig) -> dict[str, Any]:
+    """The GPT-2 config.json of `config` (the inverse of `gpt2_config_from_hf`). Raises
+    `ExportError` naming every part GPT-2 does not have."""
+    refuse(gpt2_export_problems(config), "GPT-2")
+    return {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": config.vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        # None is GPT-2's 4 * n_embd; anything else is written out (transformers takes any width).
+        "n_inner": None if config.d_ff == 4 * config.n_embd else config.d_ff,
+        "activation_function": EXPORT_ACTIVATIONS[config.activation],
+        **{key: config.dropout for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "tie_word_embeddings": config.tie_weights,
+    }
+
+
+def gpt2_export(model: GPT) -> HFCheckpoint:
+    """`model` as a transformers `GPT2LMHeadModel` checkpoint: `gpt2_plan` read backwards, Conv1D
+    weights transposed back to `(in, out)`; `lm_head.weight` only when untied. A model without
+    biases (`bias=False`, nanoGPT's choice) gets zero biases, which compute the same function.
+    Raises `ExportError` naming every part GPT-2 does not have."""
+    config = gpt2_config_to_hf(model.config)
+    state = model.state_dict()
+    tensors = {}
+    for hf, (ours, conv) in gpt2_plan(model.config.n_layer).items():
+        if ours not in state:  # a bias of a bias-free model: as wide as its weight's output
+            weight = state[ours.removesuffix(".bias") + ".weight"]
+            tensors[f"transformer.{hf}"] = weight.new_zeros(weight.size(0))
+        else:
+            tensors[f"transformer.{hf}"] = state[ours].t() if conv else state[ours]
+    if not model.config.tie_weights:
+        tensors["lm_head.weight"] = state["lm_head.weight"]
+    return HFCheckpoint(config, tensors)

@@ -1,4 +1,5 @@
-"""Import Hugging Face Llama checkpoints from a local folder into attnlab's `GPT`.
+"""Import Hugging Face Llama checkpoints from a local folder into attnlab's `GPT`, and export a
+`GPT` with Llama's parts back (`llama_export`).
 
 Llama is a GPT built from other parts (Touvron et al. 2023, §2.2): RMSNorm (Zhang & Sennrich 2019)
 before attention, before the feed-forward layer and at the end; a SwiGLU feed-forward layer
@@ -14,7 +15,8 @@ Source format: a folder as written by `transformers`' `save_pretrained` for `Lla
 and for `attnlab sample` a `tokenizer.json`. Tensor names are those of transformers
 `models/llama/modeling_llama.py`, with a `model.` prefix when saved from `LlamaForCausalLM`.
 
-Name map, HF -> attnlab (i = block index):
+Name map, HF -> attnlab (i = block index; `LLAMA_TOP_TENSORS`, `LLAMA_LAYER_TENSORS` and the
+stacked `LLAMA_QKV` / `LLAMA_GATE_UP`, read one way by `load_llama`, the other by `llama_export`):
     embed_tokens                      -> token_embedding
     layers.i.input_layernorm          -> blocks.i.norm1
     layers.i.self_attn.{q,k,v}_proj   -> blocks.i.attn.in_proj (rows [q; k; v])
@@ -45,12 +47,18 @@ import torch
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.hf._common import (
+    COMMON_EXPORT_RULES,
     CONFIG_FILE,
     CheckpointTensors,
+    HFCheckpoint,
+    PartRule,
     check_switches,
     config_value,
+    is_value,
+    part_problems,
     read_hf_config,
     read_weights,
+    refuse,
 )
 from attnlab.nn import build_positions
 
@@ -80,6 +88,19 @@ LLAMA_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
 # hidden_act values that are SiLU (transformers' ACT2FN maps both to nn.SiLU), making the gated
 # feed-forward SwiGLU.
 SILU = ("silu", "swish")
+
+# HF name (after "model.") -> attnlab name; per layer, after "layers.{i}." and "blocks.{i}.".
+LLAMA_TOP_TENSORS = {"embed_tokens.weight": "token_embedding.weight", "norm.weight": "final_norm.weight"}
+LLAMA_LAYER_TENSORS = {
+    "input_layernorm.weight": "norm1.weight",
+    "self_attn.o_proj.weight": "attn.out_proj.weight",
+    "post_attention_layernorm.weight": "norm2.weight",
+}
+# Stacked along rows in one attnlab tensor, in this order: attn.in_proj ([q; k; v]) and the
+# dense SwiGLU's ffn.fc1 ([gate; up]: gate is the one activated).
+LLAMA_QKV = tuple(f"self_attn.{p}_proj.weight" for p in "qkv")
+LLAMA_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+LLAMA_DOWN = ("mlp.down_proj.weight", "ffn.fc2.weight")
 
 # Older conversions store each layer's rotary frequencies as a buffer; attnlab computes them itself.
 LLAMA_IGNORED_TENSOR = re.compile(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -192,16 +213,21 @@ def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source:
     return llama_like_config(hf, LLAMA_DEFAULTS, LLAMA_FIXED_SWITCHES, "Llama", dropout=dropout, source=source)
 
 
+def qkv_rows(config: GPTConfig) -> tuple[int, int, int]:
+    """The rows of q, k and v in attnlab's in_proj: H·D, Hkv·D, Hkv·D."""
+    q, kv = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    return q, kv, kv
+
+
 def llama_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Block i's SwiGLU layer: gate_proj and up_proj stacked into fc1 (rows [gate; up]), down_proj as fc2."""
     fc1 = expected[f"blocks.{i}.ffn.fc1.weight"]  # (2F, C)
     f = fc1.size(0) // 2
-    names = (f"layers.{i}.mlp.gate_proj.weight", f"layers.{i}.mlp.up_proj.weight")
+    names = [f"layers.{i}.{name}" for name in LLAMA_GATE_UP]
+    down, fc2 = LLAMA_DOWN
     return {
         f"blocks.{i}.ffn.fc1.weight": tensors.rows(names, fc1, (f, f)),
-        f"blocks.{i}.ffn.fc2.weight": tensors.take(
-            f"layers.{i}.mlp.down_proj.weight", expected[f"blocks.{i}.ffn.fc2.weight"]
-        ),
+        f"blocks.{i}.{fc2}": tensors.take(f"layers.{i}.{down}", expected[f"blocks.{i}.{fc2}"]),
     }
 
 
@@ -237,22 +263,14 @@ def load_llama_like(
     with torch.device("meta"):
         model = GPT(config)  # shapes only; the checkpoint provides every value
     expected = model.state_dict()
-    state = {
-        "token_embedding.weight": tensors.take("embed_tokens.weight", expected["token_embedding.weight"]),
-        "final_norm.weight": tensors.take("norm.weight", expected["final_norm.weight"]),
-    }
-    q_rows, kv_rows = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    state = {ours: tensors.take(hf, expected[ours]) for hf, ours in LLAMA_TOP_TENSORS.items()}
     for i in range(config.n_layer):
         hf, ours = f"layers.{i}.", f"blocks.{i}."
-        for hf_name, our_name in (
-            ("input_layernorm.weight", "norm1.weight"),
-            ("self_attn.o_proj.weight", "attn.out_proj.weight"),
-            ("post_attention_layernorm.weight", "norm2.weight"),
-        ):
+        for hf_name, our_name in LLAMA_LAYER_TENSORS.items():
             state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
-        qkv = [f"{hf}self_attn.{p}_proj.weight" for p in "qkv"]
+        qkv = [hf + name for name in LLAMA_QKV]
         state[f"{ours}attn.in_proj.weight"] = tensors.rows(
-            qkv, expected[f"{ours}attn.in_proj.weight"], (q_rows, kv_rows, kv_rows)
+            qkv, expected[f"{ours}attn.in_proj.weight"], qkv_rows(config)
         )
         state.update(ffn(tensors, i, expected))
 
@@ -287,3 +305,68 @@ def load_llama_like(
     if unset:
         raise RuntimeError(f"{family} import left {unset} on the meta device: the name map is out of step with GPT")
     return model.eval()
+
+
+# -- export: attnlab GPT -> transformers LlamaForCausalLM -------------------------------------------
+
+# What a GPT needs to be a Llama (besides COMMON_EXPORT_RULES).
+LLAMA_EXPORT_RULES: dict[str, PartRule] = {
+    **COMMON_EXPORT_RULES,
+    "positions": (is_value("positions", "rope"), "rotary positions"),
+    "norm": (is_value("norm", "pre"), "a norm before each sublayer (pre-norm)"),
+    "normalization": (is_value("normalization", "rmsnorm"), "RMSNorm"),
+    "bias": (is_value("bias", False), "no biases"),
+    "activation": (is_value("activation", "swiglu"), "a SwiGLU feed-forward layer"),
+}
+
+
+def llama_export_problems(config: GPTConfig) -> list[str]:
+    """What keeps `config` from being a transformers Llama, one entry per part (empty: nothing)."""
+    return part_problems(config, LLAMA_EXPORT_RULES, "Llama")
+
+
+def llama_config_to_hf(config: GPTConfig) -> dict[str, Any]:
+    """The Llama config.json of `config` (the inverse of `llama_config_from_hf`). Raises
+    `ExportError` naming every part Llama does not have."""
+    refuse(llama_export_problems(config), "Llama")
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.layer_norm_eps,
+        "rope_theta": config.rope_theta,  # transformers 5 also reads it into rope_parameters
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": config.dropout,
+        "tie_word_embeddings": config.tie_weights,
+    }
+
+
+def llama_export(model: GPT) -> HFCheckpoint:
+    """`model` as a transformers `LlamaForCausalLM` checkpoint: the name map read backwards, the
+    stacked q / k / v and gate / up rows split apart; `lm_head.weight` only when untied. Raises
+    `ExportError` naming every part Llama does not have."""
+    c = model.config
+    config = llama_config_to_hf(c)
+    state = model.state_dict()
+    tensors = {f"model.{hf}": state[ours] for hf, ours in LLAMA_TOP_TENSORS.items()}
+    for i in range(c.n_layer):
+        hf, ours = f"model.layers.{i}.", f"blocks.{i}."
+        tensors.update({hf + name: state[ours + our_name] for name, our_name in LLAMA_LAYER_TENSORS.items()})
+        q_k_v = state[f"{ours}attn.in_proj.weight"].split(list(qkv_rows(c)))
+        tensors.update({hf + name: t for name, t in zip(LLAMA_QKV, q_k_v, strict=True)})
+        gate_up = state[f"{ours}ffn.fc1.weight"].chunk(2)
+        tensors.update({hf + name: t for name, t in zip(LLAMA_GATE_UP, gate_up, strict=True)})
+        down, fc2 = LLAMA_DOWN
+        tensors[hf + down] = state[ours + fc2]
+    if not c.tie_weights:
+        tensors["lm_head.weight"] = state["lm_head.weight"]
+    return HFCheckpoint(config, tensors)

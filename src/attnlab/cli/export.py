@@ -1,0 +1,56 @@
+"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]"""
+
+import argparse
+
+# The transformers Auto class that loads each exported architecture, for the closing hint.
+AUTO_CLASSES = {
+    "GPT2LMHeadModel": "AutoModelForCausalLM",
+    "LlamaForCausalLM": "AutoModelForCausalLM",
+    "BertForMaskedLM": "AutoModelForMaskedLM",
+    "BertForSequenceClassification": "AutoModelForSequenceClassification",
+    "BertForTokenClassification": "AutoModelForTokenClassification",
+    "BertModel": "AutoModel",
+    "MarianMTModel": "AutoModelForSeq2SeqLM",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a trained run as a Hugging Face transformers folder",
+        description="Write a run as a folder that transformers' from_pretrained loads offline (config.json, "
+        "model.safetensors, tokenizer files): a GPT becomes GPT-2 or Llama, a BERT run BertForMaskedLM / "
+        "BertForSequenceClassification / BertForTokenClassification, a translation Transformer MarianMTModel. "
+        "A run with a part transformers lacks (ALiBi, ReZero, experts, ...) is refused, naming it.",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
+    p.add_argument("--to", required=True, choices=["hf"], help="the format: hf (a Hugging Face transformers folder)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist or be empty)")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it exists and is not empty")
+    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.cli import print_json
+    from attnlab.export import export_run
+
+    exported = export_run(args.run_dir, args.out_dir, to=args.to, force=args.force, checkpoint=args.checkpoint)
+    if args.json:
+        print_json(
+            {
+                "folder": str(exported.folder),
+                "architecture": exported.architecture,
+                "step": exported.step,
+                "files": exported.files,
+            }
+        )
+        return 0
+    print(
+        f"exported {args.run_dir} (step {exported.step}) as a transformers {exported.architecture} to "
+        f"{exported.folder}: {', '.join(exported.files)}"
+    )
+    auto = AUTO_CLASSES.get(exported.architecture, "AutoModel")
+    print(f"load it with transformers.{auto}.from_pretrained({str(exported.folder)!r}) and AutoTokenizer")
+    return 0
