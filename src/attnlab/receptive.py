@@ -122,27 +122,22 @@ def autoregressive_rows(audio_length: int = AUDIO_LENGTH, rnn_layers: int = 2) -
             t * rnn_layers,
             "1 position (the carried state)",
         ),
-        Row(
-            "WaveNet, naive",
-            "fsdd-wavenet",
-            audio_length,
-            min(rf - 1, audio_length - 1),
-            audio_length - 1,
-            last,
-            depth,
-            audio_length * depth,
-            f"{rf} positions (the receptive field)",
-        ),
-        Row(
-            "WaveNet, cached",
-            "fsdd-wavenet",
-            audio_length,
-            min(rf - 1, audio_length - 1),
-            audio_length - 1,
-            last,
-            depth,
-            audio_length * depth,
-            "1 position (each layer's queue of past inputs)",
+        *(
+            Row(
+                f"WaveNet, {how}",
+                "fsdd-wavenet",
+                audio_length,
+                min(rf - 1, audio_length - 1),
+                audio_length - 1,
+                last,
+                depth,
+                audio_length * depth,
+                reads,
+            )
+            for how, reads in (
+                ("naive", f"{rf} positions (the receptive field)"),
+                ("cached", "1 position (each layer's queue of past inputs)"),
+            )
         ),
     ]
 

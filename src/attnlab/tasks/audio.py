@@ -30,6 +30,7 @@ from torch import nn
 from attnlab.data.audio import Recording, fsdd_splits, mu_law_encode, read_wav, to_float
 from attnlab.errors import ConfigError, UserError
 from attnlab.models.wavenet import WaveNet, WaveNetConfig
+from attnlab.tasks.checks import check_splits, need_data_dir, unknown_split
 
 SPLITS = ("train", "val", "test", "all")
 SILENCE = int(mu_law_encode(torch.zeros(1))[0])  # 128: the class of a zero sample
@@ -112,11 +113,9 @@ class SpeechDensity:
         batch_size: int = 8,
         splits: Sequence[str] = ("train", "val"),
     ) -> None:
-        for s in splits:
-            if s not in SPLITS:
-                raise UserError(f"unknown split {s!r}; choose one of {', '.join(SPLITS)}")
-        if splits and not data.data_dir:
-            raise UserError("speech density estimation needs its data: pass --data-dir DIR (e.g. ../shared/data/fsdd)")
+        check_splits(splits, SPLITS)
+        if splits:
+            need_data_dir(data.data_dir, "speech density estimation", "e.g. ../shared/data/fsdd")
         self.data_config, self.batch_size = data, batch_size
         recordings = fsdd_splits(data.data_dir, splits, data.val_size, data.seed) if splits else {}
         if data.condition_on_speaker and not model.speakers and "train" in recordings:
@@ -191,7 +190,7 @@ class SpeechDensity:
 
     def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "test", **_: Any) -> dict[str, Any]:
         if split not in self.clips:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_split(split, SPLITS)
         model.eval()
         nats, n = self.nll(model, device, split)
         return {

@@ -17,6 +17,7 @@ import torch
 
 from attnlab.data.tsv import LabelledSentences, check_labels, read_labelled_tsv
 from attnlab.errors import UserError
+from attnlab.tasks.checks import check_splits, need_data_dir
 from attnlab.tasks.encoder import EncoderTask
 
 SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
@@ -86,11 +87,9 @@ class Classification(EncoderTask):
     ) -> None:
         """Read the needed files (train.tsv serves both train and val), set up the vocabulary and
         labels, encode. `splits=()` loads nothing: enough to classify new text with a trained run."""
-        if splits and not data.data_dir:
-            raise UserError("classification needs its data: pass --data-dir DIR (a folder with train.tsv and dev.tsv)")
-        for s in splits:
-            if s not in self.split_names:
-                raise UserError(f"unknown split {s!r}; choose one of {', '.join(self.split_names)}")
+        if splits:
+            need_data_dir(data.data_dir, "classification", "a folder with train.tsv and dev.tsv")
+        check_splits(splits, self.split_names)
         files = {s: self._read(data, s) for s in {"train" if s == "val" else s for s in splits}}
         self.data: dict[str, tuple[list[str], list[str]]] = {}
         if "train" in files:

@@ -22,6 +22,7 @@ from torch import nn
 from attnlab.data.audio import fsdd_splits, read_wav, to_float
 from attnlab.errors import ConfigError, UserError
 from attnlab.models.audio_cnn import SpectrogramCNN, SpectrogramCNNConfig
+from attnlab.tasks.checks import check_splits, need_data_dir, unknown_split
 
 SPLITS = ("train", "val", "test", "all")
 
@@ -83,11 +84,9 @@ class DigitClassification:
         batch_size: int = 32,
         splits: Sequence[str] = ("train", "val"),
     ) -> None:
-        for s in splits:
-            if s not in SPLITS:
-                raise UserError(f"unknown split {s!r}; choose one of {', '.join(SPLITS)}")
-        if splits and not data.data_dir:
-            raise UserError("digit classification needs its data: pass --data-dir DIR (e.g. ../shared/data/fsdd)")
+        check_splits(splits, SPLITS)
+        if splits:
+            need_data_dir(data.data_dir, "digit classification", "e.g. ../shared/data/fsdd")
         self.data_config, self.model_config, self.batch_size = data, model, batch_size
         recordings = fsdd_splits(data.data_dir, splits, data.val_size, data.seed) if splits else {}
         self.waves = {
@@ -136,7 +135,7 @@ class DigitClassification:
 
     def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "test", **_: Any) -> dict[str, Any]:
         if split not in self.waves:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_split(split, SPLITS)
         model.eval()
         s = self.scores(model, device, split)
         return {

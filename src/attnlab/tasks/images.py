@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.data.images import LabelledImages, image_splits
-from attnlab.errors import ConfigError, UserError
+from attnlab.errors import ConfigError
 from attnlab.models.gated_pixelcnn import GatedPixelCNN, GatedPixelCNNConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.pixelcnn import LEVELS, PixelCNN, PixelCNNConfig
+from attnlab.tasks.checks import check_splits, need_data_dir, unknown_split
 
 SPLITS = ("train", "val", "test")
 
@@ -102,11 +103,9 @@ def model_config_class(values: dict[str, Any], kinds: dict[str, type], task: str
 
 def read_images(data: Any, splits: Sequence[str], task: str) -> dict[str, LabelledImages]:
     """The asked-for splits of `data.data_dir` (a `UserError` for an unknown split or a missing folder)."""
-    for s in splits:
-        if s not in SPLITS:
-            raise UserError(f"unknown split {s!r}; choose one of {', '.join(SPLITS)}")
-    if splits and not data.data_dir:
-        raise UserError(f"{task} needs its data: pass --data-dir DIR (e.g. ../shared/data/fashion-mnist)")
+    check_splits(splits, SPLITS)
+    if splits:
+        need_data_dir(data.data_dir, task, "e.g. ../shared/data/fashion-mnist")
     return image_splits(data.data_dir, tuple(splits), data.val_size, data.seed, data.train_size) if splits else {}
 
 
@@ -216,7 +215,7 @@ class ImageDensity:
 
     def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "test", **_: Any) -> dict[str, Any]:
         if split not in self.images:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_split(split, SPLITS)
         model.eval()
         nats, n = self.nll(model, device, split)
         return {

@@ -29,6 +29,7 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.nn import kernels
+from attnlab.tasks.checks import unknown_split
 from attnlab.tasks.encoder import load_pretrained, source_config
 from attnlab.tasks.tagging import find_split_file
 
@@ -233,7 +234,7 @@ class MaskedLM:
     def evaluate(self, model: Bert, device: torch.device, *, split: str = "val", **_: Any) -> dict[str, Any]:
         """Masked-token loss, accuracy and perplexity over every block of a split."""
         if split not in self.blocks:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLIT_FILES)}")
+            raise unknown_split(split, tuple(SPLIT_FILES))
         m = self._metrics(model, device, split, None)
         return {
             "accuracy": m["accuracy"],

@@ -28,6 +28,7 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.models.gat import GAT, GATConfig
 from attnlab.models.gcn import GCN, GCNConfig
 from attnlab.models.node_transformer import NodeTransformer, NodeTransformerConfig
+from attnlab.tasks.checks import check_splits, unknown_split
 
 MODEL_KINDS: dict[str, type] = {"gat": GATConfig, "gcn": GCNConfig, "transformer": NodeTransformerConfig}
 MODELS: dict[type, type[nn.Module]] = {GATConfig: GAT, GCNConfig: GCN, NodeTransformerConfig: NodeTransformer}
@@ -132,9 +133,7 @@ class NodeClassification:
     ) -> None:
         """Read the graph (all of it, whatever `splits` asks for: the model needs every node's
         features and edges to classify any one of them)."""
-        for s in splits:
-            if s not in self.split_names:
-                raise UserError(f"unknown split {s!r}; choose one of {', '.join(self.split_names)}")
+        check_splits(splits, self.split_names)
         self.data_config = data
         self.run_dir = run_dir
         folder = dataset_folder(data)
@@ -190,6 +189,6 @@ class NodeClassification:
 
     def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "test", **_: Any) -> dict[str, Any]:
         if split not in self.split_names:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(self.split_names)}")
+            raise unknown_split(split, self.split_names)
         m = self.split_metrics(self.logits(model, device), split)
         return {"accuracy": m["accuracy"], f"{split}_loss": m["loss"], "examples": len(self.graph.splits[split])}

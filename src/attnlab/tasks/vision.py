@@ -18,6 +18,7 @@ from torch import nn
 from attnlab.data.images import flip_and_shift
 from attnlab.errors import UserError
 from attnlab.models.vit import CNN, CNNConfig, ViT, ViTConfig
+from attnlab.tasks.checks import unknown_split
 from attnlab.tasks.images import (
     SPLITS,
     ImagesDataConfig,
@@ -121,7 +122,7 @@ class ImageClassification:
 
     def evaluate(self, model: nn.Module, device: torch.device, *, split: str = "test", **_: Any) -> dict[str, Any]:
         if split not in self.images:
-            raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+            raise unknown_split(split, SPLITS)
         model.eval()
         s = self.scores(model, device, split)
         return {
