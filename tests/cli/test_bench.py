@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from attnlab import bench
 from attnlab.bench import attention_memory_case, cpu_attention_memory
+from attnlab.bench import run as bench_run
 from attnlab.models import GPT, GPTConfig
 from helpers import assert_user_error, cli
 
@@ -166,7 +166,7 @@ def test_the_peak_is_the_better_of_one_measurement_before_the_training_cases_and
 ):
     monkeypatch.setitem(sys.modules, "transformers", None)  # attnlab's columns alone: quicker
     peaks = iter([before, after])
-    monkeypatch.setattr(bench, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
+    monkeypatch.setattr(bench_run, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
     out_file = tmp_path / "bench.json"
     code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file)
     assert code == 0, err

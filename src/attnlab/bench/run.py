@@ -1,0 +1,198 @@
+"""The whole benchmark run (`run_benchmarks`): the matmul peak before and after the training cases,
+the training and generation comparisons, the attention memory."""
+
+import contextlib
+import functools
+import platform
+from collections.abc import Callable
+from datetime import date
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from attnlab.bench.cases import GENERATE_BLOCK, PEER, PROMPT_LEN, VOCAB, attention_lengths, generate_cases, train_cases
+from attnlab.bench.compare import (
+    attnlab_generate,
+    build_models,
+    compare,
+    import_transformers,
+    speed_ratio,
+    train_step,
+    transformers_generate,
+)
+from attnlab.bench.memory import attention_memory
+from attnlab.bench.peaks import decode_weight_bytes, flops_per_token, matmul_peak_flops, memory_bandwidth
+from attnlab.bench.report import flops_text, progress_line
+from attnlab.bench.results import BenchResult, GenerateRow, TrainRow
+from attnlab.device import cpu_description
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, {platform.machine()} host"
+    return f"{platform.machine()}: {cpu_description()}"
+
+
+def run_benchmarks(
+    device: torch.device,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    compile: bool = False,
+    fused: bool = False,
+) -> BenchResult:
+    """Measure everything on `device` (cpu or cuda) -> BenchResult. `repeats` defaults to 5 (1 with
+    `quick`, which uses tiny step counts and sizes: a check that everything runs, not a
+    measurement). `progress` receives one line per finished case. `compile` runs attnlab's training
+    forward and decoding step through torch.compile (the warm-up call compiles, untimed); `fused`
+    runs attnlab's training blocks through its C++ kernels (`attnlab.nn.kernels`) and its decoding
+    step as one C++ call (`attnlab.decode.fused`), both built at the warm-up call when not before."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device}")
+    repeats = (1 if quick else 5) if repeats is None else repeats
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    say = progress or (lambda line: None)
+    steps = 2 if quick else 10
+    hf = import_transformers()
+    if hf is None:
+        say("transformers not installed: measuring attnlab alone")
+
+    peak, matmul_dtype = matmul_peak_flops(device, quick)
+    say(f"matmul peak: {flops_text(peak, device)} ({matmul_dtype})")
+    bandwidth = memory_bandwidth(device, quick)
+    say(f"memory bandwidth: {bandwidth / 1e9:,.1f} GB/s")
+
+    measured = []
+    for case in train_cases(device, quick):
+        _fresh_compiler(compile)
+        models = build_models(case.shape, case.block, device, hf)
+        fns = {name: train_step(name, m, case, device, compile, fused) for name, m in models.items()}
+        with _quiet(hf):
+            speed = compare(fns, case.batch * case.block, steps, repeats, device)
+        measured.append((case, flops_per_token(models["attnlab"], case.block), speed))
+        say(progress_line(case.label, speed, "tokens/s"))
+        del models, fns
+    # The peak once more, the better of the two kept: measured only before the training cases, a
+    # slow spell of the machine at that moment put attnlab's MFU at 104% (bench-cpu-fused-28).
+    again, _ = matmul_peak_flops(device, quick)
+    peak = max(peak, again)
+    say(f"matmul peak after the training cases: {flops_text(again, device)} (kept: {flops_text(peak, device)})")
+    train = []
+    for case, fpt, speed in measured:
+        theirs = speed.get(PEER)
+        train.append(
+            TrainRow(
+                case=case.label,
+                shape=case.shape,
+                block=case.block,
+                batch=case.batch,
+                flops_per_token=fpt,
+                attnlab_tokens_per_sec=speed["attnlab"],
+                transformers_tokens_per_sec=theirs,
+                ratio=speed_ratio(speed["attnlab"], theirs),
+                attnlab_mfu=speed["attnlab"] * fpt / peak,
+                transformers_mfu=None if theirs is None else theirs * fpt / peak,
+            )
+        )
+
+    generate = []
+    built: dict[str, dict[str, nn.Module]] = {}
+    for case in generate_cases(quick):
+        _fresh_compiler(compile)
+        if case.shape not in built:
+            built = {case.shape: build_models(case.shape, GENERATE_BLOCK, device, hf)}  # one shape held at a time
+        models = built[case.shape]
+        prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=device)
+        fns = _generate_fns(models, prompt, case.new_tokens, compile, fused)
+        with _quiet(hf):
+            check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
+            speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device, check)
+        theirs = speed.get(PEER)
+        weight_bytes = decode_weight_bytes(models["attnlab"])
+        bound = case.batch * bandwidth / weight_bytes
+        generate.append(
+            GenerateRow(
+                case=case.label,
+                shape=case.shape,
+                batch=case.batch,
+                new_tokens=case.new_tokens,
+                attnlab_tokens_per_sec=speed["attnlab"],
+                transformers_tokens_per_sec=theirs,
+                ratio=speed_ratio(speed["attnlab"], theirs),
+                weight_bytes=weight_bytes,
+                bound_tokens_per_sec=bound,
+                attnlab_of_bound=speed["attnlab"] / bound,
+                transformers_of_bound=None if theirs is None else theirs / bound,
+            )
+        )
+        say(progress_line(f"{case.label}, {case.new_tokens} new", speed, "new tokens/s"))
+    del built
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    memory = attention_memory(device, attention_lengths(quick))
+    for row in memory:
+        say(f"attention memory {row.path} T={row.seq_len}: {row.peak_mib:.1f} MiB")
+
+    return BenchResult(
+        date=date.today().isoformat(),
+        device=device.type,
+        machine=_machine(device),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        matmul_peak_flops=peak,
+        matmul_dtype=matmul_dtype,
+        memory_bandwidth=bandwidth,
+        quick=quick,
+        compiled=compile,
+        fused=fused,
+        repeats=repeats,
+        transformers=None if hf is None else hf.__version__,
+        train=train,
+        generate=generate,
+        attention_memory=memory,
+    )
+
+
+def _fresh_compiler(compile: bool) -> None:
+    """Each case compiles as a user's only model would. torch.compile keeps one cache per code
+    object (GPT.forward) for every model and shape it has seen, and each call first checks the
+    entries before its own (an ad-hoc run after the training cases once found 4×4×128 decoding
+    halved by them; `benchmarks/decode_ab.py reset`, with one other model's entries, finds no cost)."""
+    if compile:
+        torch.compiler.reset()
+
+
+def _generate_fns(
+    models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False
+) -> dict[str, Callable]:
+    fns = {"attnlab": lambda: attnlab_generate(models["attnlab"], prompt, new_tokens, compile, fused)}
+    if PEER in models:
+        models[PEER].eval()
+        fns[PEER] = lambda: transformers_generate(models[PEER], prompt, new_tokens)
+    return fns
+
+
+def _check_length(name: str, generated: torch.Tensor, *, length: int) -> None:
+    # Both peers must do the same work: a peer that stopped early would look fast.
+    got = generated.size(1)
+    if got != length:
+        raise RuntimeError(f"{name} generated a sequence of {got} tokens, expected {length}")
+
+
+@contextlib.contextmanager
+def _quiet(hf: ModuleType | None):
+    """transformers' log warnings (config and generation notices) off for the duration: they would
+    interleave with the progress lines and say nothing about speed."""
+    if hf is None:
+        yield
+        return
+    level = hf.logging.get_verbosity()
+    hf.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf.logging.set_verbosity(level)
