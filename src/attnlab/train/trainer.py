@@ -18,6 +18,7 @@ and `Clock` (training time and throughput); `metrics.metrics_sinks` writes metri
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,7 @@ class TrainingStep:
         guard: StepGuard,
         fused_kernels: bool,
         clock: "Clock",
-        log: Any,
+        log: Callable[[str], None],
     ) -> None:
         self.run, self.tc, self.model, self.step_loss, self.optimizer = (
             run,
@@ -248,7 +249,7 @@ class Evaluator:
     """The task's evaluation during training, on rank 0 (the others wait for its results: N copies
     of the same estimate would share the CPU), in eval mode and the run's precision."""
 
-    def __init__(self, run: RunSetup, model: nn.Module, log: Any) -> None:
+    def __init__(self, run: RunSetup, model: nn.Module, log: Callable[[str], None]) -> None:
         self.run, self.model, self.log = run, model, log
 
     def __call__(self, at_step: int) -> dict[str, float]:
@@ -431,7 +432,7 @@ def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch
     )
 
 
-def _say_accelerations(run: RunSetup, model: nn.Module, step_loss: StepLoss, log: Any) -> bool:
+def _say_accelerations(run: RunSetup, model: nn.Module, step_loss: StepLoss, log: Callable[[str], None]) -> bool:
     """Log whether torch.compile and attnlab's C++ kernels are on; returns whether the kernels are."""
     tc = run.config.train
     if tc.compile:
