@@ -62,10 +62,11 @@ def load_pretrained(folder: str | Path) -> Pretrained:
     if not path.is_dir():
         raise UserError(f"--init-from {path}: no such folder; give an attnlab run folder or a BERT checkpoint folder")
     if (path / "config.toml").exists():
-        from attnlab.train.checkpoint import load_run
+        # The task registry imports this module: its loader is imported when it is needed.
+        from attnlab.tasks.trained import load_trained, saved_model_config
 
-        run = load_run(path)
-        model, tokenizer = run.model, run.tokenizer
+        trained = load_trained(path, *saved_model_config(path), best=True)
+        model, tokenizer = trained.model.eval(), trained.tokenizer
     elif (path / "config.json").exists():
         from attnlab.models.hf import load_bert
 

@@ -2,78 +2,80 @@
 
     config.toml          resolved configuration (TOML, with a format version)
     tokenizer.json       the tokenizer
-    checkpoints/step-000500/    one complete checkpoint per save; the newest train.keep_last are kept
-        model.safetensors    weights (safetensors: no pickle)
-        train_state.pt       optimizer, step, RNG states: tensors and plain containers only,
-                             loaded with `weights_only=True`
-        checkpoint.json      written last: step, SHA-256 of the two files above, and the record of
-                             the best checkpoint so far
-    model.safetensors, train_state.pt, checkpoint.json
-                         the newest checkpoint again, at the top of the folder for the commands and
-                         for tools that read the files directly (hard links: no extra disk space)
-    best.safetensors     the weights that scored best on the task's validation metric,
-    best.json            with their step, score and SHA-256
+    checkpoints/, model.safetensors, train_state.pt, checkpoint.json, best.safetensors, best.json
+                         the checkpoints: see `attnlab.checkpoints`, which writes and reads them
+                         (re-exported here, where the rest of the package has always found them)
     metrics.csv          one row per log or eval event
 
-Crash safety: a checkpoint is written into a staging folder (each file fsynced, its manifest last),
-which one atomic rename turns into checkpoints/step-N. Only then are the top-level copies replaced,
-one by one and each atomically, with their manifests (best.json, checkpoint.json) last. So a
-process killed at any moment leaves at least one complete checkpoint, and the loader knows which is
-newest: the newest complete step folder, whose files are read from the top level when
-checkpoint.json there names the same step (else the top level was being replaced when the process
-died, and the step folder is read instead). Every file is checked against its SHA-256 before it is
-loaded, and a mismatch is an error, never a silent fallback. Folders written before checkpoints/
-existed (format 1: the top-level files only) are read as before.
+This half knows the tasks: it reads config.toml into a `RunConfig` and loads a run for use
+(`load_run`, what `attnlab.load` returns).
 """
 
-import hashlib
-import json
-import os
-import pickle
-import re
-import shutil
-import sys
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
 from torch import nn
 
+from attnlab.checkpoints import (
+    BEST_MANIFEST,
+    BEST_WEIGHTS,
+    CHECKPOINT_FORMAT_VERSION,
+    CHECKPOINTS,
+    CONFIG,
+    MANIFEST,
+    PAUSE_HOOK,
+    TOKENIZER,
+    TRAIN_STATE,
+    WEIGHTS,
+    Checkpoint,
+    complete_steps,
+    file_sha256,
+    has_checkpoint,
+    latest_checkpoint,
+    load_train_state,
+    load_weights,
+    prune,
+    publish,
+    read_manifest,
+    save_checkpoint,
+    step_dir,
+)
 from attnlab.config import read_toml
-from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.data.tokenizers import Tokenizer
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.fileio import atomic_link, atomic_write, atomic_write_text, fsync_dir
-from attnlab.tasks import TASKS
+from attnlab.fileio import atomic_write_text
+from attnlab.tasks.trained import load_trained
 from attnlab.train.config import RunConfig, resolve
 
-CHECKPOINT_FORMAT_VERSION = 2
-"""2: step folders under checkpoints/ and the best record in each manifest; 1 (top level only) is still read."""
-CONFIG, WEIGHTS, TOKENIZER, TRAIN_STATE, MANIFEST = (
-    "config.toml",
-    "model.safetensors",
-    "tokenizer.json",
-    "train_state.pt",
-    "checkpoint.json",
-)
-BEST_WEIGHTS, BEST_MANIFEST = "best.safetensors", "best.json"
-CHECKPOINTS = "checkpoints"
-PAUSE_HOOK = "ATTNLAB_TEST_CHECKPOINT_PAUSE"
-"""Test hook, not a feature: "PHASE@STEP" (PHASE one of staging, best, publish) makes the writer of
-that step's checkpoint announce itself on stderr and sleep at that point of the write, so that a
-test can SIGKILL it there. See `_pause_for_tests`."""
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+__all__ = [
+    "BEST_MANIFEST",
+    "BEST_WEIGHTS",
+    "CHECKPOINTS",
+    "CHECKPOINT_FORMAT_VERSION",
+    "CONFIG",
+    "Checkpoint",
+    "MANIFEST",
+    "PAUSE_HOOK",
+    "Run",
+    "TOKENIZER",
+    "TRAIN_STATE",
+    "WEIGHTS",
+    "complete_steps",
+    "file_sha256",
+    "has_checkpoint",
+    "latest_checkpoint",
+    "load_run",
+    "load_train_state",
+    "load_weights",
+    "prune",
+    "publish",
+    "read_config",
+    "read_manifest",
+    "save_checkpoint",
+    "step_dir",
+    "write_config",
+]
 
 
 def write_config(run_dir: Path, config: RunConfig) -> None:
@@ -88,234 +90,6 @@ def read_config(run_dir: Path) -> RunConfig:
         return resolve(read_toml(path))
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    """checkpoints/step-000120: the folder of the checkpoint saved after `step` optimizer steps."""
-    return run_dir / CHECKPOINTS / f"step-{step:06d}"
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint: the folder holding its weights and training state, and its manifest."""
-
-    folder: Path
-    manifest: dict[str, Any]
-
-    @property
-    def step(self) -> int:
-        return self.manifest["step"]
-
-
-def save_checkpoint(
-    run_dir: Path,
-    model: nn.Module,
-    train_state: dict[str, Any],
-    *,
-    best: dict[str, Any] | None = None,
-    keep_last: int = 2,
-) -> Checkpoint:
-    """Write checkpoints/step-N (N = train_state["step"]) as one atomic unit, then publish it at
-    the top of `run_dir` and prune the step folders to the newest `keep_last`.
-
-    best: the record of these weights ({"step": N, metric: value}) when they are the new best on
-    validation; otherwise the previous best record is carried over.
-    """
-    step = train_state["step"]
-    staging = run_dir / CHECKPOINTS / f".staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)  # left by an earlier crash of this pid
-    staging.mkdir(parents=True)
-    atomic_write(staging / WEIGHTS, lambda tmp: save_model(model, str(tmp), metadata={"format": "attnlab"}))
-    atomic_write(staging / TRAIN_STATE, lambda tmp: torch.save(train_state, tmp))
-    _pause_for_tests("staging", step)
-    weights_sha = file_sha256(staging / WEIGHTS)
-    manifest = {
-        "format_version": CHECKPOINT_FORMAT_VERSION,
-        "step": step,
-        "weights_sha256": weights_sha,
-        "train_state_sha256": file_sha256(staging / TRAIN_STATE),
-        "best": {**best, "weights_sha256": weights_sha} if best is not None else _best_record(run_dir),
-    }
-    atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2))
-    final = step_dir(run_dir, step)
-    if final.exists():  # only a folder from a run that went further before; it is being redone
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    fsync_dir(final.parent)
-    checkpoint = Checkpoint(final, manifest)
-    publish(run_dir, checkpoint)
-    prune(run_dir, keep_last)
-    return checkpoint
-
-
-def publish(run_dir: Path, checkpoint: Checkpoint) -> None:
-    """Make the top-level files (best.*, then model.safetensors, train_state.pt, checkpoint.json)
-    those of `checkpoint`, a complete step folder; each manifest is replaced after its files."""
-    record = checkpoint.manifest["best"]
-    if record is not None and not _best_on_top_is(run_dir, record):
-        atomic_link(step_dir(run_dir, record["step"]) / WEIGHTS, run_dir / BEST_WEIGHTS)
-        _pause_for_tests("best", checkpoint.step)
-        atomic_write_text(
-            run_dir / BEST_MANIFEST, json.dumps({"format_version": CHECKPOINT_FORMAT_VERSION, **record}, indent=2)
-        )
-    atomic_link(checkpoint.folder / WEIGHTS, run_dir / WEIGHTS)
-    _pause_for_tests("publish", checkpoint.step)
-    atomic_link(checkpoint.folder / TRAIN_STATE, run_dir / TRAIN_STATE)
-    atomic_write_text(run_dir / MANIFEST, json.dumps(checkpoint.manifest, indent=2))
-
-
-def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step folders, and staging folders left by crashes."""
-    for step in complete_steps(run_dir)[:-keep_last]:
-        shutil.rmtree(step_dir(run_dir, step))
-    for staging in (run_dir / CHECKPOINTS).glob(".staging-*"):
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    """The steps of the step folders that hold a manifest, oldest first."""
-    steps = []
-    for folder in (run_dir / CHECKPOINTS).glob("step-*"):
-        match = re.fullmatch(r"step-(\d+)", folder.name)
-        if match and (folder / MANIFEST).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    """The newest complete checkpoint: the top level when its checkpoint.json is as new as the
-    newest complete step folder (or there is none: a format-1 folder), else that step folder."""
-    top = read_manifest(run_dir) if (run_dir / MANIFEST).exists() else None
-    steps = complete_steps(run_dir)
-    if steps and (top is None or steps[-1] > top["step"]):
-        folder = step_dir(run_dir, steps[-1])
-        return Checkpoint(folder, read_manifest(folder))
-    if top is None:
-        raise CheckpointError(f"{run_dir} has no complete checkpoint ({MANIFEST} is missing); train it first")
-    return Checkpoint(run_dir, top)
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a complete checkpoint to resume from."""
-    return (run_dir / MANIFEST).exists() or bool(complete_steps(run_dir))
-
-
-def read_manifest(folder: Path, name: str = MANIFEST) -> dict[str, Any]:
-    path = folder / name
-    if not path.exists():
-        raise CheckpointError(f"{folder} has no complete checkpoint ({name} is missing); train it first")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path} is unreadable ({e}); the checkpoint cannot be trusted") from None
-    if not isinstance(manifest, dict) or manifest.get("format_version") not in (1, CHECKPOINT_FORMAT_VERSION):
-        found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
-        raise CheckpointError(f"{path}: unsupported checkpoint format {found!r}")
-    if not isinstance(manifest.get("step"), int):
-        raise CheckpointError(f"{path} has no integer step; the checkpoint cannot be trusted")
-    return manifest
-
-
-def _best_record(run_dir: Path) -> dict[str, Any] | None:
-    """The best checkpoint's record as of the newest checkpoint (None when there is no best)."""
-    try:
-        manifest = latest_checkpoint(run_dir).manifest
-    except CheckpointError:
-        return None  # a new run: nothing saved yet
-    if "best" in manifest:
-        return manifest["best"]
-    # Format 1 kept the record in best.json alone.
-    if not (run_dir / BEST_MANIFEST).exists():
-        return None
-    return {k: v for k, v in read_manifest(run_dir, BEST_MANIFEST).items() if k != "format_version"}
-
-
-def _best_on_top_is(run_dir: Path, record: dict[str, Any]) -> bool:
-    if not (run_dir / BEST_MANIFEST).exists():
-        return False
-    on_top = read_manifest(run_dir, BEST_MANIFEST)
-    return on_top["step"] == record["step"] and on_top.get("weights_sha256") == record["weights_sha256"]
-
-
-@dataclass(frozen=True)
-class _Weights:
-    path: Path
-    sha256: str
-    step: int
-
-
-def _weights(run_dir: Path, *, best: bool) -> _Weights | None:
-    """Which weights file to load and the checksum it must have; None for best when there is none."""
-    latest = latest_checkpoint(run_dir)
-    if not best:
-        return _Weights(latest.folder / WEIGHTS, latest.manifest["weights_sha256"], latest.step)
-    if "best" not in latest.manifest:  # format 1
-        if not (run_dir / BEST_MANIFEST).exists():
-            return None
-        record = read_manifest(run_dir, BEST_MANIFEST)
-        return _Weights(run_dir / BEST_WEIGHTS, record["weights_sha256"], record["step"])
-    record = latest.manifest["best"]
-    if record is None:
-        return None
-    if _best_on_top_is(run_dir, record):
-        return _Weights(run_dir / BEST_WEIGHTS, record["weights_sha256"], record["step"])
-    # best.json is behind: the process died while replacing it, just after saving that step.
-    return _Weights(step_dir(run_dir, record["step"]) / WEIGHTS, record["weights_sha256"], record["step"])
-
-
-def _verify(path: Path, expected: str) -> None:
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing; the run folder is incomplete")
-    if file_sha256(path) != expected:
-        raise CheckpointError(
-            f"{path} is corrupt: its SHA-256 does not match the one recorded in the checkpoint's manifest; "
-            "restore it or retrain"
-        )
-
-
-def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False) -> int:
-    """Load the checked weights (the newest checkpoint, or the best) into `model` and return their
-    step; strict: every tensor must match by name and shape."""
-    weights = _weights(run_dir, best=best) or _weights(run_dir, best=False)
-    _verify(weights.path, weights.sha256)
-    try:
-        missing, unexpected = load_model(model, str(weights.path), strict=False)
-    except (SafetensorError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"{weights.path} does not fit this model: {str(e).splitlines()[0]}") from None
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{weights.path} does not fit this model "
-            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
-        )
-    return weights.step
-
-
-def load_train_state(run_dir: Path) -> dict[str, Any]:
-    """The newest checkpoint's optimizer and RNG state; only tensors and plain containers are
-    unpickled (a file that holds anything else is refused, and none of its code runs)."""
-    latest = latest_checkpoint(run_dir)
-    path = latest.folder / TRAIN_STATE
-    _verify(path, latest.manifest["train_state_sha256"])
-    try:
-        with warnings.catch_warnings():  # a foreign pickle's protocol warning would only precede the refusal
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"unsupported GLOBAL (\S+)", str(e))
-        raise CheckpointError(
-            f"{path} holds pickled objects other than tensors and plain containers"
-            + (f" ({found.group(1)})" if found else "")
-            + "; refusing to load it (never load it with weights_only=False): restore the run folder "
-            "from a trusted copy or retrain"
-        ) from None
-
-
-def _pause_for_tests(phase: str, step: int) -> None:
-    """The PAUSE_HOOK test hook: sleep at this point of a checkpoint write when asked to."""
-    if os.environ.get(PAUSE_HOOK) == f"{phase}@{step}":
-        sys.stderr.write(f"attnlab: test hook: paused in the {phase} phase of the step-{step} checkpoint\n")
-        sys.stderr.flush()
-        time.sleep(60)
 
 
 @dataclass
@@ -342,8 +116,5 @@ def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
     config = read_config(run_dir)
-    task = TASKS[config.task]
-    model = task.build_model_from_config(config.model)
-    step = load_weights(run_dir, model, best=checkpoint == "best")
-    tokenizer = load_tokenizer(run_dir / TOKENIZER) if getattr(task, "uses_tokenizer", True) else None
-    return Run(run_dir, config, tokenizer, model.to(device).eval(), step)
+    trained = load_trained(run_dir, config.task, config.model, best=checkpoint == "best")
+    return Run(run_dir, config, trained.tokenizer, trained.model.to(device).eval(), trained.step)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.train.checkpoint import load_train_state, load_weights, save_checkpoint
+from attnlab.checkpoints import load_train_state, load_weights, save_checkpoint
 from attnlab.train.distributed import Distributed
 from attnlab.train.guards import StepGuard
 from attnlab.train.precision import Precision

@@ -55,12 +55,12 @@ def write_report(
     or the start of the language model's sample). n_examples: sentences translated, classified or
     tagged. Raises `UserError` for a bad path or a run that cannot be loaded.
     """
-    from attnlab import load
+    from attnlab.train.checkpoint import load_run
     from attnlab.viz.curves import draw_run
     from attnlab.viz.figure import png_bytes, png_data_uri
 
     path = check_html_path(path)
-    run = load(run_dir, device=device, checkpoint=checkpoint)
+    run = load_run(run_dir, device=device, checkpoint=checkpoint)
     report = Report(path)
     parts: list[str] = []
 

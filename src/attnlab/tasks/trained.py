@@ -1,0 +1,55 @@
+"""A trained model from a run folder: the task's model built from the config the run saved, with
+its checked weights (`attnlab.checkpoints`), and the run's tokenizer.
+
+`attnlab.train.checkpoint.load_run` (what `attnlab.load` returns) and a fine-tuning run that
+starts from another run (`tasks.encoder`, `--init-from`) both load through here. The task
+registry lives in this layer, so the tasks need nothing from the layers above them.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from attnlab.checkpoints import CONFIG, TOKENIZER, load_weights
+from attnlab.config import build, read_toml
+from attnlab.data.tokenizers import Tokenizer, load_tokenizer
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.tasks import TASKS
+
+
+@dataclass
+class Trained:
+    model: nn.Module
+    tokenizer: Tokenizer | None
+    """None for a task without one (node classification)."""
+    step: int
+    """The step of the weights loaded."""
+
+
+def load_trained(run_dir: Path, task: str, model_config: Any, *, best: bool) -> Trained:
+    """The model of a `task` run in `run_dir`, built from `model_config` with the best weights (or,
+    without a best or `best` False, the newest checkpoint's), and its tokenizer; on the CPU."""
+    task_class = TASKS[task]
+    model = task_class.build_model_from_config(model_config)
+    step = load_weights(run_dir, model, best=best)
+    tokenizer = load_tokenizer(run_dir / TOKENIZER) if getattr(task_class, "uses_tokenizer", True) else None
+    return Trained(model, tokenizer, step)
+
+
+def saved_model_config(run_dir: Path) -> tuple[str, Any]:
+    """(task name, model config) as the run in `run_dir` saved them in its config.toml (the
+    training sections, which only `attnlab.train` reads, are left unread)."""
+    path = run_dir / CONFIG
+    if not path.exists():
+        raise CheckpointError(f"{run_dir} is not a run folder: it has no {CONFIG}")
+    doc = read_toml(path)
+    task = doc.get("task", "lm")
+    if not isinstance(task, str) or task not in TASKS:
+        raise CheckpointError(f"{path}: unknown task {task!r}; tasks are {sorted(TASKS)}")
+    values = doc.get("model", {})
+    try:
+        return task, build(TASKS[task].model_config_class(values), values, "model")
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
