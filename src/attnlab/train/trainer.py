@@ -187,14 +187,9 @@ class TrainingStep:
         clock: "Clock",
         log: Callable[[str], None],
     ) -> None:
-        self.run, self.tc, self.model, self.step_loss, self.optimizer = (
-            run,
-            run.config.train,
-            model,
-            step_loss,
-            optimizer,
-        )
-        self.batches, self.guard, self.fused_kernels, self.clock, self.log = batches, guard, fused_kernels, clock, log
+        self.run, self.tc = run, run.config.train
+        self.model, self.step_loss, self.optimizer, self.batches = model, step_loss, optimizer, batches
+        self.guard, self.fused_kernels, self.clock, self.log = guard, fused_kernels, clock, log
 
     def __call__(self, step: int, stop: StopRequest | None) -> tuple[float, float, bool]:
         tc, run, precision = self.tc, self.run, self.run.precision
