@@ -36,6 +36,10 @@ def mu_law_encode(x: torch.Tensor, mu: int = MU) -> torch.Tensor:
     return ((f + 1) / 2 * mu + 0.5).floor().long()
 
 
+SILENCE = int(mu_law_encode(torch.zeros(1))[0])  # 128: the class of a zero sample
+"""The mu-law class of silence: what a WaveNet reads before the first sample."""
+
+
 def mu_law_decode(q: torch.Tensor, mu: int = MU) -> torch.Tensor:
     """Classes 0..mu (long) -> samples in [-1, 1] (float32): the inverse of f at each level's centre,
     x = sign(y) ((1 + mu)^|y| - 1) / mu with y = 2 q / mu - 1."""

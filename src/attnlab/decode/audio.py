@@ -12,9 +12,9 @@ Shape legend: B batch, T time.
 import torch
 from tqdm.auto import tqdm
 
+from attnlab.data.audio import SILENCE
 from attnlab.decode.sampling import Picker
 from attnlab.models.wavenet import WaveNet
-from attnlab.tasks.audio import SILENCE
 
 
 def generate_audio(

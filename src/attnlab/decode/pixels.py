@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from attnlab.decode.sampling import Picker, generate_tokens
 from attnlab.models.gpt import GPT
 from attnlab.models.pixelcnn import LEVELS
-from attnlab.tasks.images import pixel_logits, start_tokens
+from attnlab.models.pixels import pixel_logits, start_tokens
 
 
 def sample_images(

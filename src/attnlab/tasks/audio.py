@@ -27,13 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.data.audio import Recording, fsdd_splits, mu_law_encode, read_wav, to_float
+from attnlab.data.audio import SILENCE, Recording, fsdd_splits, mu_law_encode, read_wav, to_float
 from attnlab.errors import ConfigError, UserError
 from attnlab.models.wavenet import WaveNet, WaveNetConfig
 from attnlab.tasks.checks import check_splits, need_data_dir, unknown_split
 
 SPLITS = ("train", "val", "test", "all")
-SILENCE = int(mu_law_encode(torch.zeros(1))[0])  # 128: the class of a zero sample
 
 
 @dataclass(frozen=True)
