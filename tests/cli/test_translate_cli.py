@@ -82,6 +82,23 @@ def test_eval_reports_both_bleus_and_the_signature(mt_run, capsys):
     assert metrics["sentences"] == 50 and "nrefs:1" in metrics["sacrebleu_signature"]
 
 
+@pytest.mark.parametrize("built", [True, False])
+def test_eval_decodes_with_the_fused_step_where_it_is_built_and_scores_the_same(mt_run, capsys, monkeypatch, built):
+    from attnlab.decode import fused
+
+    if built and fused.extension() is None:
+        pytest.skip("the fused step could not be built here")
+    states = []
+    decoder_state = fused.decoder_state
+    monkeypatch.setattr(fused, "decoder_state", lambda *a: states.append(1) or decoder_state(*a))
+    monkeypatch.setattr(fused, "is_built", lambda: built)
+    code, out, _ = cli(capsys, "eval", mt_run, "--split", "test2016", "--beam", "2", "--json")
+    assert code == 0 and bool(states) == built
+    monkeypatch.setattr(fused, "is_built", lambda: not built)
+    code, other, _ = cli(capsys, "eval", mt_run, "--split", "test2016", "--beam", "2", "--json")
+    assert code == 0 and json.loads(other)["bleu"] == json.loads(out)["bleu"]
+
+
 def test_long_input_is_cut_with_a_warning(mt_run, capsys):
     code, out, err = cli(capsys, "translate", mt_run, " ".join(["Hund"] * 200), "--beam", "1")
     assert code == 0 and "longer than 40 tokens were cut" in err and len(out.splitlines()) == 1

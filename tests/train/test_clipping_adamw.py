@@ -6,9 +6,11 @@ import io
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import kernels
+from attnlab.nn.projection import MKLDNN, Linear
 from attnlab.train.guards import grad_norm
 from attnlab.train.optim import ClippingAdamW, adamw
 from helpers import threads
@@ -187,3 +189,22 @@ def test_a_state_dict_moves_between_the_kernel_and_pytorch():
     _run(again, again_opt, range(3, 6), 1.0)
     _assert_same(first, plain, first_opt, plain_opt)
     _assert_same(again, plain, again_opt, plain_opt)
+
+
+@pytest.mark.skipif(kernels.extension() is None or not MKLDNN, reason="the kernel or oneDNN is not here")
+def test_a_kernel_step_is_seen_by_the_copies_kept_per_weight_version():
+    """The reordered weights of attnlab's Linear (and the fused decoding steps) are remade when a
+    weight's version moves; the kernel's in-place update must move it, or inference after training
+    in the same process computes with the weights from before the step."""
+    torch.manual_seed(0)
+    layer = Linear(256, 256)
+    x = torch.randn(4, 256)  # a few rows in inference: the reordered route
+    with torch.no_grad():
+        before = layer(x)
+    optimizer = ClippingAdamW(layer.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)
+    layer(torch.randn(8, 256)).square().sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = layer(x)
+    torch.testing.assert_close(after, F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(after, before, atol=1e-3)

@@ -29,6 +29,7 @@ from attnlab.data.parallel import (
     train_joint_bpe,
 )
 from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
+from attnlab.decode.fused import by_default
 from attnlab.decode.seq2seq import beam_search
 from attnlab.errors import ConfigError, UserError
 from attnlab.eval import bleu, bleu_lc_tok
@@ -239,11 +240,14 @@ class Translation:
         beam: int = 5,
         length_penalty: float = 1.0,
         max_len_ratio: float = 1.5,
-        fused: bool = False,
+        fused: bool | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> list[str]:
         """Translate already-encoded source sentences (in their order) to detokenized text;
-        `fused`: the C++ decoder step (`beam_search`); `progress(n)` after each batch of n sentences."""
+        `fused`: the C++ decoder step (`beam_search`), by default where it is built and covers the
+        model in eval mode (`decode.fused.by_default`); `progress(n)` after each batch of n sentences."""
+        if fused is None:
+            fused = by_default(model)
         out: list[str] = [""] * len(sources)
         lengths = [len(s) for s in sources]
         for indices in token_batches(lengths, lengths, 6000, seed=None):

@@ -170,4 +170,8 @@ class ClippingAdamW(torch.optim.AdamW):
             [float(g["eps"]) for g in groups],
             factor,
         )
+        # The kernel writes through data pointers, which autograd's version counters do not see: a
+        # copy keyed on a parameter's version (the reordered weights of attnlab.nn.projection, the
+        # fused steps) would otherwise go on serving the weights from before this step.
+        torch.autograd.graph.increment_version([p for p, _ in pairs])
         return None
