@@ -5,12 +5,19 @@
 # go to benchmarks/results/beyond/, pictures and sounds to docs/. Run from the repository root:
 #   bash benchmarks/beyond_text.sh [DATA_DIR]        (default ../shared/data)
 # Each step is skipped when its result exists, so a stopped series continues where it was.
+# A smaller budget for one preset: ITERS_<preset, dashes as underscores>=N sets its train.max_iters,
+# e.g. ITERS_fashion_igpt=2500 (the JSON records the steps and the time).
 set -euo pipefail
 DATA=${1:-../shared/data}
 OUT=benchmarks/results/beyond
 RUNS=runs/beyond
 mkdir -p "$OUT" "$RUNS/generated" docs
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+iters() {  # iters PRESET: the --set that gives PRESET the ITERS_ budget asked for, if any
+  local var="ITERS_${1//-/_}"
+  [ -n "${!var:-}" ] && echo "--set train.max_iters=${!var}" || true
+}
 
 step() {  # step NAME COMMAND...: run COMMAND, its JSON (stdout) into $OUT/NAME.json, once
   local name=$1; shift
@@ -20,14 +27,15 @@ step() {  # step NAME COMMAND...: run COMMAND, its JSON (stdout) into $OUT/NAME.
 }
 
 for preset in fashion-pixelcnn fashion-gated-pixelcnn fashion-igpt fashion-vit fashion-cnn; do
-  step "$preset-train" attnlab train $preset --data-dir "$DATA/fashion-mnist" --out "$RUNS/$preset" --json
+  step "$preset-train" attnlab train $preset --data-dir "$DATA/fashion-mnist" --out "$RUNS/$preset" $(iters $preset) --json
   step "$preset-test" attnlab eval "$RUNS/$preset" --split test --json
 done
-step fsdd-wavenet-train attnlab train fsdd-wavenet --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-wavenet" --json
+step fsdd-wavenet-train attnlab train fsdd-wavenet --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-wavenet" \
+  $(iters fsdd-wavenet) --json
 step fsdd-wavenet-test attnlab eval "$RUNS/fsdd-wavenet" --split test --json
 # The second receptive field: dilations 1..32 twice (127 samples instead of 511).
 step fsdd-wavenet-rf127-train attnlab train fsdd-wavenet --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-wavenet-rf127" \
-  --set model.layers_per_block=6 --json
+  --set model.layers_per_block=6 $(iters fsdd-wavenet) --json
 step fsdd-wavenet-rf127-test attnlab eval "$RUNS/fsdd-wavenet-rf127" --split test --json
 
 # Sampling: 16 images per model (the time is in the JSON), a completion, a spoken seven both ways.
@@ -41,7 +49,7 @@ step fsdd-seven-cached attnlab sample "$RUNS/fsdd-wavenet" --digit 7 --out docs/
 step fsdd-seven-naive attnlab sample "$RUNS/fsdd-wavenet" --digit 7 --out "$RUNS/seven-naive.wav" --seconds 0.5 --naive --json
 # Are the generated digits recognizable? A classifier trained on real recordings, scored on real test
 # recordings and on 100 WaveNet samples of each digit (0.5 s each).
-step fsdd-digits-train attnlab train fsdd-digits --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-digits" --json
+step fsdd-digits-train attnlab train fsdd-digits --data-dir "$DATA/fsdd" --out "$RUNS/fsdd-digits" $(iters fsdd-digits) --json
 step fsdd-digits-test attnlab eval "$RUNS/fsdd-digits" --split test --json
 for digit in 0 1 2 3 4 5 6 7 8 9; do
   step "fsdd-generate-$digit" attnlab sample "$RUNS/fsdd-wavenet" --digit $digit --num-samples 100 --seconds 0.5 \
