@@ -5,6 +5,7 @@ import torch
 
 from attnlab.decode import greedy, sample, sampling_picker
 from attnlab.decode.batching import Batcher, takes_row_positions
+from attnlab.decode.fused import extension
 from attnlab.nn.attention import KVCache
 from decode.conftest import tiny_gpt
 
@@ -55,6 +56,28 @@ def test_batched_greedy_equals_decoding_alone(overrides):
         seq = by_prompt[tuple(prompt)]
         assert seq.tokens == alone(model, prompt, max_new), (len(prompt), max_new)
         assert seq.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
+)
+def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    model = tiny_gpt(**overrides)
+    requests = [(p, m) for p, (_, m) in zip(prompts(seed=11), REQUESTS, strict=True)]
+    batcher = Batcher(model, max_batch=8, fused=True)
+    assert batcher.fused is not None
+    finished = run_staggered(batcher, requests)
+    by_prompt = {tuple(s.prompt): s for s in finished}
+    for prompt, max_new in requests:
+        assert by_prompt[tuple(prompt)].tokens == alone(model, prompt, max_new), (len(prompt), max_new)
+
+
+def test_a_model_the_fused_step_does_not_cover_batches_eagerly_with_a_warning():
+    with pytest.warns(UserWarning, match="decoding eagerly"):
+        batcher = Batcher(tiny_gpt(positions="rope"), max_batch=2, fused=True)
+    assert batcher.fused is None
 
 
 def test_end_of_text_ends_a_sequence_and_its_row_goes_to_another():

@@ -54,6 +54,39 @@ def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
             torch.testing.assert_close(a.v, b.v, atol=1e-5, rtol=1e-5)
 
 
+def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(make_gpt):
+    """Three sequences of different lengths in one cache, as continuous batching holds them: the
+    rows step writes each row's key and value at its own slot and attends to that row's slots alone
+    (slots past a row's position hold another sequence's leftovers, which must not count)."""
+    model = make_gpt(n_embd=48, n_head=3)
+    lengths = [5, 2, 9]
+    with torch.inference_mode():
+        ours, theirs = model.new_cache(4, 16), model.new_cache(4, 16)
+        for cache in (ours, theirs):
+            for layer in cache:  # leftovers of an earlier sequence in every slot
+                layer.k.normal_(generator=torch.Generator().manual_seed(1))
+                layer.v.normal_(generator=torch.Generator().manual_seed(2))
+            for row, n in enumerate(lengths):
+                prompt = torch.randint(0, 23, (1, n), generator=torch.Generator().manual_seed(row))
+                model(prompt, cache=[layer.view(slice(row, row + 1)) for layer in cache], last_only=True)
+        step = FusedStep(model, extension(), ours)
+        tokens, positions = torch.tensor([3, 7, 11]), torch.tensor(lengths)
+        for _ in range(4):
+            length = int(positions.max()) + 1
+            views = [layer.view(slice(0, 3), length) for layer in theirs]
+            expected = model(tokens[:, None], cache=views, positions=positions[:, None], last_only=True)[:, -1]
+            got = step.rows(tokens, positions)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            for a, b in zip(ours, theirs, strict=True):
+                for row, pos in enumerate(positions.tolist()):
+                    torch.testing.assert_close(a.k[row, :, pos], b.k[row, :, pos], atol=1e-5, rtol=1e-5)
+            tokens, positions = expected.argmax(-1), positions + 1
+        with pytest.raises(RuntimeError, match="outside the cache"):
+            step.rows(tokens, torch.tensor([1, 2, 16]))
+        with pytest.raises(RuntimeError, match="R <= 4"):
+            step.rows(torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long))
+
+
 def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
     model = make_gpt()
     cache = model.new_cache(1, 16)

@@ -8,6 +8,7 @@ import torch
 
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
 from attnlab.decode import complete, greedy_picker, sampling_picker
+from attnlab.decode.fused import by_default, extension
 from attnlab.serve.worker import ModelWorker, QueueFull, Sampling
 from decode.conftest import tiny_gpt
 
@@ -51,11 +52,16 @@ REQUESTS = [
 ]
 
 
-def test_concurrent_greedy_completions_equal_decoding_each_alone(char_tok):
+@pytest.mark.parametrize("fused", [False, True], ids=["pytorch", "fused"])
+def test_concurrent_greedy_completions_equal_decoding_each_alone(char_tok, fused):
+    if fused and extension() is None:
+        pytest.skip("the fused step could not be built here")
     model = tiny_gpt(vocab_size=char_tok.vocab_size)
 
     async def body(worker):
         from attnlab.decode.text import encode_prompt
+
+        assert (worker.batcher.fused is not None) == fused
 
         streams = [
             worker.submit(encode_prompt(char_tok, p)[0].tolist(), Sampling(n, temperature=0, stop=stop))
@@ -64,13 +70,19 @@ def test_concurrent_greedy_completions_equal_decoding_each_alone(char_tok):
         texts = await asyncio.gather(*(collect(s) for s in streams))
         return texts, streams
 
-    texts, streams = run_worker(model, char_tok, body, max_batch=8)
+    texts, streams = run_worker(model, char_tok, body, max_batch=8, fused=fused)
     stopped = 0
     for (prompt, n, stop), text, stream in zip(REQUESTS, texts, streams, strict=True):
         assert text == complete(model, char_tok, prompt, n, greedy_picker(), stop=stop), prompt
         stopped += stream.finish_reason == "stop"
         assert stream.finish_reason == ("stop" if stream.completion_tokens < n else "length")
     assert stopped >= 4, "no stop string was reached: the test would not see them handled"
+
+
+def test_the_step_is_fused_by_default_exactly_where_it_is_built(char_tok):
+    worker = ModelWorker(tiny_gpt(vocab_size=char_tok.vocab_size), char_tok)
+    assert (worker.batcher.fused is not None) == by_default(worker.model)
+    assert ModelWorker(tiny_gpt(vocab_size=char_tok.vocab_size), char_tok, fused=False).batcher.fused is None
 
 
 def test_end_of_text_and_usage_counts():

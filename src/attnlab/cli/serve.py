@@ -1,5 +1,5 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
-[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching]"""
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]"""
 
 import argparse
 import os
@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-n", type=positive_int, default=8, help="most completions per request, n x prompts (8)")
     p.add_argument("--max-prompt-tokens", type=positive_int, help="longest prompt in tokens (default 4096)")
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time (a baseline)")
+    p.add_argument(
+        "--fused",
+        action=argparse.BooleanOptionalAction,
+        help="the language models' decoding step as one C++ call: the default where `attnlab kernels "
+        "build` has built it and it covers the model; --fused builds it first if need be, --no-fused "
+        "keeps PyTorch's path",
+    )
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.set_defaults(run=run)
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         batched=not args.no_batching,
+        fused=args.fused,
     )
     runs = load_runs(args.runs, device=resolve_device(args.device), checkpoint=args.checkpoint)
     sock = bind(args.host, args.port)

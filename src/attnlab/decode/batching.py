@@ -10,6 +10,10 @@ last row moves into its place so that the rows in use stay 0 … A−1. Each ste
 over those rows, every row writing its key and value at its own position (`KVCache.write` with
 per-row positions) and attending to its own filled slots.
 
+With `fused=True`, a GPT that `attnlab.decode.fused` covers takes the cached rows' step in one C++
+call (`FusedStep.rows`) instead of ~100 PyTorch operators: the step's fixed cost, which batching
+shares among the rows, mostly goes.
+
 Every sequence follows `generate_tokens`' rules exactly, so a batch gives each sequence the tokens
 it would get decoded alone: the prompt's last block_size tokens are prefilled, and once a sequence
 fills block_size positions its window slides, its next tokens predicted from its last block_size
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnlab.decode.fused import gpt_step as fused_step
 from attnlab.decode.sampling import Picker, _eval_mode
 from attnlab.nn.attention import MultiHeadAttention
 
@@ -55,10 +60,11 @@ class Batcher:
 
     `join` prefills a sequence and picks its first token; `step` gives every sequence its next
     token; sequences that finish leave by themselves, `leave` takes one out early (a client gone,
-    a stop string). Not thread-safe: one thread drives it.
+    a stop string). `fused`: the cached rows' step in C++ where `attnlab.decode.fused` covers the
+    model (a warning and PyTorch's path where it does not). Not thread-safe: one thread drives it.
     """
 
-    def __init__(self, model: nn.Module, max_batch: int = 32) -> None:
+    def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model
@@ -66,6 +72,7 @@ class Batcher:
         self.block = model.config.block_size
         self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time
         self.cache = model.new_cache(max_batch, self.block)
+        self.fused = fused_step(model, self.cache) if fused else None
         self.device = self.cache[0].k.device
         self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
         self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
@@ -136,7 +143,9 @@ class Batcher:
         tokens = torch.tensor([[s.tokens[-1]] for s in self.cached], dtype=torch.long, device=self.device)
         positions = torch.tensor([[s.filled] for s in self.cached], dtype=torch.long, device=self.device)
         length = max(s.filled for s in self.cached) + 1  # attend to the filled slots alone
-        if self.row_positions:
+        if self.fused is not None:
+            logits = self.fused.rows(tokens.view(-1), positions.view(-1))
+        elif self.row_positions:
             views = [layer.view(slice(0, len(self.cached)), length) for layer in self.cache]
             logits = self.model(tokens, cache=views, positions=positions, last_only=True)[:, -1]
         else:  # a model whose positions act on the scores: one row at a time

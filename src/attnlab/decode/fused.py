@@ -127,6 +127,13 @@ class FusedStep:
             layer.length = position + 1
         return logits.unsqueeze(1)
 
+    def rows(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The step of the sequences in cache rows 0..R-1, each at its own position (continuous
+        batching): tokens `(R,)`, positions `(R,)` long -> next-token logits `(R, V)`. Row r writes
+        its key and value at positions[r] and attends to its slots 0..positions[r]; the caches'
+        `length` is left alone (the caller knows each row's)."""
+        return self.step.step_rows(tokens, positions)
+
 
 def supports_decoder(model: nn.Module) -> bool:
     """Whether the fused decoder step computes this model's decoding step: an encoder–decoder

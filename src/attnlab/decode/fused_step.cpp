@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "../nn/vecmath.h"
@@ -248,16 +249,40 @@ void check_tables(const at::Tensor& tokens, const at::Tensor& positions) {
               "token_embedding must be (V, C) and positions (P, C)");
 }
 
-// x[b] = tokens[ids[b]] * scale + positions[pos] for the B rows: a step's input.
-void embed(const at::Tensor& tokens, const at::Tensor& positions, const int64_t* ids, int64_t B, int64_t pos,
+// x[b] = tokens[ids[b]] * scale + positions[pos_of(b)] for the B rows: a step's input.
+template <class PosOf>
+void embed(const at::Tensor& tokens, const at::Tensor& positions, const int64_t* ids, int64_t B, PosOf pos_of,
            float scale, float* x) {
   const int64_t C = tokens.size(1);
-  const float* pe = positions.data_ptr<float>() + pos * C;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(ids[b] >= 0 && ids[b] < tokens.size(0), "token id ", ids[b], " is outside the vocabulary");
-    const float* te = tokens.data_ptr<float>() + ids[b] * C;
+    const float *te = tokens.data_ptr<float>() + ids[b] * C, *pe = positions.data_ptr<float>() + pos_of(b) * C;
     for (int64_t i = 0; i < C; ++i) x[b * C + i] = te[i] * scale + pe[i];
   }
+}
+
+// Self-attention of one step where each row sits at its own position (continuous batching: the
+// rows joined at different times). Row r writes its key and value at position pos[r] of cache
+// row r, then attends from its query to its positions 0..pos[r]. Caches of layout `lay`.
+void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const int64_t* pos, float* out,
+                 int64_t R, int64_t H, int64_t D) {
+  const int64_t C = H * D;
+  int64_t n = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t slot = r * lay.row + pos[r] * lay.pos + h * lay.head;
+      std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
+      std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
+    }
+    n = std::max(n, pos[r] + 1);
+  }
+  // A row behind the longest one masks the positions past its own (slots another sequence may
+  // have written before it took the row).
+  std::unique_ptr<bool[]> keep(new bool[R * n]());
+  for (int64_t r = 0; r < R; ++r) std::fill_n(keep.get() + r * n, pos[r] + 1, true);
+  auto own_row = [](int64_t r, int64_t) { return r; };
+  auto keep_of = [&](int64_t r) -> const bool* { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; };
+  attend(qkv, 3 * C, k_cache, v_cache, lay, n, own_row, keep_of, out, R, H, D);
 }
 
 }  // namespace
@@ -299,34 +324,54 @@ class GPTStep {
   at::Tensor step(const at::Tensor& tokens, int64_t pos) {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == B_ && tokens.scalar_type() == at::kLong, "tokens must be (B,) int64");
     TORCH_CHECK(pos >= 0 && pos < L_ && pos < positions_.size(0), "position ", pos, " is outside the cache");
-    const int64_t B = B_, C = C_;
+    const std::vector<int64_t> at_pos(B_, pos);
+    return run(tokens.contiguous(), at_pos.data(), B_);
+  }
+
+  // tokens (R,) int64, R <= B: the newest token of the sequences in cache rows 0..R-1, row r at
+  // its own position positions[r] (its cache slot), attending to its slots 0..positions[r].
+  // Returns the next-token logits (R, V).
+  at::Tensor step_rows(const at::Tensor& tokens, const at::Tensor& positions) {
+    TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) <= B_ && tokens.scalar_type() == at::kLong,
+                "tokens must be (R,) int64 with R <= ", B_, " (the cache's rows)");
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens.size(0) && positions.scalar_type() == at::kLong,
+                "positions must be (R,) int64, one per token");
+    const at::Tensor at_pos = positions.contiguous();
+    const int64_t* pos = at_pos.data_ptr<int64_t>();
+    for (int64_t r = 0; r < at_pos.size(0); ++r)
+      TORCH_CHECK(pos[r] >= 0 && pos[r] < L_ && pos[r] < positions_.size(0), "position ", pos[r], " is outside the cache");
+    return run(tokens.contiguous(), pos, tokens.size(0));
+  }
+
+ private:
+  // The step of rows 0..R-1, row r's token ids[r] at position pos[r].
+  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R) {
+    const int64_t B = R, C = C_;
     at::Tensor logits = at::empty({B, V_}, tokens_.options());
     float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
     float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
-    const at::Tensor token_ids = tokens.contiguous();  // kept alive while `ids` points into it
-    embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, pos, 1.f, xp);
+    embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
     const int64_t n_layer = static_cast<int64_t>(k_.size());
+    const at::Tensor none;  // no reordered weights here, and the head has no bias
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-      linear(p[2].data_ptr<float>(), data_or_null(p[3]), hp, qkv, B, 3 * C, C);
-      attend_cached(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, nullptr, ap, B,
-                    H_, L_, D_, pos);
-      linear(p[4].data_ptr<float>(), data_or_null(p[5]), ap, yp, B, C, C);
+      product(p[2], none, p[3], hp, qkv, B);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, pos, ap, B, H_, D_);
+      product(p[4], none, p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
-      linear(p[8].data_ptr<float>(), data_or_null(p[9]), hp, f, B, F_, C);
+      product(p[8], none, p[9], hp, f, B);
       attnlab::activate(f, f, B * F_, act_);
-      linear(p[10].data_ptr<float>(), data_or_null(p[11]), f, yp, B, C, F_);
+      product(p[10], none, p[11], f, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
     layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-    linear(p[2].data_ptr<float>(), nullptr, hp, logits.data_ptr<float>(), B, V_, C);
+    product(p[2], none, none, hp, logits.data_ptr<float>(), B);
     return logits;
   }
 
- private:
   std::vector<at::Tensor> params_;
   at::Tensor tokens_, positions_;
   std::vector<at::Tensor> k_, v_;
@@ -420,7 +465,7 @@ class DecoderStep {
     at::Tensor f_t = at::empty({R, params_[12].size(0)}, opts);
     float *x = x_t.data_ptr<float>(), *h = h_t.data_ptr<float>(), *a = a_t.data_ptr<float>();
     float *y = y_t.data_ptr<float>(), *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
-    embed(tokens_, positions_, ids, R, pos, scale_, x);
+    embed(tokens_, positions_, ids, R, [pos](int64_t) { return pos; }, scale_, x);
     const bool* keep_p = keep.data_ptr<bool>();
     auto memory_of = [&](int64_t r, int64_t) { return rows[r]; };
     auto source_of = [&](int64_t r) { return keep_p + rows[r] * S; };
@@ -487,7 +532,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<GPTStep>(m, "GPTStep")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
-      .def("step", &GPTStep::step, "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)");
+      .def("step", &GPTStep::step, "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)")
+      .def("step_rows", &GPTStep::step_rows,
+           "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,) -> logits (R, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())

@@ -32,9 +32,12 @@ class Limits:
     """Requests that may wait for one model, beyond those running; past it: 429."""
     batched: bool = True
     """False decodes one request at a time (the baseline of the batching benchmark)."""
+    fused: bool | None = None
+    """The language models' decoding step as one C++ call (`attnlab.decode.fused`); None: where it
+    is built and covers the model, as `attnlab sample` does."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "batched" and value is not None and value < 1:
+            if f.name not in ("batched", "fused") and value is not None and value < 1:
                 raise ValueError(f"{f.name} must be >= 1, got {value}")

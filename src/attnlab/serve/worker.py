@@ -20,6 +20,7 @@ from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.batching import Batcher, Sequence
+from attnlab.decode.fused import by_default
 from attnlab.decode.sampling import Picker, sampling_picker
 from attnlab.decode.text import TextPieces
 
@@ -121,6 +122,7 @@ class ModelWorker:
     max_batch: sequences decoded together (1: one request at a time). max_queue: requests that may
     wait for a row; more are refused with `QueueFull`. max_prompt_tokens: the longest prompt
     accepted (`context`); the model reads a prompt's last block_size tokens, as `attnlab sample` does.
+    fused: the decoding step in C++ (`Batcher`'s); None: where it is built and covers the model.
     """
 
     def __init__(
@@ -132,12 +134,15 @@ class ModelWorker:
         max_queue: int = 64,
         batched: bool = True,
         max_prompt_tokens: int = 4096,
+        fused: bool | None = None,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.batcher = Batcher(model, max_batch if batched else 1)
+        if fused is None:
+            fused = by_default(model)
+        self.batcher = Batcher(model, max_batch if batched else 1, fused=fused)
         self.max_queue = max_queue
         self.context = max_prompt_tokens
         self.generated_tokens = 0
