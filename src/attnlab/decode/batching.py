@@ -142,10 +142,10 @@ class Batcher:
             return None
         tokens = torch.tensor([[s.tokens[-1]] for s in self.cached], dtype=torch.long, device=self.device)
         positions = torch.tensor([[s.filled] for s in self.cached], dtype=torch.long, device=self.device)
-        length = max(s.filled for s in self.cached) + 1  # attend to the filled slots alone
         if self.fused is not None:
             logits = self.fused.rows(tokens.view(-1), positions.view(-1))
         elif self.row_positions:
+            length = max(s.filled for s in self.cached) + 1  # attend to the filled slots alone
             views = [layer.view(slice(0, len(self.cached)), length) for layer in self.cache]
             logits = self.model(tokens, cache=views, positions=positions, last_only=True)[:, -1]
         else:  # a model whose positions act on the scores: one row at a time

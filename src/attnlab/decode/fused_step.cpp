@@ -177,6 +177,18 @@ void attend(const float* q, int64_t q_stride, const float* K, const float* V, La
   });
 }
 
+// Write row r's key and value (the second and third thirds of its qkv row) at position `pos` of
+// cache row r, head by head.
+void write_key_value(const float* qkv, float* k_cache, float* v_cache, Layout lay, int64_t r, int64_t pos, int64_t H,
+                     int64_t D) {
+  const int64_t C = H * D;
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t slot = r * lay.row + pos * lay.pos + h * lay.head;
+    std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
+    std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
+  }
+}
+
 // Self-attention of one step over a cache of layout `lay` (positions 0..L-1). Write the R rows'
 // keys and values (the second and third thirds of qkv) at position `pos` of cache rows 0..R-1,
 // then attend from each row's query (the first third) to positions 0..pos. Position t < pos of
@@ -186,11 +198,7 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
                    int64_t R, int64_t H, int64_t L, int64_t D, int64_t pos) {
   const int64_t C = H * D;
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t slot = r * lay.row + pos * lay.pos + h * lay.head;
-      std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
-      std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
-    }
+    write_key_value(qkv, k_cache, v_cache, lay, r, pos, H, D);
     if (origin) origin[r * L + pos] = r;
   }
   auto row_of = [&](int64_t r, int64_t t) { return origin ? origin[r * L + t] : r; };
@@ -261,28 +269,35 @@ void embed(const at::Tensor& tokens, const at::Tensor& positions, const int64_t*
   }
 }
 
-// Self-attention of one step where each row sits at its own position (continuous batching: the
-// rows joined at different times). Row r writes its key and value at position pos[r] of cache
-// row r, then attends from its query to its positions 0..pos[r]. Caches of layout `lay`.
-void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const int64_t* pos, float* out,
-                 int64_t R, int64_t H, int64_t D) {
-  const int64_t C = H * D;
-  int64_t n = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t slot = r * lay.row + pos[r] * lay.pos + h * lay.head;
-      std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
-      std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
-    }
-    n = std::max(n, pos[r] + 1);
+// The positions of a step's rows when each sits at its own (continuous batching: the rows joined
+// at different times): row r attends to slots 0..pos[r] of its own cache row. Made once per step
+// for all its layers. A row behind the furthest one masks the slots past its own, which another
+// sequence may have written before it took the row; when every row is at the same position there
+// is nothing to mask and no mask is made.
+struct RowPositions {
+  const int64_t* pos;
+  int64_t n = 0;                 // the slots the step reads: the furthest position + 1
+  std::unique_ptr<bool[]> keep;  // (R, n); null when no row needs a mask
+
+  RowPositions(const int64_t* positions, int64_t R) : pos(positions) {
+    bool same = true;
+    for (int64_t r = 0; r < R; ++r) n = std::max(n, pos[r] + 1), same = same && pos[r] == pos[0];
+    if (same) return;
+    keep.reset(new bool[R * n]());
+    for (int64_t r = 0; r < R; ++r) std::fill_n(keep.get() + r * n, pos[r] + 1, true);
   }
-  // A row behind the longest one masks the positions past its own (slots another sequence may
-  // have written before it took the row).
-  std::unique_ptr<bool[]> keep(new bool[R * n]());
-  for (int64_t r = 0; r < R; ++r) std::fill_n(keep.get() + r * n, pos[r] + 1, true);
+
+  const bool* keep_of(int64_t r) const { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; }
+};
+
+// Self-attention of one step with rows at their own positions: row r writes its key and value at
+// position rows.pos[r] of cache row r, then attends from its query to its slots. Caches of layout `lay`.
+void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows, float* out,
+                 int64_t R, int64_t H, int64_t D) {
+  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, rows.pos[r], H, D);
   auto own_row = [](int64_t r, int64_t) { return r; };
-  auto keep_of = [&](int64_t r) -> const bool* { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; };
-  attend(qkv, 3 * C, k_cache, v_cache, lay, n, own_row, keep_of, out, R, H, D);
+  auto keep_of = [&](int64_t r) { return rows.keep_of(r); };
+  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, H, D);
 }
 
 }  // namespace
@@ -351,13 +366,14 @@ class GPTStep {
     float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
     float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
     embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
+    const RowPositions rows(pos, B);
     const int64_t n_layer = static_cast<int64_t>(k_.size());
     const at::Tensor none;  // no reordered weights here, and the head has no bias
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
       product(p[2], none, p[3], hp, qkv, B);
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, pos, ap, B, H_, D_);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, ap, B, H_, D_);
       product(p[4], none, p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
