@@ -40,6 +40,7 @@ RUNS = {
         "--set",
         "model.d_ff=16",
     ],
+    "hybrid": ["fashion-vit-hybrid", *IMAGE_DATA, "--set", "model.n_layers=1", "--set", "model.stem_channels=[4,8,8]"],
     "cnn": ["fashion-cnn", *IMAGE_DATA, "--set", "model.hidden=8"],
     "wavenet": [
         "fsdd-wavenet",
@@ -66,6 +67,7 @@ def runs(tmp_path_factory):
         ("pixelcnn", {"test_bits_per_dim", "test_nll", "images"}),
         ("igpt", {"test_bits_per_dim", "test_nll", "images"}),
         ("vit", {"accuracy", "test_loss", "images"}),
+        ("hybrid", {"accuracy", "test_loss", "images"}),
         ("cnn", {"accuracy", "test_loss", "images"}),
         ("wavenet", {"test_bits_per_sample", "test_nll", "samples"}),
     ],
@@ -140,9 +142,10 @@ def test_naive_and_cached_generation_write_the_same_wav(runs, capsys, tmp_path):
     assert np.array_equal(read_wav(tmp_path / "a.wav"), read_wav(tmp_path / "b.wav"))
 
 
-def test_vit_attention_is_drawn_over_the_image(runs, capsys, tmp_path):
+@pytest.mark.parametrize("name", ["vit", "hybrid"])  # 7 x 7 patches, and the stem's 4 x 4 cells
+def test_vit_attention_is_drawn_over_the_image(runs, capsys, tmp_path, name):
     path = tmp_path / "cls.png"
-    code, out, err = cli(capsys, "attention", runs["vit"], "--image", "test:5", "--out", path, "--json")
+    code, out, err = cli(capsys, "attention", runs[name], "--image", "test:5", "--out", path, "--json")
     assert code == 0, err
     shown = json.loads(out)
     assert np.array(shown["attention"]).shape == (4, 4) and shown["label"] == 1  # test image 5 is a trouser

@@ -43,10 +43,41 @@ def test_cls_attention_is_the_first_row_of_each_blocks_weights():
     assert torch.allclose(att[:, 1].sum((-1, -2)) + self_weight, torch.ones(2, 4), atol=1e-5)
 
 
+@pytest.mark.parametrize("side, grid", [(28, 4), (7, 1), (9, 2)])
+def test_hybrid_tokens_are_the_cells_of_the_stems_feature_map(side, grid):
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=side, embed="conv", stem_channels=(4, 8, 8), d_model=16, n_heads=2, n_layers=1)
+    vit = ViT(config).eval()
+    assert config.grid == grid
+    features, _ = vit.forward_features(torch.randint(0, 256, (2, side, side)))
+    assert features.shape == (2, grid * grid + 1, 16)
+    assert vit.cls_attention(torch.randint(0, 256, (1, side, side))).shape == (1, 1, 2, grid, grid)
+
+
+def test_each_hybrid_token_sees_only_its_stems_receptive_field():
+    # Three stride-2 3 x 3 convolutions (padding 1): cell i covers input rows 8i-7 .. 8i+7 (cell i of
+    # a layer covers 2i-1 .. 2i+1 of its input, composed three times), and nothing else.
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(embed="conv", stem_channels=(4, 8, 8), d_model=16, n_heads=2, n_layers=1)).eval()
+    for norm in vit.patch_embed.modules():
+        if isinstance(norm, torch.nn.BatchNorm2d):  # every ReLU on: no gradient lost inside the field
+            torch.nn.init.constant_(norm.bias, 100.0)
+    pixels = torch.randn(1, 1, 28, 28, requires_grad=True)
+    tokens = vit.patch_embed(pixels)  # (1, 16, C)
+    for cell in (0, 5, 15):
+        (grad,) = torch.autograd.grad(tokens[0, cell].square().sum(), pixels, retain_graph=True)
+        r, c = divmod(cell, 4)
+        expected = torch.zeros(28, 28, dtype=torch.bool)
+        expected[max(8 * r - 7, 0) : 8 * r + 8, max(8 * c - 7, 0) : 8 * c + 8] = True
+        assert torch.equal(grad[0, 0] != 0, expected)
+
+
 @pytest.mark.parametrize(
     "cls, kw, field",
     [
         (ViTConfig, {"patch_size": 5}, "patch_size"),
+        (ViTConfig, {"embed": "pixels"}, "embed"),
+        (ViTConfig, {"embed": "conv", "stem_channels": ()}, "stem_channels"),
         (ViTConfig, {"d_model": 30, "n_heads": 4}, "n_heads"),
         (CNNConfig, {"conv_channels": ()}, "conv_channels"),
         (CNNConfig, {"dropout": 1.0}, "dropout"),

@@ -156,7 +156,14 @@ def _fashion_mnist() -> DataSet:
         "fashion-mnist",
         "Fashion-MNIST, 28x28 grey images of 10 kinds of clothing (Xiao, Rasul & Vollgraf 2017), IDX, gzip",
         "MIT, Copyright 2017 Zalando SE",
-        ("fashion-pixelcnn", "fashion-gated-pixelcnn", "fashion-igpt", "fashion-vit", "fashion-cnn"),
+        (
+            "fashion-pixelcnn",
+            "fashion-gated-pixelcnn",
+            "fashion-igpt",
+            "fashion-vit",
+            "fashion-vit-hybrid",
+            "fashion-cnn",
+        ),
         tuple(RemoteFile(n, base + n, sha, size) for n, (sha, size) in sums.items()),
     )
 

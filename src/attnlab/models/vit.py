@@ -7,6 +7,11 @@ Transformer encoder (attnlab's own `TransformerBlock`, pre-norm as in the paper)
 from [CLS]'s final state after a LayerNorm (Eq. 4). Parts as in timm's `vision_transformer.py`:
 `PatchEmbed`, then `forward_features` / `forward_head`.
 
+The hybrid (§3.1, "Hybrid Architecture"): the tokens are the cells of a CNN's feature map instead
+of raw patches (`embed = "conv"`). Here the CNN is the small stem of Xiao et al. 2021: stride-2
+3 × 3 convolutions with BatchNorm and ReLU, then a 1 × 1 convolution to the model width. It gives
+the Transformer the locality that a patch embedding leaves it to learn from data.
+
 CNN: two 3 × 3 convolution + ReLU + 2 × 2 max-pool stages and a two-layer classifier: the
 "2 Conv + pooling" family of Fashion-MNIST's own benchmark table (91.6% reported).
 
@@ -36,8 +41,15 @@ class ViTConfig:
     """Side of the (square) input image."""
     channels: int = 1
     """Input channels (1: grey)."""
+    embed: str = "patch"
+    """How pixels become tokens, by name (`EMBEDDINGS`): "patch", the paper's P × P patches, or
+    "conv", the hybrid's convolutional stem."""
     patch_size: int = 4
-    """P: side of each patch; must divide image_size. 28 / 4 = 7 × 7 = 49 patches, 50 tokens with [CLS]."""
+    """P, for embed = "patch": side of each patch; must divide image_size. 28 / 4 = 7 × 7 = 49
+    patches, 50 tokens with [CLS]."""
+    stem_channels: tuple[int, ...] = (24, 48, 96)
+    """For embed = "conv": output channels of each stride-2 3 × 3 convolution of the stem; each
+    halves the side (rounding up), so three take 28 × 28 to a 4 × 4 grid."""
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 4
@@ -56,7 +68,11 @@ class ViTConfig:
         for name in ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "n_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.image_size % self.patch_size != 0:
+        if self.embed not in EMBEDDINGS:
+            raise ValueError(f"embed must be one of {sorted(EMBEDDINGS)}, got {self.embed!r}")
+        if not self.stem_channels or min(self.stem_channels) < 1:
+            raise ValueError(f"stem_channels must be a non-empty list of counts >= 1, got {list(self.stem_channels)}")
+        if self.embed == "patch" and self.image_size % self.patch_size != 0:
             raise ValueError(f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -69,7 +85,9 @@ class ViTConfig:
 
     @property
     def grid(self) -> int:
-        """Patches per side."""
+        """Tokens per side (patches, or cells of the stem's feature map)."""
+        if self.embed == "conv":
+            return conv_stem_side(self.image_size, len(self.stem_channels))
         return self.image_size // self.patch_size
 
     @property
@@ -81,12 +99,40 @@ class PatchEmbed(nn.Module):
     """Eq. 1's x_p E: non-overlapping P × P patches, each flattened and projected to C (a
     convolution with stride P is exactly that). `(B, ch, H, W)` -> `(B, N, C)`, patches in raster order."""
 
-    def __init__(self, patch_size: int, channels: int, d_model: int) -> None:
+    def __init__(self, config: "ViTConfig") -> None:
         super().__init__()
-        self.proj = nn.Conv2d(channels, d_model, patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(config.channels, config.d_model, config.patch_size, stride=config.patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, C, H/P, W/P) -> (B, N, C)
+
+
+def conv_stem_side(side: int, n_convs: int) -> int:
+    """The side of the feature map after `n_convs` stride-2 3 × 3 convolutions with padding 1."""
+    for _ in range(n_convs):
+        side = (side + 1) // 2
+    return side
+
+
+class ConvStem(nn.Module):
+    """The hybrid's embedding (§3.1) with the stem of Xiao et al. 2021: stride-2 3 × 3 convolutions,
+    each with BatchNorm and ReLU, then a 1 × 1 convolution to C; each cell of the final map is a
+    token. `(B, ch, H, W)` -> `(B, N, C)`, cells in raster order."""
+
+    def __init__(self, config: "ViTConfig") -> None:
+        super().__init__()
+        layers, width = [], config.channels
+        for out in config.stem_channels:
+            layers += [nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU()]
+            width = out
+        layers.append(nn.Conv2d(width, config.d_model, 1))
+        self.stem = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stem(x).flatten(2).transpose(1, 2)  # (B, C, g, g) -> (B, N, C)
+
+
+EMBEDDINGS: dict[str, type[nn.Module]] = {"patch": PatchEmbed, "conv": ConvStem}
 
 
 def normalize_image(x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +146,7 @@ class ViT(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.d_model)
+        self.patch_embed = EMBEDDINGS[c.embed](c)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
         self.positions = LearnedPositions(c.n_patches + 1, c.d_model)  # E_pos of Eq. 1, [CLS] at 0
         self.dropout = nn.Dropout(c.dropout)
