@@ -30,7 +30,7 @@ step() {  # step NAME COMMAND...: run COMMAND, its JSON (stdout) into $OUT/NAME.
 }
 
 images() {
-  for preset in fashion-pixelcnn fashion-gated-pixelcnn fashion-igpt fashion-vit fashion-cnn; do
+  for preset in fashion-pixelcnn fashion-gated-pixelcnn fashion-igpt fashion-vit fashion-vit-hybrid fashion-cnn; do
     step "$preset-train" attnlab train $preset --data-dir "$DATA/fashion-mnist" --out "$RUNS/$preset" $(iters $preset) --json
     step "$preset-test" attnlab eval "$RUNS/$preset" --split test --json
   done
