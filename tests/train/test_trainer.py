@@ -272,3 +272,23 @@ def test_without_a_terminal_training_prints_progress_lines(tiny_toml, tmp_path, 
     assert [line.split(" (")[0] for line in lines] == [f"training: {s}/8 steps" for s in range(1, 8)]
     train(run_config(tiny_toml), tmp_path / "quiet", progress=False)
     assert "training: " not in capsys.readouterr().err
+
+
+def test_the_clock_reports_each_windows_rate_and_the_mean_over_the_training(monkeypatch):
+    from attnlab.train import trainer
+
+    now = [100.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: now[0])
+    clock = trainer.Clock(elapsed=50.0)  # resumed: 50 s trained before
+    clock.tokens, now[0] = 100, 101.0
+    clock.lap()  # 100 tokens in 1 s
+    clock.pause()
+    now[0] = 106.0  # a 5 s evaluation, not training
+    clock.resume()
+    clock.tokens, now[0] = 300, 107.0
+    clock.lap()  # 300 tokens in 1 s
+    clock.tokens, now[0] = 60, 109.0
+    clock.settle(now[0])  # the run ends between laps: 60 tokens in 2 s
+    assert clock.tokens_per_sec == 300.0  # the last window's, for metrics.csv
+    assert clock.elapsed == 54.0
+    assert clock.mean_tokens_per_sec == 460 / 4  # this invocation's training, evaluations excluded

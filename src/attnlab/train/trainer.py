@@ -57,6 +57,7 @@ class TrainResult:
     """Best value of the task's selection metric (val_loss for LM, val_bleu for translation)."""
     elapsed_sec: float
     tokens_per_sec: float
+    """Training tokens per second over this invocation's training (evaluations excluded)."""
     compiled: bool = False
     """Whether the training steps ran through torch.compile (False where it was not asked for or failed)."""
     fused_kernels: bool = False
@@ -143,7 +144,7 @@ def train(
         results,
         selection.best,
         clock.elapsed,
-        clock.tokens_per_sec,
+        clock.mean_tokens_per_sec,
         step_loss.compiled,
         fused_kernels,
         run.dtype,
@@ -353,24 +354,37 @@ class Console:
 
 class Clock:
     """Training time and throughput. `elapsed` (carried over by a resumed run) counts training
-    alone: an evaluation pauses the clock. `lap` closes a log interval's window."""
+    alone: an evaluation pauses the clock. `lap` closes a log interval's window; `tokens_per_sec`
+    is that window's rate (metrics.csv's curve), `mean_tokens_per_sec` the rate over all the
+    windows closed in this invocation (the run's summary)."""
 
     def __init__(self, elapsed: float) -> None:
-        self.elapsed = elapsed
+        self.elapsed = self.begun = elapsed
         self.start = time.perf_counter()
         self.tokens = 0  # in the current window
+        self.counted = 0  # in the windows closed so far
         self.tokens_per_sec = math.nan
         self.paused_at = self.start
 
     def lap(self) -> None:
         now = time.perf_counter()
-        self.elapsed += now - self.start
-        self.tokens_per_sec = self.tokens / (now - self.start)
-        self.start, self.tokens = now, 0
+        window = now - self.start
+        self.tokens_per_sec = self.tokens / window
+        self._close(now)
 
     def settle(self, until: float) -> None:
         """Count the training from the window's start to `until`, where the run ends between laps."""
+        self._close(until)
+
+    def _close(self, until: float) -> None:
         self.elapsed += until - self.start
+        self.counted += self.tokens
+        self.start, self.tokens = until, 0
+
+    @property
+    def mean_tokens_per_sec(self) -> float:
+        seconds = self.elapsed - self.begun
+        return self.counted / seconds if seconds > 0 else math.nan
 
     def row(self) -> dict[str, float]:
         """metrics.csv's timing columns as of the last lap."""
