@@ -30,9 +30,12 @@ def plot_image_grid(
     save_png(fig, path)
 
 
-def plot_cls_attention(image: np.ndarray, attention: np.ndarray, path: Path, *, title: str = "") -> None:
+def plot_cls_attention(
+    image: np.ndarray, attention: np.ndarray, path: Path, *, title: str = "", tokens: str = "patches"
+) -> None:
     """An image `(H, W)` beside the same image under [CLS]'s attention to each patch `(G, G)`,
-    the weights stretched over their patches (nearest neighbour: each patch one flat colour)."""
+    the weights stretched over their patches (nearest neighbour: each patch one flat colour).
+    tokens: what the G × G tokens are, for the panel's title (a hybrid's are a stem's cells)."""
     h, w = image.shape
     g = attention.shape[0]
     fig = new_figure(4.2, 2.3)
@@ -41,7 +44,7 @@ def plot_cls_attention(image: np.ndarray, attention: np.ndarray, path: Path, *, 
     left.set_title("image", fontsize=7)
     right.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     shown = right.imshow(attention, cmap="inferno", alpha=0.6, extent=(-0.5, w - 0.5, h - 0.5, -0.5))
-    right.set_title(f"[CLS] -> {g} x {g} patches", fontsize=7)
+    right.set_title(f"[CLS] -> {g} x {g} {tokens}", fontsize=7)
     for ax in (left, right):
         ax.set_axis_off()
     fig.colorbar(shown, ax=right, fraction=0.046).ax.tick_params(labelsize=6)
