@@ -544,16 +544,21 @@ class DecoderStep {
   int64_t n_layer_ = 0, C_ = 0, D_ = 0;
 };
 
+// The steps run without the GIL: a server's decoding thread spends most of its time in them, and
+// its event loop (the streamed responses, new requests) needs the interpreter meanwhile. Arguments
+// and results are converted with the GIL held; the steps touch no Python object.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using without_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   pybind11::class_<GPTStep>(m, "GPTStep")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
-      .def("step", &GPTStep::step, "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)")
-      .def("step_rows", &GPTStep::step_rows,
+      .def("step", &GPTStep::step, without_gil(),
+           "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)")
+      .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,) -> logits (R, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())
-      .def("step", &DecoderStep::step,
+      .def("step", &DecoderStep::step, without_gil(),
            "One encoder-decoder decoding step (CPU, fp32): tokens (R,), pos, caches, origin, memory -> logits (R, V)");
 }
