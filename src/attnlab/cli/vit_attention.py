@@ -47,8 +47,7 @@ def draw_cls_attention(args: argparse.Namespace) -> int:
     names = FASHION_CLASSES if c.n_classes == len(FASHION_CLASSES) else [str(i) for i in range(c.n_classes)]
     heads = "mean of the heads" if args.head is None else f"head {args.head}"
     title = f"{split} image {index}: {names[label]}, predicted {names[predicted]}; layer {layer}, {heads}"
-    tokens = "stem cells" if c.embed == "conv" else "patches"
-    plot_cls_attention(image.numpy(), shown.numpy(), path, title=title, tokens=tokens)
+    plot_cls_attention(image.numpy(), shown.numpy(), path, title=title, tokens=loaded.model.patch_embed.tokens)
     width, height = png_size(path)
     if args.json:
         from attnlab.cli import print_json

@@ -99,6 +99,8 @@ class PatchEmbed(nn.Module):
     """Eq. 1's x_p E: non-overlapping P × P patches, each flattened and projected to C (a
     convolution with stride P is exactly that). `(B, ch, H, W)` -> `(B, N, C)`, patches in raster order."""
 
+    tokens = "patches"  # what each token is, for pictures of the attention over them
+
     def __init__(self, config: "ViTConfig") -> None:
         super().__init__()
         self.proj = nn.Conv2d(config.channels, config.d_model, config.patch_size, stride=config.patch_size)
@@ -118,6 +120,8 @@ class ConvStem(nn.Module):
     """The hybrid's embedding (§3.1) with the stem of Xiao et al. 2021: stride-2 3 × 3 convolutions,
     each with BatchNorm and ReLU, then a 1 × 1 convolution to C; each cell of the final map is a
     token. `(B, ch, H, W)` -> `(B, N, C)`, cells in raster order."""
+
+    tokens = "stem cells"
 
     def __init__(self, config: "ViTConfig") -> None:
         super().__init__()
