@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnlab.decode import greedy, sample, sampling_picker
-from attnlab.decode.batching import Batcher, takes_row_positions
+from attnlab.decode.batching import Batcher, Sequence, takes_row_positions
 from attnlab.decode.fused import extension
 from attnlab.nn.attention import KVCache
 from decode.conftest import tiny_gpt
@@ -72,6 +72,74 @@ def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
     by_prompt = {tuple(s.prompt): s for s in finished}
     for prompt, max_new in requests:
         assert by_prompt[tuple(prompt)].tokens == alone(model, prompt, max_new), (len(prompt), max_new)
+
+
+def count_forwards(model) -> list[int]:
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "overrides,fused",
+    [({}, False), ({"positions": "rope"}, False), ({"positions": "sinusoidal", "n_kv_head": 1}, False), ({}, True)],
+    ids=["learned", "rope", "sinusoidal-mqa", "learned-fused"],
+)
+def test_prompts_that_join_together_share_their_prefill_and_get_the_tokens_of_decoding_alone(overrides, fused):
+    if fused and extension() is None:
+        pytest.skip("the fused step could not be built here")
+    model = tiny_gpt(**overrides)
+    requests = [(p, m) for p, (_, m) in zip(prompts(seed=13), REQUESTS, strict=True)]
+    batcher = Batcher(model, max_batch=8, fused=fused)
+    calls = count_forwards(model)
+    # Windows of 16, 12, 9 (one forward, padded to 16) and 7, 5, 3, 2, 1 (another, padded to 7).
+    seqs = batcher.join_all([Sequence(p, m) for p, m in requests])
+    assert calls == [3, 5]
+    assert sorted(s.row for s in seqs if not s.done) == list(range(len(batcher)))
+    while len(batcher):
+        batcher.step()
+    for seq, (prompt, max_new) in zip(seqs, requests, strict=True):
+        assert seq.tokens == alone(model, prompt, max_new), (len(prompt), max_new)
+
+
+def recording(into: list[torch.Tensor]):
+    """A picker that keeps the logits it is given and picks token 0."""
+
+    def pick(logits: torch.Tensor) -> list[int]:
+        into.append(logits)
+        return [0]
+
+    return pick
+
+
+def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_prefill():
+    model = tiny_gpt()
+    ps = [p for p in prompts(seed=17) if len(p) <= 12][:4]  # 3, 1, 7, 12 tokens
+    together = Batcher(model, max_batch=4)
+    picked = []
+    seqs = together.join_all([Sequence(p, 2, pick=recording(picked)) for p in ps])
+    assert [s.row for s in seqs] == [2, 3, 1, 0]  # longest first: 12 and 7 in one forward, 3 and 1 in another
+    for seq in seqs:
+        alone_batcher, got = Batcher(model, max_batch=1), []
+        alone_batcher.join(seq.prompt, 2, pick=recording(got))
+        assert torch.allclose(picked[seq.row], got[0], atol=1e-5)
+        for mine, its in zip(together.cache, alone_batcher.cache, strict=True):
+            n = seq.filled
+            assert torch.allclose(mine.k[seq.row, :, :n], its.k[0, :, :n], atol=1e-5)
+            assert torch.allclose(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5)
+
+
+def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_time():
+    model = tiny_gpt(positions="alibi")
+    requests = [(p, m) for p, (_, m) in zip(prompts(seed=13), REQUESTS, strict=True)][:4]
+    batcher = Batcher(model, max_batch=4)
+    calls = count_forwards(model)
+    seqs = batcher.join_all([Sequence(p, m) for p, m in requests])
+    assert calls == [1, 1, 1, 1]
+    while len(batcher):
+        batcher.step()
+    for seq, (prompt, max_new) in zip(seqs, requests, strict=True):
+        assert seq.tokens == alone(model, prompt, max_new)
 
 
 def test_a_model_the_fused_step_does_not_cover_batches_eagerly_with_a_warning():

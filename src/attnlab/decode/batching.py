@@ -29,6 +29,8 @@ from attnlab.decode.fused import gpt_step as fused_step
 from attnlab.decode.sampling import Picker, _eval_mode
 from attnlab.nn.attention import MultiHeadAttention
 
+PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see Batcher._prefill_groups)
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -58,7 +60,8 @@ class Batcher:
     """The sequences decoded together by one model (a GPT-style decoder: `model(idx, cache=...,
     positions=..., last_only=True)`, `model.new_cache`, `model.config.block_size`).
 
-    `join` prefills a sequence and picks its first token; `step` gives every sequence its next
+    `join` prefills a sequence and picks its first token (`join_all`: several, prompts of similar
+    lengths in one forward); `step` gives every sequence its next
     token; sequences that finish leave by themselves, `leave` takes one out early (a client gone,
     a stop string). `fused`: the cached rows' step in C++ where `attnlab.decode.fused` covers the
     model (a warning and PyTorch's path where it does not). Not thread-safe: one thread drives it.
@@ -83,23 +86,23 @@ class Batcher:
     def join(self, prompt: list[int], max_new_tokens: int, pick: Picker | None = None, eos_id: int | None = None):
         """Prefill `prompt` (token ids, at least one) and pick its first token. Returns the
         `Sequence`, already done when that token ends it."""
-        if len(self) >= self.max_batch:
+        return self.join_all([Sequence(list(prompt), max_new_tokens, pick, eos_id)])[0]
+
+    def join_all(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Prefill new sequences (each with a prompt of at least one token and nothing generated
+        yet) and pick their first tokens. Prompts of similar lengths share one forward. Returns
+        seqs; those already done left at once."""
+        if len(self) + len(seqs) > self.max_batch:
             raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
-        if not prompt:
+        if any(not s.prompt for s in seqs):
             raise ValueError("a prompt needs at least one token")
-        seq = Sequence(list(prompt), max_new_tokens, pick, eos_id)
-        if max_new_tokens <= 0:
-            seq.finish_reason = "length"
-            return seq
-        window = seq.prompt[-self.block :]
-        seq.row, seq.filled = len(self.cached), len(window)
-        views = [layer.view(slice(seq.row, seq.row + 1)) for layer in self.cache]
-        idx = torch.tensor([window], dtype=torch.long, device=self.device)
-        with _eval_mode(self.model):
-            logits = self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
-        self.cached.append(seq)
-        self._advance([seq], logits)
-        return seq
+        for seq in seqs:
+            if seq.max_new_tokens <= 0:
+                seq.finish_reason = "length"
+        starting = [s for s in seqs if not s.done]
+        for group in self._prefill_groups(starting):
+            self._prefill(group)
+        return seqs
 
     def step(self) -> list[Sequence]:
         """Feed every sequence its last token and pick the next one. Returns the sequences that
@@ -131,6 +134,48 @@ class Batcher:
             seq.row = -1
         elif seq in self.windowed:
             self.windowed.remove(seq)
+
+    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[Sequence]]:
+        """The sequences grouped for prefilling, longest prompts first. A shorter prompt joins a
+        group when padding it to the group's length costs at most PAD_SLACK tokens or half the
+        length: a forward's fixed cost (launching every layer, reading every weight) is worth
+        about that much compute on a CPU. Models whose positions cannot differ by row go alone."""
+        if not self.row_positions:
+            return [[s] for s in seqs]
+        groups: list[list[Sequence]] = []
+        for seq in sorted(seqs, key=lambda s: -self._window_length(s)):
+            longest = self._window_length(groups[-1][0]) if groups else 0
+            if groups and longest - self._window_length(seq) <= max(PAD_SLACK, longest // 2):
+                groups[-1].append(seq)
+            else:
+                groups.append([seq])
+        return groups
+
+    def _window_length(self, seq: Sequence) -> int:
+        return min(len(seq.prompt), self.block)
+
+    def _prefill(self, group: list[Sequence]) -> None:
+        """Prefill a group's prompts (longest first) into the next free rows, in one forward.
+
+        Shorter prompts are padded on the left, and the pads are placed after the prompt (at
+        positions L … T-1): each prompt token then sits at its own position and sees only the
+        prompt before it, the last column holds every row's last prompt token, and the pads' keys
+        wait in slots that the row's next tokens overwrite before anything attends to them."""
+        windows = [s.prompt[-self.block :] for s in group]
+        t, first = len(windows[0]), len(self.cached)
+        for i, (seq, window) in enumerate(zip(group, windows, strict=True)):
+            seq.row, seq.filled = first + i, len(window)
+        views = [layer.view(slice(first, first + len(group))) for layer in self.cache]
+        idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
+        with _eval_mode(self.model):
+            if len(group) == 1:
+                logits = self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
+            else:
+                order = [list(range(len(w), t)) + list(range(len(w))) for w in windows]
+                positions = torch.tensor(order, dtype=torch.long, device=self.device)  # (G, T)
+                logits = self.model(idx, cache=views, positions=positions, last_only=True)[:, -1]  # (G, V)
+        self.cached.extend(group)
+        self._advance(group, logits)
 
     def _slide(self, seq: Sequence) -> None:
         self.leave(seq)

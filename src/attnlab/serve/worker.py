@@ -209,15 +209,16 @@ class ModelWorker:
                 self.batcher.leave(seq)
                 del self._running[seq]
                 stream._end(None)
+        starting = []
         for stream in joining:
             if stream.cancelled:
                 stream._end(None)
                 continue
             s = stream.sampling
-            seq = self.batcher.join(
-                stream.prompt_ids, s.max_tokens, s.picker(self.batcher.device), self.tokenizer.eos_id
-            )
+            seq = Sequence(list(stream.prompt_ids), s.max_tokens, s.picker(self.batcher.device), self.tokenizer.eos_id)
+            starting.append(seq)
             self._running[seq] = (stream, TextPieces(self.tokenizer, s.stop))
+        for seq in self.batcher.join_all(starting):  # the prompts that arrived together: prefilled together
             self._deliver(seq)
         for seq in self.batcher.step():
             self._deliver(seq)
