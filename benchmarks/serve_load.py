@@ -10,8 +10,8 @@ Two measurements:
   `--max-queue 64`): every error counted, 429s (the queue's bound) counted apart and retried
   after their Retry-After.
 
-    python benchmarks/serve_load.py sweep RUN [--clients 1,8,32,64] [--requests 4] [--max-tokens 64]
-    python benchmarks/serve_load.py load RUN [--clients 100] [--requests 3]
+    python benchmarks/serve_load.py sweep RUN [--clients 1,8,32,64] [--requests 4] [--max-tokens 64] [--threads N]
+    python benchmarks/serve_load.py load RUN [--clients 100] [--requests 3] [--threads N]
 
 RUN is a character-level language-model run folder (a character is a token, so the streamed text
 counts the tokens). Prints a Markdown table and one JSON line per configuration; `--json FILE`
@@ -181,11 +181,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def threads_flag(args: argparse.Namespace) -> list[str]:
+    """The server's torch threads when given (else its default: the cores less one)."""
+    return ["--threads", str(args.threads)] if args.threads else []
+
+
 def sweep(args: argparse.Namespace) -> list[dict]:
     rows = []
     modes = {"batched": ["--max-batch", "64"], "one at a time": ["--max-batch", "1"]}
     for mode, flags in modes.items():
-        server = Server(args.run, *flags, "--max-queue", "256")
+        server = Server(args.run, *flags, "--max-queue", "256", *threads_flag(args))
         try:
             for clients in args.clients:
                 row = asyncio.run(drive(server.url, mode, clients, args.requests, args.max_tokens)).summary()
@@ -202,7 +207,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
 
 
 def load(args: argparse.Namespace) -> list[dict]:
-    server = Server(args.run, "--max-batch", "32", "--max-queue", "64")
+    server = Server(args.run, "--max-batch", "32", "--max-queue", "64", *threads_flag(args))
     try:
         row = asyncio.run(drive(server.url, "load", args.clients[0], args.requests, args.max_tokens)).summary()
         alive = httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
@@ -220,6 +225,7 @@ def main() -> None:
     parser.add_argument("--clients", default=None, help="comma-separated client counts (sweep: 1,8,32,64; load: 100)")
     parser.add_argument("--requests", type=int, default=None, help="completions per client (sweep 4, load 3)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, help="the server's torch threads (default: the server's own)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     default_clients, default_requests = ("1,8,32,64", 4) if args.what == "sweep" else ("100", 3)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from attnlab.serve.registry import parse_model_spec
-from attnlab.serve.server import bind, is_loopback
+from attnlab.serve.server import bind, is_loopback, model_threads
 from helpers import assert_user_error, cli
 
 SRC = Path(__file__).parents[2] / "src"
@@ -24,6 +24,15 @@ SRC = Path(__file__).parents[2] / "src"
 )  # fmt: skip
 def test_loopback_hosts(host, loopback):
     assert is_loopback(host) is loopback
+
+
+def test_the_models_leave_one_core_to_the_event_loop():
+    assert [model_threads(cores) for cores in (1, 2, 4, 16)] == [1, 1, 3, 15]
+
+
+def test_threads_must_be_positive(capsys, run_dirs):
+    code, _, err = cli(capsys, "serve", run_dirs["lm"], "--threads", "0")
+    assert code == 2 and "--threads" in err
 
 
 def test_model_names():
@@ -64,13 +73,25 @@ def test_without_fastapi_it_says_how_to_install(capsys, monkeypatch, run_dirs):
 def test_serve_starts_and_answers(run_dirs):
     """The two lines of the README, in a child process: start, read the address, use it, stop."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "ATTNLAB_API_KEY": ""}
-    cmd = [sys.executable, "-m", "attnlab", "serve", run_dirs["lm"], f"de-en={run_dirs['mt']}", "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnlab",
+        "serve",
+        run_dirs["lm"],
+        f"de-en={run_dirs['mt']}",
+        "--port",
+        "0",
+        "--threads",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     try:
         banner = proc.stderr.readline()
         found = re.search(r"on (http://127\.0\.0\.1:\d+)/", banner)
         assert found, banner
         assert "run (lm), de-en (translation)" in banner
+        assert "; 3 torch threads)" in banner
         url = found.group(1)
         for _ in range(100):  # the address is printed just before the server starts accepting
             try:

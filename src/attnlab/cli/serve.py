@@ -1,5 +1,5 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
-[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]"""
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]"""
 
 import argparse
 import os
@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "build` has built it and it covers the model; --fused builds it first if need be, --no-fused "
         "keeps PyTorch's path",
     )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        help="torch threads for the models (default: the cores less one, at least one; the other core "
+        "streams the tokens)",
+    )
     p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.set_defaults(run=run)
@@ -56,13 +62,16 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise UserError(INSTALL) from None
+    import torch
+
     from attnlab.device import resolve_device
     from attnlab.serve.app import create_app
     from attnlab.serve.limits import Limits
     from attnlab.serve.registry import load_runs
-    from attnlab.serve.server import bind, check_exposure, url
+    from attnlab.serve.server import bind, check_exposure, model_threads, url
 
     check_exposure(args.host, args.api_key)
+    torch.set_num_threads(args.threads or model_threads())
     limits = Limits(
         max_tokens=args.max_tokens,
         max_n=args.max_n,
@@ -77,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(runs, api_key=args.api_key, limits=limits)
     names = ", ".join(f"{name} ({run.config.task})" for name, run in runs.items())
     address = url(sock)
-    sys.stderr.write(f"attnlab serve: {names} on {address}/  (API: {address}/v1, docs: {address}/docs)\n")
+    threads = torch.get_num_threads()
+    sys.stderr.write(
+        f"attnlab serve: {names} on {address}/  (API: {address}/v1, docs: {address}/docs; "
+        f"{threads} torch thread{'s' if threads > 1 else ''})\n"
+    )
     sys.stderr.flush()
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=2))
     server.run(sockets=[sock])

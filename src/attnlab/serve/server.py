@@ -1,4 +1,5 @@
-"""Where the server listens: the loopback rule, the socket, a server on a background thread.
+"""Where the server listens: the loopback rule, the socket, a server on a background thread; and
+how many cores the models' arithmetic takes.
 
 `attnlab serve` binds 127.0.0.1 unless told otherwise, and refuses to listen beyond this machine
 without an API key. The socket is bound before the application starts, so a port in use is one
@@ -11,7 +12,20 @@ import socket
 import threading
 import time
 
+import torch
+
 from attnlab.errors import UserError
+
+
+def model_threads(cores: int | None = None) -> int:
+    """Torch threads for the models of a server: the cores torch would use (OMP_NUM_THREADS where
+    set), less one, at least one.
+
+    The core left over is the event loop's, which turns every token into an SSE event. Given all
+    the cores, PyTorch's thread pool contends with the loop (and with local clients) for them, and
+    its threads wait on one another at every small operator: on 2 cores, one thread served 1.2x
+    the batched tokens/s and 1.6x the one-at-a-time tokens/s of two (BENCHMARKS.md)."""
+    return max(1, (torch.get_num_threads() if cores is None else cores) - 1)
 
 
 def is_loopback(host: str) -> bool:
