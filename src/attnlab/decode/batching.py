@@ -61,10 +61,10 @@ class Batcher:
     positions=..., last_only=True)`, `model.new_cache`, `model.config.block_size`).
 
     `join` prefills a sequence and picks its first token (`join_all`: several, prompts of similar
-    lengths in one forward); `step` gives every sequence its next
-    token; sequences that finish leave by themselves, `leave` takes one out early (a client gone,
-    a stop string). `fused`: the cached rows' step in C++ where `attnlab.decode.fused` covers the
-    model (a warning and PyTorch's path where it does not). Not thread-safe: one thread drives it.
+    lengths in one forward); `step` gives every sequence its next token; sequences that finish
+    leave by themselves, `leave` takes one out early (a client gone, a stop string). `fused`: the
+    cached rows' step in C++ where `attnlab.decode.fused` covers the model (a warning and
+    PyTorch's path where it does not). Not thread-safe: one thread drives it.
     """
 
     def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
