@@ -4,9 +4,11 @@ A build takes about a minute and is cached afterwards (in `TORCH_EXTENSIONS_DIR`
 ~/.cache/torch_extensions); the code that uses one falls back to PyTorch's operators, with a
 warning, where it cannot be built (no compiler, no ninja). `attnlab kernels build` (which `make`
 runs when it installs attnlab) builds them ahead of time; `is_built` then says so without building,
-which is how the defaults (`"auto"`) take the kernels only when using them costs no pause.
+which is how the defaults (`"auto"`) take the kernels only when using them costs no pause. A
+build killed halfway does not stop later ones (`build_lock`).
 """
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -36,25 +38,26 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
     cpu = cpu_identity()
     headers.update(cpu)
     try:
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            extra_cflags=[
-                "-O3",
-                f"-march={march}",
-                "-fopenmp",
-                "-fno-math-errno",
-                # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a
-                # select (a division among them). Without AVX-512's masked instructions it
-                # vectorizes no loop with a branch otherwise: the activations and the softmax ran
-                # scalar on AVX2 CPUs, 3x slower than PyTorch (BENCHMARKS.md).
-                "-fno-trapping-math",
-                f"-DATTNLAB_BUILD={headers.hexdigest()[:16]}",
-                *vector_width_flags(cpu, march),
-            ],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        with build_lock(_build_folder(name)):
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=[
+                    "-O3",
+                    f"-march={march}",
+                    "-fopenmp",
+                    "-fno-math-errno",
+                    # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a
+                    # select (a division among them). Without AVX-512's masked instructions it
+                    # vectorizes no loop with a branch otherwise: the activations and the softmax ran
+                    # scalar on AVX2 CPUs, 3x slower than PyTorch (BENCHMARKS.md).
+                    "-fno-trapping-math",
+                    f"-DATTNLAB_BUILD={headers.hexdigest()[:16]}",
+                    *vector_width_flags(cpu, march),
+                ],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
     except Exception as e:  # no compiler, no ninja, a build error: the caller uses PyTorch instead
         warnings.warn(f"the {what} could not be built ({type(e).__name__}: {e}); {fallback}", stacklevel=3)
         return None
@@ -64,6 +67,43 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"{library}\n")
     return module
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path | None):
+    """Hold the build folder's lock while PyTorch builds or loads there, and clear the lock file a
+    dead build left behind.
+
+    PyTorch marks a build in progress with a file (`folder/lock`) that the builder removes when it
+    ends; a builder that was killed (SIGKILL, a machine stopped mid-build) leaves it, and every
+    later build of that name then waits for it forever. The operating system's lock taken here
+    (flock) ends with its process instead, so whoever holds it knows that a `lock` file it finds
+    is left over from a build that no longer runs."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: PyTorch's file alone
+        fcntl = None
+    if folder is None or fcntl is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "attnlab.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released on close, or by the system when this process dies
+        left = folder / "lock"
+        if left.exists():
+            warnings.warn(f"removed {left}, left by a build that did not finish; building again", stacklevel=3)
+            left.unlink(missing_ok=True)
+        yield
+
+
+def _build_folder(name: str) -> Path | None:
+    """Where PyTorch builds and caches the extension `name` (None where that cannot be found)."""
+    from torch.utils import cpp_extension
+
+    try:
+        return Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:  # a private helper of PyTorch's
+        return None
 
 
 def is_built(name: str, source: Path, march: str = "native") -> bool:
@@ -80,18 +120,14 @@ def _marker(name: str, source: Path, march: str) -> Path | None:
     """The file that records a finished build of `source` as it is now, in PyTorch's extension
     cache (None where that cache cannot be located)."""
     import torch
-    from torch.utils import cpp_extension
 
     digest = hashlib.sha256()
     for path in [source, *sorted(source.parent.parent.glob("*/*.h"))]:
         digest.update(path.read_bytes())
     digest.update(cpu_identity())
     digest.update(f"{march} {torch.__version__} {sysconfig.get_python_version()}".encode())
-    try:
-        folder = Path(cpp_extension._get_build_directory(name, verbose=False))
-    except Exception:  # a private helper of PyTorch's: without it, nothing counts as built
-        return None
-    return folder / f"attnlab-built-{digest.hexdigest()[:24]}"
+    folder = _build_folder(name)  # without it, nothing counts as built
+    return folder / f"attnlab-built-{digest.hexdigest()[:24]}" if folder is not None else None
 
 
 def vector_width_flags(cpu: bytes, march: str) -> list[str]:
