@@ -123,6 +123,18 @@ def test_models_it_does_not_cover_decode_eagerly_with_a_warning(make_gpt):
     assert not supports(make_gpt().double(), make_gpt().double().new_cache(1, 16))
 
 
+def test_under_cpu_autocast_the_gpt_decodes_eagerly_in_the_precision_asked(make_gpt):
+    """The C++ step computes in fp32; under bf16 autocast the model's own forward does the step."""
+    model = make_gpt()
+    assert supports(model, model.new_cache(1, 16))
+    prompt = torch.tensor([[1, 2, 3]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not supports(model, model.new_cache(1, 16))
+        with pytest.warns(UserWarning, match="decoding eagerly"):
+            got = greedy(model, prompt, 8, fused=True)
+        assert torch.equal(got, greedy(model, prompt, 8))
+
+
 def test_compile_and_fused_together_are_refused(make_gpt):
     with pytest.raises(ValueError, match="pick one"):
         greedy(make_gpt(), torch.tensor([[1, 2]]), 3, compile=True, fused=True)

@@ -140,6 +140,20 @@ def test_models_it_does_not_cover_decode_eagerly_with_a_warning():
     assert not supports_decoder(random_transformer(0).double())
 
 
+def test_under_cpu_autocast_beam_search_decodes_eagerly_in_the_precision_asked():
+    """The training loop evaluates under bf16 autocast on CPUs with bf16 instructions: the encoder's
+    memory then comes out in bf16, which the fp32 C++ step cannot read. The eager step runs instead."""
+    model = random_transformer(3)
+    src = sources(2, 6, seed=3)
+    kw = dict(beam_size=3, bos_id=BOS, eos_id=EOS, max_len_extra=4)
+    assert supports_decoder(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not supports_decoder(model)
+        with pytest.warns(UserWarning, match="decoding eagerly"):
+            fused = beam_search(model, src, fused=True, **kw)
+        assert fused == beam_search(model, src, **kw)
+
+
 def test_without_onednn_the_many_row_products_take_the_matrix_product(monkeypatch):
     """Where PyTorch has no oneDNN, the state passes no reordered weights and the C++ step
     multiplies with PyTorch's matrix product instead: the same translations."""

@@ -79,12 +79,15 @@ def supports(model: nn.Module, cache: list[KVCache]) -> bool:
 
 
 def _runs_here(model: nn.Module, weight: torch.Tensor) -> bool:
-    """What both fused steps need: a known activation, fp32 weights on the CPU, inference."""
+    """What both fused steps need: a known activation, fp32 weights on the CPU, inference, and no
+    CPU autocast (the steps compute in fp32 whatever autocast asks; the training loop's evaluation
+    runs under bf16 autocast on CPUs with bf16 instructions, and decodes eagerly there)."""
     return (
         model.config.activation in ACTIVATION_CODES
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and not model.training
+        and not torch.is_autocast_enabled("cpu")
     )
 
 
