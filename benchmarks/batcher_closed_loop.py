@@ -2,13 +2,18 @@
 
 Each of `--clients` clients asks for a 64-token sampled completion of one of serve_load.py's
 prompts and, when it ends, for the next, `--requests` times. The decoding thread's work, with
-nothing else on the machine's other core: no HTTP, no event loop. Two ways to prefill the
-requests that arrive at one step, alternating `--rounds` times in one process:
+nothing else on the machine's other core: no HTTP, no event loop. Two variants, alternating
+`--rounds` times in one process, chosen by `--compare`:
 
-- `together`: `Batcher.join_all` over them all (prompts of similar lengths share a forward);
-- `one by one`: `join_all` over each alone (one forward per prompt, what the server did before).
+- `prefill` (the default): the requests that arrive at one step prefilled `together`
+  (`Batcher.join_all` over them all: prompts of similar lengths share a forward) or `one by one`
+  (`join_all` over each alone: one forward per prompt, what the server did before);
+- `products`: the C++ step's products past 8 rows over oneDNN's `reordered` weights (the default)
+  or `pytorch`'s matrix product;
+- `batching`: `batched`, or `one at a time` (a batch of one serving all the requests in turn).
 
-    python benchmarks/batcher_closed_loop.py RUN [--clients 32] [--requests 4] [--rounds 3] [--json F]
+    python benchmarks/batcher_closed_loop.py RUN [--compare prefill] [--clients 32] [--requests 4]
+        [--rounds 3] [--json F]
 
 Prints one JSON line per round and variant (tokens/s, seconds in prefill) and the medians.
 """
@@ -30,10 +35,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from run_info import run_info  # noqa: E402
 from serve_load import PROMPTS  # noqa: E402
 
+VARIANTS = {
+    "prefill": ("one by one", "together"),
+    "products": ("pytorch", "reordered"),
+    "batching": ("one at a time", "batched"),
+}
 
-def closed_loop(model, tokenizer, clients: int, requests: int, together: bool) -> dict:
+
+def closed_loop(model, tokenizer, clients: int, requests: int, together: bool = True, reordered: bool = True) -> dict:
     """Decode clients x requests completions, each client's next joining when its last ends."""
     batcher = Batcher(model, max_batch=clients, fused=True)
+    if not reordered and batcher.fused is not None:
+        batcher.fused._packed = lambda rows: []
     left = dict.fromkeys(range(clients), requests)
     asking, owner, tokens, prefill, drawn = list(range(clients)), {}, 0, 0.0, 0
     start = time.perf_counter()
@@ -60,9 +73,16 @@ def closed_loop(model, tokenizer, clients: int, requests: int, together: bool) -
             "prefill_s": round(prefill, 3)}  # fmt: skip
 
 
+def run_variant(model, tokenizer, clients: int, requests: int, variant: str) -> dict:
+    if variant == "one at a time":  # every request in turn, as a server with --max-batch 1
+        return closed_loop(model, tokenizer, 1, clients * requests)
+    return closed_loop(model, tokenizer, clients, requests, variant != "one by one", variant != "pytorch")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a character-level language-model run folder")
+    parser.add_argument("--compare", choices=sorted(VARIANTS), default="prefill")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
@@ -72,15 +92,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     run = attnlab.load(args.run)
     model = run.model.eval()
-    rows = []
+    rows, variants = [], VARIANTS[args.compare]
     with torch.no_grad():
         for round_ in range(args.rounds):
-            for variant in ("one by one", "together"):
-                row = closed_loop(model, run.tokenizer, args.clients, args.requests, variant == "together")
-                rows.append({"round": round_, "prefill": variant, **row})
+            for variant in variants:
+                row = run_variant(model, run.tokenizer, args.clients, args.requests, variant)
+                rows.append({"round": round_, args.compare: variant, **row})
                 print(json.dumps(rows[-1]), flush=True)
-    for variant in ("one by one", "together"):
-        mine = [r for r in rows if r["prefill"] == variant]
+    for variant in variants:
+        mine = [r for r in rows if r[args.compare] == variant]
         print(f"{variant}: median {statistics.median(r['tokens_per_s'] for r in mine):.0f} tokens/s, "
               f"prefill {statistics.median(r['prefill_s'] for r in mine):.2f} s")  # fmt: skip
     if args.json:

@@ -1,6 +1,8 @@
 """What one continuous-batching step costs: the C++ rows step (`FusedStep.rows`) of a GPT run at
 1, 8 and 32 cache rows, and, at 32 rows, the four weight products of one block alone, as PyTorch's
 matrix product and as oneDNN's over the reordered weight (`attnlab.nn.projection.reordered_weight`).
+The 32-row step is also timed with PyTorch's products in place of the reordered weights it takes
+past 8 rows, the two ways alternating three times.
 
     python benchmarks/rows_step.py RUN [--threads 1] [--json F]
 
@@ -38,9 +40,12 @@ def median_ms(call, repeats: int = 50) -> float:
     return round(statistics.median(times) * 1e3, 3)
 
 
-def rows_step_ms(model, tokenizer, rows: int) -> float:
-    """The C++ step of `rows` cache rows at their own positions (rewriting the same slots each call)."""
+def rows_step_ms(model, tokenizer, rows: int, reordered: bool = True) -> float:
+    """The C++ step of `rows` cache rows at their own positions (rewriting the same slots each call);
+    reordered=False: PyTorch's matrix product where the step would take oneDNN's reordered weights."""
     batcher = Batcher(model, max_batch=rows, fused=True)
+    if not reordered:
+        batcher.fused._packed = lambda rows: []
     batcher.join_all([Sequence(tokenizer.encode(PROMPTS[i % len(PROMPTS)]), 200) for i in range(rows)])
     for _ in range(5):
         batcher.step()
@@ -78,6 +83,11 @@ def main() -> None:
     model = run.model.eval()
     with torch.no_grad():
         result = {f"rows_step_ms_{r}": rows_step_ms(model, run.tokenizer, r) for r in (1, 8, 32)}
+        ab = {"reordered": [], "pytorch": []}
+        for _ in range(3):
+            for way in ab:
+                ab[way].append(rows_step_ms(model, run.tokenizer, 32, reordered=way == "reordered"))
+        result["rows_step_ms_32_products"] = ab
         result["block_products_32_rows"] = block_products_ms(model, 32)
     result["blocks"] = len(model.blocks)
     print(json.dumps(result))

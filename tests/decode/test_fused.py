@@ -9,8 +9,9 @@ The extension is built once per machine (about a minute; cached by torch.utils.c
 import pytest
 import torch
 
-from attnlab.decode import greedy, sample
+from attnlab.decode import fused, greedy, sample
 from attnlab.decode.fused import FusedStep, extension, supports
+from attnlab.nn.projection import MKLDNN, has_reordered_weight
 
 pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
 
@@ -54,14 +55,16 @@ def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
             torch.testing.assert_close(a.v, b.v, atol=1e-5, rtol=1e-5)
 
 
-def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(make_gpt):
-    """Three sequences of different lengths in one cache, as continuous batching holds them: the
-    rows step writes each row's key and value at its own slot and attends to that row's slots alone
+@pytest.mark.parametrize("lengths", [[5, 2, 9], [5, 2, 9, 1, 7, 3, 8, 4, 6, 2, 10, 5]])  # 12 rows: oneDNN's products
+def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(make_gpt, lengths, monkeypatch):
+    """Sequences of different lengths in one cache, as continuous batching holds them: the rows
+    step writes each row's key and value at its own slot and attends to that row's slots alone
     (slots past a row's position hold another sequence's leftovers, which must not count)."""
+    monkeypatch.setattr(fused, "REORDERED_MIN_WEIGHT", 5000)  # q/k/v (6,912) reordered, the output (2,304) not
     model = make_gpt(n_embd=48, n_head=3)
-    lengths = [5, 2, 9]
+    rows = len(lengths) + 1
     with torch.inference_mode():
-        ours, theirs = model.new_cache(4, 16), model.new_cache(4, 16)
+        ours, theirs = model.new_cache(rows, 16), model.new_cache(rows, 16)
         for cache in (ours, theirs):
             for layer in cache:  # leftovers of an earlier sequence in every slot
                 layer.k.normal_(generator=torch.Generator().manual_seed(1))
@@ -70,10 +73,10 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
                 prompt = torch.randint(0, 23, (1, n), generator=torch.Generator().manual_seed(row))
                 model(prompt, cache=[layer.view(slice(row, row + 1)) for layer in cache], last_only=True)
         step = FusedStep(model, extension(), ours)
-        tokens, positions = torch.tensor([3, 7, 11]), torch.tensor(lengths)
+        tokens, positions = torch.arange(3, 3 + len(lengths)) % 23, torch.tensor(lengths)
         for _ in range(4):
             length = int(positions.max()) + 1
-            views = [layer.view(slice(0, 3), length) for layer in theirs]
+            views = [layer.view(slice(0, len(lengths)), length) for layer in theirs]
             expected = model(tokens[:, None], cache=views, positions=positions[:, None], last_only=True)[:, -1]
             got = step.rows(tokens, positions)
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -81,10 +84,13 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
                 for row, pos in enumerate(positions.tolist()):
                     torch.testing.assert_close(a.k[row, :, pos], b.k[row, :, pos], atol=1e-5, rtol=1e-5)
             tokens, positions = expected.argmax(-1), positions + 1
+        block = model.blocks[0]
+        assert has_reordered_weight(block.attn.in_proj.weight) == (MKLDNN and len(lengths) > 8)
+        assert not has_reordered_weight(block.attn.out_proj.weight)
         with pytest.raises(RuntimeError, match="outside the cache"):
-            step.rows(tokens, torch.tensor([1, 2, 16]))
-        with pytest.raises(RuntimeError, match="R <= 4"):
-            step.rows(torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long))
+            step.rows(tokens, torch.tensor([*lengths[:-1], 16]))
+        with pytest.raises(RuntimeError, match=f"R <= {rows}"):
+            step.rows(torch.zeros(rows + 1, dtype=torch.long), torch.zeros(rows + 1, dtype=torch.long))
 
 
 def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
@@ -100,6 +106,28 @@ def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
         for layer in cache:
             layer.length = 2
         expected = model(torch.tensor([[4]]), cache=cache, last_only=True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_many_rows_see_weights_changed_after_the_step_was_made(make_gpt, monkeypatch):
+    """Past 8 rows the products use oneDNN copies of the weights, remade when a weight changes."""
+    monkeypatch.setattr(fused, "REORDERED_MIN_WEIGHT", 1)
+    model = make_gpt()
+    prompt = torch.randint(0, 23, (12, 3), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        cache = model.new_cache(12, 16)
+        model(prompt, cache=cache, last_only=True)
+        step = FusedStep(model, extension(), cache)
+        token = torch.arange(12)[:, None]
+        step(token, cache, 3)
+    with torch.no_grad():  # in place: a new version of each weight
+        model.blocks[0].ffn.fc1.weight.mul_(-1.0)
+        model.lm_head.weight.mul_(-1.0)
+    with torch.inference_mode():
+        got = step(token, cache, 4)
+        for layer in cache:
+            layer.length = 4
+        expected = model(token, cache=cache, last_only=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -44,6 +44,12 @@ T = TypeVar("T")
 
 
 SOURCE = Path(__file__).with_name("fused_step.cpp")
+STREAMED_MAX_ROWS = 8  # fused_step.cpp's `product`: up to this many rows it streams the weights itself
+REORDERED_MIN_WEIGHT = 1 << 17
+"""Past STREAMED_MAX_ROWS, the GPT step multiplies by oneDNN's reordered copy of weights with at
+least this many elements, PyTorch's product being faster for smaller ones (`benchmarks/rows_step.py`
+at 32 rows: a 384-wide model's step 25% faster with them, a 128-wide one's 10% slower)."""
+_NONE = torch.empty(0)  # no reordered weight: PyTorch's product
 
 
 @functools.cache
@@ -98,15 +104,28 @@ def _bias(layer: nn.Module) -> torch.Tensor:
 class FusedStep:
     """The decoding step of a GPT that `supports` accepts, bound to one generation's cache:
     `step(token (B, 1), cache, position)` -> logits `(B, 1, V)`, the new keys and values written
-    at `position` of the cache (the same cache, whose buffers the C++ side holds)."""
+    at `position` of the cache (the same cache, whose buffers the C++ side holds).
+
+    A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
+    reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
+    """
 
     def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache]) -> None:
         params: list[torch.Tensor] = []
+        self.weights: list[torch.Tensor] = []  # the products', in the step's order
         for block in model.blocks:
             layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
             for layer in layers:
                 params += _weight_bias(layer)
+            self.weights += [
+                block.attn.in_proj.weight,
+                block.attn.out_proj.weight,
+                block.ffn.fc1.weight,
+                block.ffn.fc2.weight,
+            ]
         params += [model.final_norm.weight.detach(), _bias(model.final_norm).detach(), model.lm_head.weight.detach()]
+        self.weights.append(model.lm_head.weight)
+        self.reordered = MKLDNN and any(w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
             positions = model.positions(torch.arange(c.block_size)).contiguous()
@@ -125,7 +144,7 @@ class FusedStep:
     def __call__(self, token: torch.Tensor, cache: list[KVCache], position: int) -> torch.Tensor:
         if cache is not self.cache:
             raise ValueError("this fused step is bound to another cache")
-        logits = self.step.step(token.view(-1), position)
+        logits = self.step.step(token.view(-1), position, self._packed(token.size(0)))
         for layer in cache:
             layer.length = position + 1
         return logits.unsqueeze(1)
@@ -135,7 +154,14 @@ class FusedStep:
         batching): tokens `(R,)`, positions `(R,)` long -> next-token logits `(R, V)`. Row r writes
         its key and value at positions[r] and attends to its slots 0..positions[r]; the caches'
         `length` is left alone (the caller knows each row's)."""
-        return self.step.step_rows(tokens, positions)
+        return self.step.step_rows(tokens, positions, self._packed(tokens.size(0)))
+
+    def _packed(self, rows: int) -> list[torch.Tensor]:
+        """The reordered weights for a step of `rows` rows (an empty tensor for a weight multiplied
+        by PyTorch's product); none up to 8 rows, where the C++ step streams the weights itself."""
+        if rows <= STREAMED_MAX_ROWS or not self.reordered:
+            return []
+        return [reordered_weight(w) if w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights]
 
 
 def supports_decoder(model: nn.Module) -> bool:

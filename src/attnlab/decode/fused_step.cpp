@@ -34,6 +34,7 @@
 namespace {
 
 constexpr int64_t kPerBlock = 12;  // tensors per block in `params`, in the order of fused.py
+constexpr int64_t kProductsPerBlock = 4;  // qkv, attention output, fc1, fc2
 
 const float* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 
@@ -335,18 +336,19 @@ class GPTStep {
   }
 
   // tokens (B,) int64: the newest token of each sequence, at position `pos` (its cache slot).
-  // Returns the next-token logits (B, V).
-  at::Tensor step(const at::Tensor& tokens, int64_t pos) {
+  // packed: oneDNN's reordered copies of the products' weights, for steps of more than 8 rows
+  // (kProductsPerBlock per block, then the head's), or none. Returns the next-token logits (B, V).
+  at::Tensor step(const at::Tensor& tokens, int64_t pos, const std::vector<at::Tensor>& packed) {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == B_ && tokens.scalar_type() == at::kLong, "tokens must be (B,) int64");
     TORCH_CHECK(pos >= 0 && pos < L_ && pos < positions_.size(0), "position ", pos, " is outside the cache");
     const std::vector<int64_t> at_pos(B_, pos);
-    return run(tokens.contiguous(), at_pos.data(), B_);
+    return run(tokens.contiguous(), at_pos.data(), B_, packed);
   }
 
   // tokens (R,) int64, R <= B: the newest token of the sequences in cache rows 0..R-1, row r at
   // its own position positions[r] (its cache slot), attending to its slots 0..positions[r].
-  // Returns the next-token logits (R, V).
-  at::Tensor step_rows(const at::Tensor& tokens, const at::Tensor& positions) {
+  // packed as for `step`. Returns the next-token logits (R, V).
+  at::Tensor step_rows(const at::Tensor& tokens, const at::Tensor& positions, const std::vector<at::Tensor>& packed) {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) <= B_ && tokens.scalar_type() == at::kLong,
                 "tokens must be (R,) int64 with R <= ", B_, " (the cache's rows)");
     TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens.size(0) && positions.scalar_type() == at::kLong,
@@ -355,36 +357,39 @@ class GPTStep {
     const int64_t* pos = at_pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < at_pos.size(0); ++r)
       TORCH_CHECK(pos[r] >= 0 && pos[r] < L_ && pos[r] < positions_.size(0), "position ", pos[r], " is outside the cache");
-    return run(tokens.contiguous(), pos, tokens.size(0));
+    return run(tokens.contiguous(), pos, tokens.size(0), packed);
   }
 
  private:
   // The step of rows 0..R-1, row r's token ids[r] at position pos[r].
-  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R) {
-    const int64_t B = R, C = C_;
+  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
+    const int64_t B = R, C = C_, n_layer = static_cast<int64_t>(k_.size());
+    TORCH_CHECK(packed.empty() || static_cast<int64_t>(packed.size()) == n_layer * kProductsPerBlock + 1,
+                "one reordered weight per product, or none");
+    const at::Tensor none;  // no reordered weight, and the head has no bias
+    auto reordered = [&](int64_t i) -> const at::Tensor& { return packed.empty() ? none : packed[i]; };
     at::Tensor logits = at::empty({B, V_}, tokens_.options());
     float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
     float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
     embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
     const RowPositions rows(pos, B);
-    const int64_t n_layer = static_cast<int64_t>(k_.size());
-    const at::Tensor none;  // no reordered weights here, and the head has no bias
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
+      const int64_t k = l * kProductsPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-      product(p[2], none, p[3], hp, qkv, B);
+      product(p[2], reordered(k), p[3], hp, qkv, B);
       attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, ap, B, H_, D_);
-      product(p[4], none, p[5], ap, yp, B);
+      product(p[4], reordered(k + 1), p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
-      product(p[8], none, p[9], hp, f, B);
+      product(p[8], reordered(k + 2), p[9], hp, f, B);
       attnlab::activate(f, f, B * F_, act_);
-      product(p[10], none, p[11], f, yp, B);
+      product(p[10], reordered(k + 3), p[11], f, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
     layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-    product(p[2], none, none, hp, logits.data_ptr<float>(), B);
+    product(p[2], reordered(n_layer * kProductsPerBlock), none, hp, logits.data_ptr<float>(), B);
     return logits;
   }
 
@@ -553,9 +558,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
       .def("step", &GPTStep::step, without_gil(),
-           "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos -> logits (B, V)")
+           "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
-           "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,) -> logits (R, V)");
+           "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())
