@@ -45,7 +45,7 @@ def rows_step_ms(model, tokenizer, rows: int, reordered: bool = True) -> float:
     reordered=False: PyTorch's matrix product where the step would take oneDNN's reordered weights."""
     batcher = Batcher(model, max_batch=rows, fused=True)
     if not reordered:
-        batcher.fused._packed = lambda rows: []
+        batcher.fused.reordered = False
     batcher.join_all([Sequence(tokenizer.encode(PROMPTS[i % len(PROMPTS)]), 200) for i in range(rows)])
     for _ in range(5):
         batcher.step()

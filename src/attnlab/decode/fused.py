@@ -117,14 +117,10 @@ class FusedStep:
             layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
             for layer in layers:
                 params += _weight_bias(layer)
-            self.weights += [
-                block.attn.in_proj.weight,
-                block.attn.out_proj.weight,
-                block.ffn.fc1.weight,
-                block.ffn.fc2.weight,
-            ]
+            self.weights += [layer.weight for layer in layers if isinstance(layer, nn.Linear)]
         params += [model.final_norm.weight.detach(), _bias(model.final_norm).detach(), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
+        # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two)
         self.reordered = MKLDNN and any(w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
