@@ -81,16 +81,14 @@ def count_forwards(model) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "overrides,fused",
-    [({}, False), ({"positions": "rope"}, False), ({"positions": "sinusoidal", "n_kv_head": 1}, False), ({}, True)],
-    ids=["learned", "rope", "sinusoidal-mqa", "learned-fused"],
+    "overrides",
+    [{}, {"positions": "rope"}, {"positions": "sinusoidal", "n_kv_head": 1}],
+    ids=["learned", "rope", "sinusoidal-mqa"],
 )
-def test_prompts_that_join_together_share_their_prefill_and_get_the_tokens_of_decoding_alone(overrides, fused):
-    if fused and extension() is None:
-        pytest.skip("the fused step could not be built here")
+def test_prompts_that_join_together_share_their_prefill_and_get_the_tokens_of_decoding_alone(overrides):
     model = tiny_gpt(**overrides)
     requests = [(p, m) for p, (_, m) in zip(prompts(seed=13), REQUESTS, strict=True)]
-    batcher = Batcher(model, max_batch=8, fused=fused)
+    batcher = Batcher(model, max_batch=8)
     calls = count_forwards(model)
     # Windows of 16, 12, 9 (one forward, padded to 16) and 7, 5, 3, 2, 1 (another, padded to 7).
     seqs = batcher.join_all([Sequence(p, m) for p, m in requests])
@@ -127,6 +125,49 @@ def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_pref
             n = seq.filled
             assert torch.allclose(mine.k[seq.row, :, :n], its.k[0, :, :n], atol=1e-5)
             assert torch.allclose(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
+)
+def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_cache_of_each_alone(overrides):
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    model = tiny_gpt(**overrides)
+    # Windows of 3, 1, 7, 12, 16 (a prompt of 20), 5, 2 and 9 tokens: 55 in all, more tokens than
+    # the cache's 10 rows, prefilled while two sequences are decoding, into rows 2 onwards.
+    batcher = Batcher(model, max_batch=10, fused=True)
+    for prompt in prompts(seed=5)[:2]:
+        batcher.join(prompt, 30)
+    batcher.step()
+    calls, picked = count_forwards(model), []
+    seqs = batcher.join_all([Sequence(p, 2, pick=recording(picked)) for p in prompts(seed=17)])
+    assert calls == []  # not the model's forward: one C++ call
+    assert [s.row for s in seqs] == list(range(2, 10))
+    for seq, logits in zip(seqs, picked, strict=True):
+        eager, got = Batcher(model, max_batch=1), []
+        eager.join(seq.prompt, 2, pick=recording(got))
+        torch.testing.assert_close(logits, got[0], atol=1e-5, rtol=1e-5)
+        n = seq.filled
+        assert n == min(len(seq.prompt), 16)
+        for mine, its in zip(batcher.cache, eager.cache, strict=True):
+            torch.testing.assert_close(mine.k[seq.row, :, :n], its.k[0, :, :n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_the_fused_step_refuses_tokens_outside_the_cache_or_logits_of_no_token():
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    step = Batcher(tiny_gpt(), max_batch=2, fused=True).fused.step
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="cache row 2 is outside the cache's 2 rows"):
+        step.step_tokens(one, one + 2, one, one, [])
+    with pytest.raises(RuntimeError, match="position 16 is outside the cache"):
+        step.step_tokens(one, one, one + 16, one, [])
+    with pytest.raises(RuntimeError, match="out index 1 is not one of the 1 tokens"):
+        step.step_tokens(one, one, one, one + 1, [])
+    with pytest.raises(RuntimeError, match="one per token"):
+        step.step_tokens(one, torch.zeros(2, dtype=torch.long), one, one, [])
 
 
 def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_time():

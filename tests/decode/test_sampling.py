@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnlab.decode import generate_tokens, greedy, greedy_picker, sample, sampling_picker, top_k_filter, top_p_filter
+from attnlab.decode.sampling import pick_rows
 
 BLOCK = 16
 
@@ -390,3 +391,33 @@ def test_a_suspended_generator_leaks_no_mode_to_the_caller(make_gpt):
 def test_generation_builds_no_autograd_graph(gpt):
     tokens = list(generate_tokens(gpt, random_prompt(1, 5), 5, greedy_picker()))
     assert not any(t.requires_grad for t in tokens)
+
+
+# ------------------------------------------------------------------ many rows' pickers at once
+
+
+def test_pick_rows_draws_what_each_rows_picker_draws_alone():
+    """Plain samplers (drawn together), filtered ones and greedy rows, each with its own settings
+    and generator: the same tokens as calling each picker on its row, step after step (so every
+    generator is also left where its own picker leaves it)."""
+    settings = [(0.8, None, None), (1.0, None, None), (1.7, None, None), (0.05, None, None), (1.0, 5, None),
+                (0.9, None, 0.8), (0.0, None, None), (0.3, None, None)]  # fmt: skip
+
+    def pickers():
+        return [sampling_picker(t, k, p, torch.Generator().manual_seed(10 + i)) for i, (t, k, p) in enumerate(settings)]
+
+    alone, together = pickers(), pickers()
+    for step in range(20):
+        logits = random_logits(b=len(settings), v=[65, 7, 1000][step % 3], scale=1 + step % 4, seed=step)
+        expected = [int(pick(logits[i : i + 1])[0]) for i, pick in enumerate(alone)]
+        assert pick_rows(together, logits) == expected, step
+    assert len({tuple(pick_rows(together, logits)) for _ in range(10)}) > 1  # the draws do move on
+
+
+def test_pick_rows_of_unseeded_samplers_draws_from_the_default_generator_as_they_would():
+    logits = random_logits(b=6, v=40, scale=2.0, seed=1)
+    samplers = [sampling_picker(0.7) for _ in range(6)]
+    torch.manual_seed(123)
+    expected = [int(s(logits[i : i + 1])[0]) for i, s in enumerate(samplers)]
+    torch.manual_seed(123)
+    assert pick_rows(samplers, logits) == expected

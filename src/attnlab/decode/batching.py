@@ -12,7 +12,9 @@ per-row positions) and attending to its own filled slots.
 
 With `fused=True`, a GPT that `attnlab.decode.fused` covers takes the cached rows' step in one C++
 call (`FusedStep.rows`) instead of ~100 PyTorch operators: the step's fixed cost, which batching
-shares among the rows, mostly goes.
+shares among the rows, mostly goes. The prompts that join together are prefilled in one C++ call
+too (`FusedStep.prefill`), whatever their lengths, each prompt's tokens in its own row: none is
+padded, and a prompt's tokens see those before it (Orca's "selective batching").
 
 Every sequence follows `generate_tokens`' rules exactly, so a batch gives each sequence the tokens
 it would get decoded alone: the prompt's last block_size tokens are prefilled, and once a sequence
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 
 from attnlab.decode.fused import gpt_step as fused_step
-from attnlab.decode.sampling import Picker, _eval_mode
+from attnlab.decode.sampling import Picker, _eval_mode, pick_rows
 from attnlab.nn.attention import MultiHeadAttention
 
 PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see Batcher._prefill_groups)
@@ -139,7 +141,10 @@ class Batcher:
         """The sequences grouped for prefilling, longest prompts first. A shorter prompt joins a
         group when padding it to the group's length costs at most PAD_SLACK tokens or half the
         length: a forward's fixed cost (launching every layer, reading every weight) is worth
-        about that much compute on a CPU. Models whose positions cannot differ by row go alone."""
+        about that much compute on a CPU. Models whose positions cannot differ by row go alone; with
+        the fused step all go together, unpadded."""
+        if self.fused is not None:  # prompts of any lengths share one C++ call, unpadded
+            return [seqs] if seqs else []
         if not self.row_positions:
             return [[s] for s in seqs]
         groups: list[list[Sequence]] = []
@@ -155,27 +160,34 @@ class Batcher:
         return min(len(seq.prompt), self.block)
 
     def _prefill(self, group: list[Sequence]) -> None:
-        """Prefill a group's prompts (longest first) into the next free rows, in one forward.
+        """Prefill a group's prompts into the next free rows, in one call, and pick their first tokens."""
+        windows = [s.prompt[-self.block :] for s in group]
+        first = len(self.cached)
+        for i, (seq, window) in enumerate(zip(group, windows, strict=True)):
+            seq.row, seq.filled = first + i, len(window)
+        with _eval_mode(self.model):
+            if self.fused is not None:
+                logits = self.fused.prefill(windows, first)
+            else:
+                logits = self._prefill_eager(windows, first)
+        self.cached.extend(group)
+        self._advance(group, logits)
+
+    def _prefill_eager(self, windows: list[list[int]], first: int) -> torch.Tensor:
+        """The model's forward over windows (longest first) into rows first, first + 1, …
 
         Shorter prompts are padded on the left, and the pads are placed after the prompt (at
         positions L … T-1): each prompt token then sits at its own position and sees only the
         prompt before it, the last column holds every row's last prompt token, and the pads' keys
-        wait in slots that the row's next tokens overwrite before anything attends to them."""
-        windows = [s.prompt[-self.block :] for s in group]
-        t, first = len(windows[0]), len(self.cached)
-        for i, (seq, window) in enumerate(zip(group, windows, strict=True)):
-            seq.row, seq.filled = first + i, len(window)
-        views = [layer.view(slice(first, first + len(group))) for layer in self.cache]
+        wait in slots that the row's next tokens overwrite before anything attends to them. `(G, V)`"""
+        t = len(windows[0])
+        views = [layer.view(slice(first, first + len(windows))) for layer in self.cache]
         idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
-        with _eval_mode(self.model):
-            if len(group) == 1:
-                logits = self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
-            else:
-                order = [list(range(len(w), t)) + list(range(len(w))) for w in windows]
-                positions = torch.tensor(order, dtype=torch.long, device=self.device)  # (G, T)
-                logits = self.model(idx, cache=views, positions=positions, last_only=True)[:, -1]  # (G, V)
-        self.cached.extend(group)
-        self._advance(group, logits)
+        if len(windows) == 1:
+            return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
+        order = [list(range(len(w), t)) + list(range(len(w))) for w in windows]
+        positions = torch.tensor(order, dtype=torch.long, device=self.device)  # (G, T)
+        return self.model(idx, cache=views, positions=positions, last_only=True)[:, -1]  # (G, V)
 
     def _slide(self, seq: Sequence) -> None:
         self.leave(seq)
@@ -214,8 +226,10 @@ class Batcher:
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its logits row; finished sequences leave."""
         greedy = logits.argmax(dim=-1).tolist() if any(s.pick is None for s in seqs) else None
+        sampled = [i for i, s in enumerate(seqs) if s.pick is not None]
+        drawn = dict(zip(sampled, pick_rows([seqs[i].pick for i in sampled], logits[sampled]), strict=True))
         for i, seq in enumerate(seqs):
-            token = greedy[i] if seq.pick is None else int(seq.pick(logits[i : i + 1])[0])
+            token = greedy[i] if seq.pick is None else drawn[i]
             seq.tokens.append(token)
             if seq.eos_id is not None and token == seq.eos_id:
                 seq.finish_reason = "stop"

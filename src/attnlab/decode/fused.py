@@ -106,6 +106,9 @@ class FusedStep:
     `step(token (B, 1), cache, position)` -> logits `(B, 1, V)`, the new keys and values written
     at `position` of the cache (the same cache, whose buffers the C++ side holds).
 
+    `rows` steps sequences at their own positions (continuous batching), and `prefill` writes whole
+    prompts, each into a row of its own, in one call.
+
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
     """
@@ -151,6 +154,20 @@ class FusedStep:
         its key and value at positions[r] and attends to its slots 0..positions[r]; the caches'
         `length` is left alone (the caller knows each row's)."""
         return self.step.step_rows(tokens, positions, self._packed(tokens.size(0)))
+
+    def prefill(self, prompts: list[list[int]], first_row: int) -> torch.Tensor:
+        """Prefill prompts into cache rows first_row, first_row + 1, … in one call, prompt i's
+        tokens at positions 0 … len − 1 of its row, whatever the lengths (no padding) -> the
+        next-token logits after each prompt's last token `(G, V)`. The rows' earlier contents
+        past each prompt are never read: a token attends to its own row's slots up to its position."""
+        lengths = [len(p) for p in prompts]
+        if not lengths or min(lengths) < 1:
+            raise ValueError("prefill needs prompts of at least one token")
+        tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+        rows = torch.repeat_interleave(torch.arange(first_row, first_row + len(prompts)), torch.tensor(lengths))
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        last = torch.tensor(lengths).cumsum(0) - 1
+        return self.step.step_tokens(tokens, rows, positions, last, self._packed(tokens.numel()))
 
     def _packed(self, rows: int) -> list[torch.Tensor]:
         """The reordered weights for a step of `rows` rows (an empty tensor for a weight multiplied

