@@ -165,3 +165,30 @@ def test_one_at_a_time_mode_gives_the_same_text(char_tok):
     texts, stats = run_worker(model, char_tok, body, batched=False)
     assert not stats["batched"]
     assert texts == [complete(model, char_tok, p, 10, greedy_picker()) for p in ("the", "dog", "fox")]
+
+
+def test_a_step_wakes_the_event_loop_once_for_all_its_streams(char_tok):
+    """Every stream's piece of a step goes to the loop in one hand-over, not one per token."""
+    model = tiny_gpt(vocab_size=char_tok.vocab_size)
+    steps, wakeups = [], []
+
+    async def body(worker):
+        loop = asyncio.get_running_loop()
+        real_call, real_step = loop.call_soon_threadsafe, worker.batcher.step
+
+        def call(*args):
+            wakeups.append(args)
+            return real_call(*args)
+
+        def step():
+            steps.append(len(worker.batcher))
+            return real_step()
+
+        loop.call_soon_threadsafe, worker.batcher.step = call, step
+        streams = [worker.submit(char_tok.encode(p), Sampling(12, temperature=0)) for p in ("the", "dog", "fox", "q")]
+        return await asyncio.gather(*(collect(s) for s in streams))
+
+    texts = run_worker(model, char_tok, body, max_batch=4)
+    assert texts == [complete(model, char_tok, p, 12, greedy_picker()) for p in ("the", "dog", "fox", "q")]
+    assert max(steps) == 4  # the four were decoded together
+    assert len(wakeups) <= len(steps) + 1  # 4 x 12 tokens and 4 ends, in one hand-over per step

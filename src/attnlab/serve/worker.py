@@ -3,7 +3,8 @@ by continuous batching (`attnlab.decode.batching`), their text sent back piece b
 
 The event loop must never wait on the model, and the model must never wait on a slow client: each
 request is a `Stream` whose pieces the decoding thread hands to the loop
-(`call_soon_threadsafe`) and whose `cancel` the loop sets. New requests wait in a bounded queue
+(`call_soon_threadsafe`, every stream's pieces of a step at once: `Outbox`) and whose `cancel`
+the loop sets. New requests wait in a bounded queue
 (past it: `QueueFull`, the app's 429) and join the batch between steps; a cancelled one leaves at
 the next step.
 """
@@ -68,7 +69,9 @@ class Piece:
 class Stream:
     """One completion. Iterate it (`async for piece in stream`) in the event loop's thread."""
 
-    def __init__(self, prompt_ids: list[int], sampling: Sampling, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, prompt_ids: list[int], sampling: Sampling, loop: asyncio.AbstractEventLoop, outbox: "Outbox"
+    ) -> None:
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.prompt_tokens = len(prompt_ids)
@@ -76,7 +79,7 @@ class Stream:
         self.finish_reason: str | None = None  # "stop" or "length" once finished
         self.error: str | None = None  # set when decoding failed on the server
         self.cancelled = False
-        self._loop = loop
+        self._loop, self._outbox = loop, outbox
         self._pieces: asyncio.Queue[Piece | None] = asyncio.Queue()
         self._unsent = 0  # tokens not yet covered by a piece (no whole character yet)
 
@@ -110,10 +113,32 @@ class Stream:
         self._put(None)
 
     def _put(self, item: Piece | None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._pieces.put_nowait, item)
-        except RuntimeError:  # the event loop has closed (the server is stopping): nobody is listening
-            pass
+        self._outbox.put(self._loop, self._pieces, item)
+
+
+class Outbox:
+    """What the decoding thread has for the event loops' streams, handed over together after each
+    step: one wake-up of a loop per step, where one per token woke it (and made the two threads
+    pass the interpreter's lock back and forth) as many times as the batch has rows."""
+
+    def __init__(self) -> None:
+        self._items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Piece | None]]] = {}
+
+    def put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Piece | None) -> None:
+        self._items.setdefault(loop, []).append((queue, item))
+
+    def flush(self) -> None:
+        for loop, items in self._items.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the event loop has closed (the server is stopping): nobody is listening
+                pass
+        self._items.clear()
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Piece | None]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 class ModelWorker:
@@ -148,6 +173,7 @@ class ModelWorker:
         self.generated_tokens = 0
         self._waiting: collections.deque[Stream] = collections.deque()
         self._running: dict[Sequence, tuple[Stream, TextPieces]] = {}
+        self._outbox = Outbox()  # the decoding thread's alone
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="attnlab-decode", daemon=True)
@@ -166,7 +192,7 @@ class ModelWorker:
         """Queue a completion of prompt_ids (at least one id). Call from the event loop's thread."""
         if not prompt_ids:
             raise ValueError("a prompt needs at least one token")
-        stream = Stream(list(prompt_ids), sampling, asyncio.get_running_loop())
+        stream = Stream(list(prompt_ids), sampling, asyncio.get_running_loop(), self._outbox)
         with self._wake:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(len(self._waiting), retry_after=1.0)
@@ -199,9 +225,11 @@ class ModelWorker:
             except Exception as e:  # a request must never take the thread down with it
                 log.exception("decoding failed")
                 self._fail_all(f"decoding failed on the server: {type(e).__name__}: {e}")
+            self._outbox.flush()
         self._fail_all(None)
         for stream in self._waiting:
             stream._end(None)
+        self._outbox.flush()
 
     def _step(self, joining: list[Stream]) -> None:
         for seq, (stream, _) in list(self._running.items()):
