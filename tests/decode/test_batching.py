@@ -68,7 +68,9 @@ def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
     requests = [(p, m) for p, (_, m) in zip(prompts(seed=11), REQUESTS, strict=True)]
     batcher = Batcher(model, max_batch=8, fused=True)
     assert batcher.fused is not None
+    calls = count_forwards(model)
     finished = run_staggered(batcher, requests)
+    assert calls == []  # prompts, cached rows and sliding windows: all in C++
     by_prompt = {tuple(s.prompt): s for s in finished}
     for prompt, max_new in requests:
         assert by_prompt[tuple(prompt)].tokens == alone(model, prompt, max_new), (len(prompt), max_new)
@@ -155,19 +157,19 @@ def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_ca
             torch.testing.assert_close(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5, rtol=1e-5)
 
 
-def test_the_fused_step_refuses_tokens_outside_the_cache_or_logits_of_no_token():
+def test_the_fused_prefill_refuses_prompts_the_cache_cannot_hold():
     if extension() is None:
         pytest.skip("the fused step could not be built here")
     step = Batcher(tiny_gpt(), max_batch=2, fused=True).fused.step
-    one = torch.zeros(1, dtype=torch.long)
-    with pytest.raises(RuntimeError, match="cache row 2 is outside the cache's 2 rows"):
-        step.step_tokens(one, one + 2, one, one, [])
-    with pytest.raises(RuntimeError, match="position 16 is outside the cache"):
-        step.step_tokens(one, one, one + 16, one, [])
-    with pytest.raises(RuntimeError, match="out index 1 is not one of the 1 tokens"):
-        step.step_tokens(one, one, one, one + 1, [])
-    with pytest.raises(RuntimeError, match="one per token"):
-        step.step_tokens(one, torch.zeros(2, dtype=torch.long), one, one, [])
+    three = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=r"prompts for rows 1 \.\. 2, but the cache has 2 rows"):
+        step.prefill(three, [1, 2], 1, [])
+    with pytest.raises(RuntimeError, match="a prompt of 0 tokens; the cache holds 1 to 16"):
+        step.prefill(three, [3, 0], 0, [])
+    with pytest.raises(RuntimeError, match="a prompt of 17 tokens"):
+        step.prefill(torch.zeros(17, dtype=torch.long), [17], 0, [])
+    with pytest.raises(RuntimeError, match="the lengths add up to 2 tokens, not 3"):
+        step.prefill(three, [1, 1], 0, [])
 
 
 def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_time():

@@ -19,7 +19,9 @@ padded, and a prompt's tokens see those before it (Orca's "selective batching").
 Every sequence follows `generate_tokens`' rules exactly, so a batch gives each sequence the tokens
 it would get decoded alone: the prompt's last block_size tokens are prefilled, and once a sequence
 fills block_size positions its window slides, its next tokens predicted from its last block_size
-tokens recomputed in full (those sequences leave the cache and are batched among themselves).
+tokens recomputed in full (those sequences leave the cache and are batched among themselves;
+with the fused step, their windows are prefilled afresh at each step into the rows no sequence
+holds).
 """
 
 from dataclasses import dataclass, field
@@ -220,6 +222,8 @@ class Batcher:
         if not self.windowed:
             return None
         windows = [(s.prompt + s.tokens)[-self.block :] for s in self.windowed]
+        if self.fused is not None:  # in the rows no sequence holds: there are as many as windows, or more
+            return self.fused.prefill(windows, len(self.cached))
         idx = torch.tensor(windows, dtype=torch.long, device=self.device)
         return self.model(idx, last_only=True)[:, -1]
 

@@ -161,13 +161,8 @@ class FusedStep:
         next-token logits after each prompt's last token `(G, V)`. The rows' earlier contents
         past each prompt are never read: a token attends to its own row's slots up to its position."""
         lengths = [len(p) for p in prompts]
-        if not lengths or min(lengths) < 1:
-            raise ValueError("prefill needs prompts of at least one token")
         tokens = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
-        rows = torch.repeat_interleave(torch.arange(first_row, first_row + len(prompts)), torch.tensor(lengths))
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        last = torch.tensor(lengths).cumsum(0) - 1
-        return self.step.step_tokens(tokens, rows, positions, last, self._packed(tokens.numel()))
+        return self.step.prefill(tokens, lengths, first_row, self._packed(tokens.numel()))
 
     def _packed(self, rows: int) -> list[torch.Tensor]:
         """The reordered weights for a step of `rows` rows (an empty tensor for a weight multiplied

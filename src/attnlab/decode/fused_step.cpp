@@ -291,17 +291,39 @@ struct RowPositions {
   const bool* keep_of(int64_t r) const { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; }
 };
 
-// Self-attention of one step with tokens at their own positions: token r writes its key and value
-// at position rows.pos[r] of cache row cache_row[r] (row r when cache_row is null), then attends
-// from its query to that row's slots 0..rows.pos[r]. Every token writes before any attends, so the
-// tokens of a prompt that share a cache row see the ones before them: a prompt is prefilled in one
-// step. Caches of layout `lay`.
-void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows,
-                 const int64_t* cache_row, float* out, int64_t R, int64_t H, int64_t D) {
-  auto row_of = [cache_row](int64_t r, int64_t) { return cache_row ? cache_row[r] : r; };
-  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, row_of(r, 0), rows.pos[r], H, D);
+// Self-attention of one step with rows at their own positions: row r writes its key and value at
+// position rows.pos[r] of cache row r, then attends from its query to its slots. Caches of layout `lay`.
+void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows, float* out,
+                 int64_t R, int64_t H, int64_t D) {
+  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, r, rows.pos[r], H, D);
+  auto own_row = [](int64_t r, int64_t) { return r; };
   auto keep_of = [&](int64_t r) { return rows.keep_of(r); };
-  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, row_of, keep_of, out, R, H, D);
+  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, H, D);
+}
+
+// Self-attention of a prefill: prompt g's lengths[g] tokens, rows start[g] .. of qkv, write their
+// keys and values at positions 0.. of cache row first_row + g, and attend causally among
+// themselves. Causal attention over a whole prompt is a matrix product, which PyTorch's
+// scaled_dot_product_attention does several times faster than `attend`'s query-by-query loop.
+// Caches (B, H, L, D).
+void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
+  const int64_t C = H * D, L = k_cache.size(2);
+  const Layout lay{H * L * D, D, L * D};
+  float *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
+  const auto opts = k_cache.options();
+  int64_t start = 0;
+  for (size_t g = 0; g < lengths.size(); ++g) {
+    const int64_t n = lengths[g], row = first_row + static_cast<int64_t>(g);
+    for (int64_t t = 0; t < n; ++t) write_key_value(qkv, kp, vp, lay, start + t, row, t, H, D);
+    // q (1, H, n, D), a view of qkv's first third; keys and values the row's first n slots.
+    const at::Tensor q = at::from_blob(const_cast<float*>(qkv) + start * 3 * C, {1, H, n, D}, {0, D, 3 * C, 1}, opts);
+    const at::Tensor keys = k_cache.select(0, row).narrow(1, 0, n).unsqueeze(0);
+    const at::Tensor values = v_cache.select(0, row).narrow(1, 0, n).unsqueeze(0);
+    const at::Tensor o = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, /*is_causal=*/true);
+    at::from_blob(out + start * C, {n, H, D}, opts).copy_(o.select(0, 0).transpose(0, 1));
+    start += n;
+  }
 }
 
 }  // namespace
@@ -345,7 +367,7 @@ class GPTStep {
     TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == B_ && tokens.scalar_type() == at::kLong, "tokens must be (B,) int64");
     TORCH_CHECK(pos >= 0 && pos < L_ && pos < positions_.size(0), "position ", pos, " is outside the cache");
     const std::vector<int64_t> at_pos(B_, pos);
-    return run(tokens.contiguous(), nullptr, at_pos.data(), B_, nullptr, 0, packed);
+    return run(tokens.contiguous(), at_pos.data(), B_, packed);
   }
 
   // tokens (R,) int64, R <= B: the newest token of the sequences in cache rows 0..R-1, row r at
@@ -360,39 +382,49 @@ class GPTStep {
     const int64_t* pos = at_pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < at_pos.size(0); ++r)
       TORCH_CHECK(pos[r] >= 0 && pos[r] < L_ && pos[r] < positions_.size(0), "position ", pos[r], " is outside the cache");
-    return run(tokens.contiguous(), nullptr, pos, tokens.size(0), nullptr, 0, packed);
+    return run(tokens.contiguous(), pos, tokens.size(0), packed);
   }
 
-  // tokens (N,) int64, token i at cache row rows[i] and position positions[i], attending to that
-  // row's slots 0..positions[i], those the step's earlier tokens write included: several prompts
-  // prefilled in one call, each its tokens at positions 0..n-1 of its row. N may exceed the
-  // cache's rows. packed as for `step`, for N rows. Returns the logits of the tokens `out`
-  // (K,) int64 (each prompt's last), (K, V).
-  at::Tensor step_tokens(const at::Tensor& tokens, const at::Tensor& rows, const at::Tensor& positions,
-                         const at::Tensor& out, const std::vector<at::Tensor>& packed) {
-    const int64_t N = tokens.size(0);
+  // tokens (N,) int64: G prompts one after another, prompt g's lengths[g] tokens (at least one)
+  // prefilled into cache row first_row + g at positions 0 .. lengths[g] - 1, each token attending
+  // to the prompt's tokens up to its own. packed as for `step`, for N rows. Returns the logits
+  // after each prompt's last token (G, V).
+  at::Tensor prefill(const at::Tensor& tokens, const std::vector<int64_t>& lengths, int64_t first_row,
+                     const std::vector<at::Tensor>& packed) {
+    const int64_t N = tokens.size(0), G = static_cast<int64_t>(lengths.size());
     TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong, "tokens must be (N,) int64");
-    for (const auto* t : {&rows, &positions})
-      TORCH_CHECK(t->dim() == 1 && t->size(0) == N && t->scalar_type() == at::kLong,
-                  "rows and positions must be (N,) int64, one per token");
-    TORCH_CHECK(out.dim() == 1 && out.scalar_type() == at::kLong, "out must be (K,) int64");
-    const at::Tensor at_row = rows.contiguous(), at_pos = positions.contiguous(), which = out.contiguous();
-    const int64_t *row = at_row.data_ptr<int64_t>(), *pos = at_pos.data_ptr<int64_t>();
-    for (int64_t i = 0; i < N; ++i) {
-      TORCH_CHECK(row[i] >= 0 && row[i] < B_, "cache row ", row[i], " is outside the cache's ", B_, " rows");
-      TORCH_CHECK(pos[i] >= 0 && pos[i] < L_ && pos[i] < positions_.size(0), "position ", pos[i], " is outside the cache");
+    TORCH_CHECK(G > 0 && first_row >= 0 && first_row + G <= B_, "prompts for rows ", first_row, " .. ",
+                first_row + G - 1, ", but the cache has ", B_, " rows");
+    std::vector<int64_t> pos, last;
+    for (const int64_t n : lengths) {
+      TORCH_CHECK(n >= 1 && n <= L_ && n <= positions_.size(0), "a prompt of ", n, " tokens; the cache holds 1 to ", L_);
+      for (int64_t t = 0; t < n; ++t) pos.push_back(t);
+      last.push_back(static_cast<int64_t>(pos.size()) - 1);
     }
-    const int64_t* keep = which.data_ptr<int64_t>();
-    for (int64_t k = 0; k < which.size(0); ++k)
-      TORCH_CHECK(keep[k] >= 0 && keep[k] < N, "out index ", keep[k], " is not one of the ", N, " tokens");
-    return run(tokens.contiguous(), row, pos, N, keep, which.size(0), packed);
+    TORCH_CHECK(static_cast<int64_t>(pos.size()) == N, "the lengths add up to ", pos.size(), " tokens, not ", N);
+    auto attention = [&](int64_t l, const float* qkv, float* out) {
+      attend_prompts(qkv, k_[l], v_[l], lengths, first_row, out, H_, D_);
+    };
+    return run(tokens.contiguous(), pos.data(), N, last.data(), G, packed, attention);
   }
 
  private:
-  // The step of R tokens, token r's id ids[r] at position pos[r] of cache row cache_row[r] (row r
-  // when null). The logits of the tokens `out` (K of them; all R, in order, when null).
-  at::Tensor run(const at::Tensor& token_ids, const int64_t* cache_row, const int64_t* pos, int64_t R,
-                 const int64_t* out, int64_t K, const std::vector<at::Tensor>& packed) {
+  // The rows' step: rows r = 0..R-1 at positions pos[r] of cache rows 0..R-1, attending as
+  // RowPositions says. The logits of every row (R, V).
+  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
+    const RowPositions rows(pos, R);
+    auto attention = [&](int64_t l, const float* qkv, float* out) {
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, out, R,
+                  H_, D_);
+    };
+    return run(token_ids, pos, R, nullptr, 0, packed, attention);
+  }
+
+  // R tokens, token r's id ids[r] at position pos[r], through every block; attention(l, qkv, out)
+  // is block l's self-attention. The logits of the tokens `out` (K of them; all R, in order, when null).
+  template <class Attention>
+  at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const int64_t* out, int64_t K,
+                 const std::vector<at::Tensor>& packed, Attention attention) {
     const int64_t B = R, C = C_, n_layer = static_cast<int64_t>(k_.size());
     TORCH_CHECK(packed.empty() || static_cast<int64_t>(packed.size()) == n_layer * kProductsPerBlock + 1,
                 "one reordered weight per product, or none");
@@ -405,14 +437,12 @@ class GPTStep {
     float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *yp = y.data_ptr<float>(), *ap = a.data_ptr<float>();
     float *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
     embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
-    const RowPositions rows(pos, B);
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       const int64_t k = l * kProductsPerBlock;
       layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
       product(p[2], reordered(k), p[3], hp, qkv, B);
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, cache_row,
-                  ap, B, H_, D_);
+      attention(l, qkv, ap);
       product(p[4], reordered(k + 1), p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
@@ -601,9 +631,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")
-      .def("step_tokens", &GPTStep::step_tokens, without_gil(),
-           "Tokens at their own cache rows and positions (prompts prefilled): tokens, rows, positions (N,), out (K,), "
-           "packed -> logits (K, V)");
+      .def("prefill", &GPTStep::prefill, without_gil(),
+           "Prompts prefilled into rows first_row, first_row + 1, ...: tokens (N,), lengths, first_row, packed -> "
+           "logits after each prompt (G, V)");
   pybind11::class_<DecoderStep>(m, "DecoderStep")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())
