@@ -80,11 +80,11 @@ def free_port() -> int:
 class Server:
     """`attnlab serve RUN` in a child process, on a free loopback port."""
 
-    def __init__(self, run: Path, *flags: str) -> None:
+    def __init__(self, run: Path, *flags: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-m", "attnlab", "serve", f"lm={run}", "--port", str(self.port), *flags]
         self.log = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
