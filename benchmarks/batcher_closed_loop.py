@@ -6,8 +6,8 @@ nothing else on the machine's other core: no HTTP, no event loop. Two variants, 
 `--rounds` times in one process, chosen by `--compare`:
 
 - `prefill` (the default): the requests that arrive at one step prefilled `together`
-  (`Batcher.join_all` over them all: prompts of similar lengths share a forward) or `one by one`
-  (`join_all` over each alone: one forward per prompt, what the server did before);
+  (`Batcher.join_all` over them all: one call of the C++ step) or `one by one` (`join_all` over
+  each alone: one call per prompt, what the server did before);
 - `products`: the C++ step's products past 8 rows over oneDNN's `reordered` weights (the default)
   or `pytorch`'s matrix product;
 - `batching`: `batched`, or `one at a time` (a batch of one serving all the requests in turn).
