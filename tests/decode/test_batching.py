@@ -14,6 +14,12 @@ from decode.conftest import tiny_gpt
 REQUESTS = [(3, 9), (1, 20), (7, 4), (12, 11), (20, 6), (5, 1), (2, 30), (9, 13)]
 
 
+# GPTs the fused step covers: learned positions with GELU, sinusoidal ones with ReLU.
+FUSED_GPTS = pytest.mark.parametrize(
+    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
+)
+
+
 def prompts(vocab: int = 23, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _ in REQUESTS]
@@ -58,9 +64,7 @@ def test_batched_greedy_equals_decoding_alone(overrides):
         assert seq.finish_reason == "length"
 
 
-@pytest.mark.parametrize(
-    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
-)
+@FUSED_GPTS
 def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
     if extension() is None:
         pytest.skip("the fused step could not be built here")
@@ -129,9 +133,7 @@ def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_pref
             assert torch.allclose(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
-)
+@FUSED_GPTS
 def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_cache_of_each_alone(overrides):
     if extension() is None:
         pytest.skip("the fused step could not be built here")
