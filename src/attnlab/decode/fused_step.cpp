@@ -5,7 +5,8 @@
 // fp32 buffers. Two steps share the pieces below:
 // - GPTStep, a pre-norm GPT: per block LayerNorm, the q/k/v product, attention over the cache,
 //   the output product and residual, LayerNorm, the feed-forward products and residual; then the
-//   final LayerNorm and the language-model head.
+//   final LayerNorm and the language-model head. The same blocks prefill whole prompts, each
+//   into a cache row of its own (continuous batching's new sequences, and its sliding windows).
 // - DecoderStep, the encoder-decoder's decoder (pre- or post-norm): masked self-attention,
 //   attention over the encoder memory, feed-forward, each with its residual and LayerNorm; then
 //   the output projection. Built for beam search: rows are hypotheses that get reordered and
@@ -13,7 +14,8 @@
 //   cache rows that wrote each position (see `attend_cached`), and each row's source sentence an
 //   index into the memory, both reordered in Python for the price of a few integers.
 // The weight products read each weight row once for every row of the batch, so up to a few rows
-// cost about what one does; past 8 rows the products go to PyTorch's matrix product.
+// cost about what one does; past 8 rows the products go to oneDNN's (over reordered weights,
+// where the caller gives them) or PyTorch's matrix product.
 //
 // Layouts are PyTorch's: weights (out, in) row-major, q/k/v the three C-wide thirds of the
 // in-projection output, head h the columns [h*D, (h+1)*D) of each; the GPT's caches are
@@ -301,11 +303,12 @@ void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, c
   attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, H, D);
 }
 
-// Self-attention of a prefill: prompt g's lengths[g] tokens, rows start[g] .. of qkv, write their
-// keys and values at positions 0.. of cache row first_row + g, and attend causally among
-// themselves. Causal attention over a whole prompt is a matrix product, which PyTorch's
-// scaled_dot_product_attention does several times faster than `attend`'s query-by-query loop.
-// Caches (B, H, L, D).
+// Self-attention of a prefill: the prompts' tokens are the rows of qkv in order, prompt g's
+// lengths[g] of them; they write their keys and values at positions 0.. of cache row
+// first_row + g and attend causally among themselves. Causal attention over a whole prompt is a
+// matrix product, which PyTorch's scaled_dot_product_attention does faster than `attend`'s
+// query-by-query loop (with that loop, a 256-token prompt of a 6-layer, 384-wide GPT took 101 ms
+// to prefill, more than PyTorch's forward; with this, 67 ms). Caches (B, H, L, D).
 void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
   const int64_t C = H * D, L = k_cache.size(2);
