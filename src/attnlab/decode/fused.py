@@ -44,9 +44,9 @@ T = TypeVar("T")
 
 
 SOURCE = Path(__file__).with_name("fused_step.cpp")
-STREAMED_MAX_ROWS = 8  # fused_step.cpp's `product`: up to this many rows it streams the weights itself
 REORDERED_MIN_WEIGHT = 1 << 17
-"""Past STREAMED_MAX_ROWS, the GPT step multiplies by oneDNN's reordered copy of weights with at
+"""Past the extension's STREAMED_MAX_ROWS (up to which the C++ products stream the weights
+themselves), the GPT step multiplies by oneDNN's reordered copy of weights with at
 least this many elements, PyTorch's product being faster for smaller ones (`benchmarks/rows_step.py`
 at 32 rows: a 384-wide model's step 25% faster with them, a 128-wide one's 10% slower)."""
 _NONE = torch.empty(0)  # no reordered weight: PyTorch's product
@@ -129,6 +129,7 @@ class FusedStep:
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
             positions = model.positions(torch.arange(c.block_size)).contiguous()
         self.cache = cache
+        self.streamed_max_rows = ext.STREAMED_MAX_ROWS
         self.step = ext.GPTStep(
             params,
             model.token_embedding.weight.detach(),
@@ -167,7 +168,7 @@ class FusedStep:
     def _packed(self, rows: int) -> list[torch.Tensor]:
         """The reordered weights for a step of `rows` rows (an empty tensor for a weight multiplied
         by PyTorch's product); none up to 8 rows, where the C++ step streams the weights itself."""
-        if rows <= STREAMED_MAX_ROWS or not self.reordered:
+        if rows <= self.streamed_max_rows or not self.reordered:
             return []
         return [reordered_weight(w) if w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights]
 

@@ -227,13 +227,17 @@ at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const a
   return stack[0].toTensor();
 }
 
-// y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to 8 rows,
-// where reading the weights is the cost; past that, where the arithmetic is, oneDNN's product
-// over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
+// Up to this many rows a product streams the weights itself (exported to Python, which makes
+// reordered weights only for steps past it).
+constexpr int64_t kStreamedMaxRows = 8;
+
+// y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to
+// kStreamedMaxRows rows, where reading the weights is the cost; past that, where the arithmetic
+// is, oneDNN's product over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
 void product(const at::Tensor& W, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
              int64_t R) {
   const int64_t out = W.size(0), in = W.size(1);
-  if (R <= 8) {
+  if (R <= kStreamedMaxRows) {
     linear(W.data_ptr<float>(), data_or_null(bias), x, y, R, out, in);
     return;
   }
@@ -627,6 +631,7 @@ class DecoderStep {
 // and results are converted with the GIL held; the steps touch no Python object.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using without_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.attr("STREAMED_MAX_ROWS") = kStreamedMaxRows;
   pybind11::class_<GPTStep>(m, "GPTStep")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
                           std::vector<at::Tensor>, int64_t, double, int64_t>())
