@@ -403,13 +403,14 @@ def test_pick_rows_draws_what_each_rows_picker_draws_alone():
     settings = [(0.8, None, None), (1.0, None, None), (1.7, None, None), (0.05, None, None), (1.0, 5, None),
                 (0.9, None, 0.8), (0.0, None, None), (0.3, None, None)]  # fmt: skip
 
-    def pickers():
-        return [sampling_picker(t, k, p, torch.Generator().manual_seed(10 + i)) for i, (t, k, p) in enumerate(settings)]
+    def pickers():  # and a None: greedy, as a continuous batch marks its greedy rows
+        made = [sampling_picker(t, k, p, torch.Generator().manual_seed(10 + i)) for i, (t, k, p) in enumerate(settings)]
+        return [*made[:3], None, *made[3:]]
 
     alone, together = pickers(), pickers()
     for step in range(20):
-        logits = random_logits(b=len(settings), v=[65, 7, 1000][step % 3], scale=1 + step % 4, seed=step)
-        expected = [int(pick(logits[i : i + 1])[0]) for i, pick in enumerate(alone)]
+        logits = random_logits(b=len(alone), v=[65, 7, 1000][step % 3], scale=1 + step % 4, seed=step)
+        expected = [int((pick or greedy_picker())(logits[i : i + 1])[0]) for i, pick in enumerate(alone)]
         assert pick_rows(together, logits) == expected, step
     assert len({tuple(pick_rows(together, logits)) for _ in range(10)}) > 1  # the draws do move on
 

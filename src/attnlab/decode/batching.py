@@ -229,11 +229,7 @@ class Batcher:
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its logits row; finished sequences leave."""
-        greedy = logits.argmax(dim=-1).tolist() if any(s.pick is None for s in seqs) else None
-        sampled = [i for i, s in enumerate(seqs) if s.pick is not None]
-        drawn = dict(zip(sampled, pick_rows([seqs[i].pick for i in sampled], logits[sampled]), strict=True))
-        for i, seq in enumerate(seqs):
-            token = greedy[i] if seq.pick is None else drawn[i]
+        for seq, token in zip(seqs, pick_rows([s.pick for s in seqs], logits), strict=True):
             seq.tokens.append(token)
             if seq.eos_id is not None and token == seq.eos_id:
                 seq.finish_reason = "stop"

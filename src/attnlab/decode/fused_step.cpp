@@ -313,10 +313,9 @@ void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, c
 // matrix product, which PyTorch's scaled_dot_product_attention does faster than `attend`'s
 // query-by-query loop (with that loop, a 256-token prompt of a 6-layer, 384-wide GPT took 101 ms
 // to prefill, more than PyTorch's forward; with this, 67 ms). Caches (B, H, L, D).
-void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache,
+void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache, Layout lay,
                     const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
-  const int64_t C = H * D, L = k_cache.size(2);
-  const Layout lay{H * L * D, D, L * D};
+  const int64_t C = H * D;
   float *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
   const auto opts = k_cache.options();
   int64_t start = 0;
@@ -410,19 +409,21 @@ class GPTStep {
     }
     TORCH_CHECK(static_cast<int64_t>(pos.size()) == N, "the lengths add up to ", pos.size(), " tokens, not ", N);
     auto attention = [&](int64_t l, const float* qkv, float* out) {
-      attend_prompts(qkv, k_[l], v_[l], lengths, first_row, out, H_, D_);
+      attend_prompts(qkv, k_[l], v_[l], cache_layout(), lengths, first_row, out, H_, D_);
     };
     return run(tokens.contiguous(), pos.data(), N, last.data(), G, packed, attention);
   }
 
  private:
+  // The caches' layout, (B, H, L, D).
+  Layout cache_layout() const { return {H_ * L_ * D_, D_, L_ * D_}; }
+
   // The rows' step: rows r = 0..R-1 at positions pos[r] of cache rows 0..R-1, attending as
   // RowPositions says. The logits of every row (R, V).
   at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
     const RowPositions rows(pos, R);
     auto attention = [&](int64_t l, const float* qkv, float* out) {
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), {H_ * L_ * D_, D_, L_ * D_}, rows, out, R,
-                  H_, D_);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, R, H_, D_);
     };
     return run(token_ids, pos, R, nullptr, 0, packed, attention);
   }

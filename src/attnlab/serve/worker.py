@@ -4,9 +4,8 @@ by continuous batching (`attnlab.decode.batching`), their text sent back piece b
 The event loop must never wait on the model, and the model must never wait on a slow client: each
 request is a `Stream` whose pieces the decoding thread hands to the loop
 (`call_soon_threadsafe`, every stream's pieces of a step at once: `Outbox`) and whose `cancel`
-the loop sets. New requests wait in a bounded queue
-(past it: `QueueFull`, the app's 429) and join the batch between steps; a cancelled one leaves at
-the next step.
+the loop sets. New requests wait in a bounded queue (past it: `QueueFull`, the app's 429) and
+join the batch between steps; a cancelled one leaves at the next step.
 """
 
 import asyncio
