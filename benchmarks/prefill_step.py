@@ -12,9 +12,7 @@
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,18 +22,9 @@ from attnlab.decode.batching import Batcher, Sequence
 from attnlab.decode.sampling import pick_rows, sampling_picker
 
 sys.path.insert(0, str(Path(__file__).parent))
+from rows_step import median_ms  # noqa: E402
 from run_info import run_info  # noqa: E402
 from serve_load import PROMPTS  # noqa: E402
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return round(statistics.median(times) * 1e3, 3)
 
 
 def row(piece: str, count: int, way: str, fn, repeats: int) -> dict:

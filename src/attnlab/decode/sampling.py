@@ -103,7 +103,7 @@ def pick_rows(pickers: list[Picker | None], logits: torch.Tensor) -> list[int]:
     their pickers would draw one by one: torch.multinomial takes one sample as the largest
     p / E over the vocabulary, E ~ Exp(1) drawn from the row's generator, and so does this, one
     small draw per row in place of a whole softmax-and-sample per row (32 rows of a continuous
-    batch: 34–44 µs a row one by one, 7 together, on a 2-core AMD EPYC; benchmarks/prefill_step.py)."""
+    batch: 38–42 µs a row one by one, 7 together, on a 2-core AMD EPYC; benchmarks/prefill_step.py)."""
     tokens: list[int | None] = [None] * len(pickers)
     greedy = [i for i, p in enumerate(pickers) if p is None]
     if greedy:
