@@ -92,6 +92,18 @@ def test_patience_stops_the_run_and_a_resume_stays_stopped(tmp_path, capsys):
     assert [int(r["step"]) for r in evaluations(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]  # nothing more trained
 
 
+def test_with_ties_count_an_unchanged_model_is_never_stale(tmp_path, capsys):
+    """citeseer-gat's rule (accuracy alone, ties count): the same validation accuracy at every
+    evaluation keeps restarting the patience, and the last of the tied weights is the best."""
+    args = ("train", "cora-gat", "--data-dir", PLANETOID, "--out", tmp_path / "run", *QUICK)
+    still = ("--set", "train.learning_rate=1e-12", "--set", "train.watch_loss=false", "--set", "train.patience=5")
+    code, _, err = cli(capsys, *args, *still, "--set", "train.max_iters=12", "--set", "train.ties_count=true")
+    assert code == 0, err
+    assert "stopping" not in err
+    assert [int(r["step"]) for r in evaluations(tmp_path / "run")] == list(range(1, 13))
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["step"] == 12
+
+
 @pytest.mark.parametrize("preset", ["cora-gcn", "cora-transformer", "cora-transformer-masked"])
 def test_the_baseline_presets_train_and_evaluate(preset, tmp_path, capsys):
     code, _, err = cli(capsys, "train", preset, "--data-dir", PLANETOID, "--out", tmp_path / "run", *QUICK)

@@ -236,7 +236,7 @@ def test_adam_l2_penalises_every_parameter_through_the_gradient():
 def test_patience_needs_a_validation_metric(tiny_toml, tmp_path):
     from attnlab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="train.patience and train.watch_loss need a validation metric"):
+    with pytest.raises(ConfigError, match="train.patience, watch_loss and ties_count need a validation metric"):
         train(run_config(tiny_toml, "train.patience=3"), tmp_path / "run", progress=False)
     with pytest.raises(ConfigError, match="optimizer must be one of"):
         run_config(tiny_toml, "train.optimizer=sgd")

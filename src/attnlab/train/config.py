@@ -92,6 +92,11 @@ class TrainConfig:
     does: an evaluation is progress (restarting the patience) when either reaches its best so far,
     ties included, and its weights become the best when both do. For small validation sets, where
     accuracy ties are common (500 nodes: steps of 0.2%)."""
+    ties_count: bool = False
+    """Without watch_loss: an evaluation that ties the best selection metric counts as progress
+    (restarting the patience) and its weights become the best, where by default only a strict
+    improvement does. GAT's reference code stops this way on Citeseer: on validation accuracy
+    alone, ties included (its author, in PetarV-/GAT issue 14)."""
     checkpoint_interval: int = 0
     """Save a checkpoint every this many steps; 0: at every evaluation. Either way one is saved
     whenever the selection metric improves (the best weights) and when training stops. For runs
@@ -122,6 +127,8 @@ class TrainConfig:
             raise ValueError(f"spike_factor must be > 1 (or 0 to disable), got {self.spike_factor}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.ties_count and self.watch_loss:
+            raise ValueError("ties_count is for the selection metric alone; watch_loss already counts ties: set one")
         for name in ("patience", "checkpoint_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -58,9 +58,10 @@ def set_up_run(config: RunConfig, run_dir: Path, resume: bool) -> RunSetup:
     if device.type == "cpu":
         keep_freed_memory()  # large activations reused, not page-faulted in again at every step
     preflight(config, ddp.world_size, device)
-    if (tc.patience > 0 or tc.watch_loss) and TASKS[config.task].selection is None:
+    if (tc.patience > 0 or tc.watch_loss or tc.ties_count) and TASKS[config.task].selection is None:
         raise ConfigError(
-            f"train.patience and train.watch_loss need a validation metric to watch; a {config.task!r} run has none"
+            "train.patience, watch_loss and ties_count need a validation metric to watch; "
+            f"a {config.task!r} run has none"
         )
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     dtype, why = resolve_dtype(tc.dtype, device)  # "auto": bf16 where the hardware runs it fast

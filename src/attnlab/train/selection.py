@@ -17,6 +17,8 @@ class Selection:
     """Stop after this many evaluations in a row without progress (0: never)."""
     watch_loss: bool
     task: str
+    ties_count: bool = False
+    """Without watch_loss: a tie with the best is progress and a new best (train.ties_count)."""
     best: float | None = None
     stale: int = 0
     peaks: dict[str, float] = field(default_factory=dict)
@@ -45,15 +47,18 @@ class Selection:
 
     def _verdict(self, results: dict[str, float]) -> tuple[bool, bool]:
         """Whether these weights are the new best, and whether the evaluation is progress (it
-        restarts the patience). Alone, the selection metric decides both, strictly. With
+        restarts the patience). Alone, the selection metric decides both: strictly, or ties
+        included with train.ties_count. With
         train.watch_loss, as GAT's reference code: progress when the metric or val_loss reaches
         its best so far (ties included), a new best when both do."""
         if self.metric is None:
             return False, False
         name, mode = self.metric
         if not self.watch_loss:
-            best = self.best
-            better = best is None or (results[name] < best if mode == "min" else results[name] > best)
+            best, value = self.best, results[name]
+            if best is None or (self.ties_count and value == best):
+                return True, True
+            better = value < best if mode == "min" else value > best
             return better, better
         if "val_loss" not in results:
             raise ConfigError(f"train.watch_loss needs a val_loss, which a {self.task!r} run does not report")

@@ -98,7 +98,7 @@ def train(
     checkpointer = Checkpointer(run.run_dir, model, optimizer, batches, run.precision, ddp, run.device, tc.keep_last)
     state = checkpointer.restore() if run.resume else {}
     step = state.get("step", 0)
-    selection = Selection(run.task.selection, tc.patience, tc.watch_loss, run.config.task)
+    selection = Selection(run.task.selection, tc.patience, tc.watch_loss, run.config.task, tc.ties_count)
     selection.load_state_dict(state)
     ddp.seed(tc.seed, state, run.device)
     metrics = metrics_sinks(run.config, run.run_dir, step if run.resume else None) if ddp.is_main else MetricsSinks()
