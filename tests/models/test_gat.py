@@ -284,6 +284,30 @@ def test_input_dropout_draws_a_mask_per_head_or_one_for_all(per_head, sparse):
     assert all(torch.equal(h[:, 0], h[:, k]) for k in range(1, 4))  # no dropout at evaluation
 
 
+def as_sparse(x: torch.Tensor) -> torch.Tensor:
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
+    return sparse_rows(crow, (x != 0).nonzero()[:, 1], x[x != 0], tuple(x.shape))
+
+
+def test_the_kept_transpose_follows_the_input_matrix():
+    """The layer keeps the sparse input's transpose between calls: the gradient of W stays the
+    dense input's when the same matrix comes again, and when another (another structure) comes."""
+    torch.manual_seed(0)
+    model = GAT(
+        GATConfig(n_features=N_FEATURES, n_classes=N_CLASSES, dropout=0.0, attention_dropout=0.0, feature_dropout=0.0)
+    )
+    first, second = torch.relu(features()), torch.relu(features() - 0.5)  # other zeros, other structure
+    sparse = {id(first): as_sparse(first), id(second): as_sparse(second)}
+    edges = random_graph()
+    for x in (first, first, second, first):
+        grads = []
+        for inputs in (x, sparse[id(x)]):
+            model.zero_grad()
+            model(inputs, edges).square().sum().backward()
+            grads.append(model.layers[0].proj.weight.grad.clone())
+        torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+
+
 def test_per_head_dropout_trains_the_same_weights_on_sparse_and_dense_input():
     """One step's gradient of W: the sparse path (its own transpose) and the dense path agree
     when dropout is off."""

@@ -102,7 +102,7 @@ def sparse_transpose(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     order = torch.argsort(col, stable=True)  # xᵀ's rows are x's columns; within one, x's row order
     crow_t = torch.zeros(x.size(1) + 1, dtype=crow.dtype, device=col.device)
     crow_t[1:] = torch.bincount(col, minlength=x.size(1)).cumsum(0)
-    return crow_t, rows[order], order
+    return crow_t, rows.index_select(0, order), order
 
 
 class _SparseProduct(torch.autograd.Function):
@@ -133,5 +133,7 @@ def sparse_product(
     if transpose is None:
         return rows @ w  # (PyTorch's own backward, should a gradient be taken after all)
     crow_t, col_t, order = transpose
-    cols = torch.sparse_csr_tensor(crow_t, col_t, values[order], shape[::-1], check_invariants=False)
+    # index_select, not values[order]: the same gather at a fraction of advanced indexing's time
+    # (one per head and step with GAT's per-head dropout).
+    cols = torch.sparse_csr_tensor(crow_t, col_t, values.index_select(0, order), shape[::-1], check_invariants=False)
     return _SparseProduct.apply(rows, cols, w)
