@@ -168,8 +168,11 @@ class GraphAttention(nn.Module):
             if not per_head:
                 kept = dropout(values, self.dropout, self.training)
                 return sparse_product(x, kept, transpose, self.proj.weight.T).view(n, heads, f)
+            # unbind, not w[k]: its backward stacks the heads' gradients once, where each slice's
+            # would fill a zero tensor the size of W and add it (8 of them: ~4 ms a step on Citeseer).
+            heads_w = w.unbind(0)
             return torch.stack(
-                [sparse_product(x, dropout(values, self.dropout, True), transpose, w[k].T) for k in range(heads)], 1
+                [sparse_product(x, dropout(values, self.dropout, True), transpose, wk.T) for wk in heads_w], 1
             )
         if not per_head:
             return self.proj(dropout(x, self.dropout, self.training)).view(n, heads, f)
