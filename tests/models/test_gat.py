@@ -90,13 +90,17 @@ def test_the_two_layer_model_equals_the_dense_formula():
     torch.testing.assert_close(model(x, edges), expected, atol=1e-5, rtol=1e-5)
 
 
+def as_sparse(x: torch.Tensor) -> torch.Tensor:
+    """x `(N, F)` as a sparse CSR matrix of its non-zeros, as the data reader makes a bag of words."""
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
+    return sparse_rows(crow, (x != 0).nonzero()[:, 1], x[x != 0], tuple(x.shape))
+
+
 def test_sparse_features_give_the_dense_result():
     torch.manual_seed(0)
     model = GAT(GATConfig(n_features=N_FEATURES, n_classes=N_CLASSES)).eval()
     x = torch.relu(features())  # zeros in it, as in a bag of words
-    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
-    cols = (x != 0).nonzero()[:, 1]
-    sparse = sparse_rows(crow, cols, x[x != 0], tuple(x.shape))
+    sparse = as_sparse(x)
     torch.testing.assert_close(model(sparse, random_graph()), model(x, random_graph()), atol=1e-6, rtol=1e-5)
     with torch.no_grad():  # the sparse path without the transpose it makes for gradients
         torch.testing.assert_close(model(sparse, random_graph()), model(x, random_graph()), atol=1e-6, rtol=1e-5)
@@ -284,11 +288,6 @@ def test_input_dropout_draws_a_mask_per_head_or_one_for_all(per_head, sparse):
     assert all(torch.equal(h[:, 0], h[:, k]) for k in range(1, 4))  # no dropout at evaluation
 
 
-def as_sparse(x: torch.Tensor) -> torch.Tensor:
-    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
-    return sparse_rows(crow, (x != 0).nonzero()[:, 1], x[x != 0], tuple(x.shape))
-
-
 def test_the_kept_transpose_follows_the_input_matrix():
     """The layer keeps the sparse input's transpose between calls: the gradient of W stays the
     dense input's when the same matrix comes again, and when another (another structure) comes."""
@@ -313,8 +312,7 @@ def test_per_head_dropout_trains_the_same_weights_on_sparse_and_dense_input():
     when dropout is off."""
     torch.manual_seed(0)
     x = torch.relu(features())
-    crow = torch.cat([torch.zeros(1, dtype=torch.int64), (x != 0).sum(1).cumsum(0)])
-    sparse = sparse_rows(crow, (x != 0).nonzero()[:, 1], x[x != 0], tuple(x.shape))
+    sparse = as_sparse(x)
     grads = []
     for inputs in (x, sparse):
         torch.manual_seed(0)

@@ -20,8 +20,8 @@ layer `attn_head` is called once per head, and each call drops its own input (a 
 drops the transformed features W h_j again where they are summed. PyTorch Geometric and DGL drop
 each layer's input once for all heads and leave W h alone (`per_head_dropout = False`,
 `feature_dropout = 0`). Over the same 10 seeds, with the score bias as well (`score_bias`), the
-reference code's way gives 83.2 ± 1.0 against 82.6 ± 0.7 on Cora, 72.2 ± 0.7 against 71.1 ± 0.5
-on Citeseer (BENCHMARKS.md, "Graph attention"), at 1.3-1.8x the time of a training step.
+reference code's way gives 83.2 ± 1.0 against 82.6 ± 0.7 on Cora, 72.2 ± 0.9 against 71.2 ± 0.4
+on Citeseer (BENCHMARKS.md, "Graph attention"), at 1.3-1.5x the time of a training step.
 
 References:
 - Veličković et al. 2018, "Graph Attention Networks" (ICLR), §2.1 and §3.3 (Cora/Citeseer setup:

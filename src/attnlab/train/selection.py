@@ -48,9 +48,8 @@ class Selection:
     def _verdict(self, results: dict[str, float]) -> tuple[bool, bool]:
         """Whether these weights are the new best, and whether the evaluation is progress (it
         restarts the patience). Alone, the selection metric decides both: strictly, or ties
-        included with train.ties_count. With
-        train.watch_loss, as GAT's reference code: progress when the metric or val_loss reaches
-        its best so far (ties included), a new best when both do."""
+        included with train.ties_count. With train.watch_loss, as GAT's reference code: progress
+        when the metric or val_loss reaches its best so far (ties included), a new best when both do."""
         if self.metric is None:
             return False, False
         name, mode = self.metric
