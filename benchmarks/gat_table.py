@@ -43,7 +43,7 @@ from attnlab.data.graphs import Graph, read_graph
 from attnlab.models import GAT, GATConfig
 from attnlab.nn import dropout
 from attnlab.train import resolve
-from attnlab.train.config import apply_overrides
+from attnlab.train.config import TrainConfig, apply_overrides
 from attnlab.train.seeds import mean_sd, train_seeds
 from attnlab.train.selection import Selection
 
@@ -116,10 +116,14 @@ class PygGAT(nn.Module):
         return self.conv2(x, edge_index)
 
 
-def stopping_rule(dataset: str) -> Selection:
-    """The early stopping of the data set's GAT preset (Cora: val accuracy or loss, GAT's
-    execute_cora.py; Citeseer: val accuracy alone, ties included), fresh for one run."""
-    tc = resolve(load_preset_or_file(f"{dataset}-gat")[1]).train
+def preset_training(dataset: str) -> TrainConfig:
+    """The training settings of the data set's GAT preset, whose stopping rule the loop follows
+    (Cora: val accuracy or loss, GAT's execute_cora.py; Citeseer: val accuracy alone, ties included)."""
+    return resolve(load_preset_or_file(f"{dataset}-gat")[1]).train
+
+
+def stopping_rule(tc: TrainConfig) -> Selection:
+    """A fresh judge for one run, by `tc`'s patience and rule."""
     return Selection(("val_accuracy", "max"), tc.patience, tc.watch_loss, "nodes", tc.ties_count)
 
 
@@ -173,6 +177,7 @@ def peer_table(data_dir: Path, datasets: list[str], n_seeds: int, dense: bool) -
     rows = []
     for dataset in datasets:
         graph = read_graph(data_dir / dataset)
+        tc = preset_training(dataset)
         inputs = {"sparse CSR": graph.features} | ({"dense": graph.features.to_dense()} if dense else {})
         for layout, x in inputs.items():
             results: dict[str, list[dict]] = {name: [] for name in IMPLEMENTATIONS}
@@ -180,7 +185,7 @@ def peer_table(data_dir: Path, datasets: list[str], n_seeds: int, dense: bool) -
                 for name, build in IMPLEMENTATIONS.items():  # alternating: the machine's load falls on all
                     torch.manual_seed(seed)
                     model = build(graph.n_features, graph.n_classes)
-                    results[name].append(fit(model, graph, x, stopping_rule(dataset)))
+                    results[name].append(fit(model, graph, x, stopping_rule(tc)))
             row = {"dataset": dataset, "input": layout}
             for name, runs in results.items():
                 acc = [r["accuracy"] for r in runs]

@@ -79,15 +79,21 @@ def test_the_best_weights_are_those_gats_rule_picks(gat_run):
     assert set(complete_steps(gat_run)) <= {*bests, 60} and 60 in complete_steps(gat_run)
 
 
-def test_patience_stops_the_run_and_a_resume_stays_stopped(tmp_path, capsys):
-    # A learning rate that changes nothing: after the first evaluation, no evaluation is better.
-    args = ("train", "cora-gat", "--data-dir", PLANETOID, "--out", tmp_path / "run", *QUICK)
+def unchanging_run(run_dir: Path) -> tuple:
+    """`attnlab train cora-gat` at a learning rate that changes nothing (every evaluation scores as
+    the first), judged on validation accuracy alone, patience 5."""
     still = ("--set", "train.learning_rate=1e-12", "--set", "train.watch_loss=false", "--set", "train.patience=5")
-    code, _, err = cli(capsys, *args, *still)
+    return ("train", "cora-gat", "--data-dir", PLANETOID, "--out", run_dir, *QUICK, *still)
+
+
+def test_patience_stops_the_run_and_a_resume_stays_stopped(tmp_path, capsys):
+    # After the first evaluation, no evaluation is better.
+    args = unchanging_run(tmp_path / "run")
+    code, _, err = cli(capsys, *args)
     assert code == 0, err
     assert "step 6: " in err and "stopping: no progress in 5 evaluations" in err
     assert [int(r["step"]) for r in evaluations(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
-    code, _, err = cli(capsys, *args, *still, "--resume")
+    code, _, err = cli(capsys, *args, "--resume")
     assert code == 0, err
     assert [int(r["step"]) for r in evaluations(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]  # nothing more trained
 
@@ -95,9 +101,8 @@ def test_patience_stops_the_run_and_a_resume_stays_stopped(tmp_path, capsys):
 def test_with_ties_count_an_unchanged_model_is_never_stale(tmp_path, capsys):
     """citeseer-gat's rule (accuracy alone, ties count): the same validation accuracy at every
     evaluation keeps restarting the patience, and the last of the tied weights is the best."""
-    args = ("train", "cora-gat", "--data-dir", PLANETOID, "--out", tmp_path / "run", *QUICK)
-    still = ("--set", "train.learning_rate=1e-12", "--set", "train.watch_loss=false", "--set", "train.patience=5")
-    code, _, err = cli(capsys, *args, *still, "--set", "train.max_iters=12", "--set", "train.ties_count=true")
+    ties = ("--set", "train.max_iters=12", "--set", "train.ties_count=true")
+    code, _, err = cli(capsys, *unchanging_run(tmp_path / "run"), *ties)
     assert code == 0, err
     assert "stopping" not in err
     assert [int(r["step"]) for r in evaluations(tmp_path / "run")] == list(range(1, 13))
