@@ -8,6 +8,7 @@ import pytest
 
 from attnlab.decode import fused
 from attnlab.nn import kernels
+from attnlab.nn.extensions import build_folder
 from helpers import cli
 
 
@@ -16,11 +17,18 @@ def test_status_says_what_is_built_without_building(capsys, monkeypatch):
     monkeypatch.setattr(fused, "is_built", lambda: False)
     for module in (kernels, fused):
         monkeypatch.setattr(module, "extension", lambda: pytest.fail("status must not build"))
+    where = {m: str(build_folder(m.NAME, m.SOURCE)) for m in (kernels, fused)}
     code, out, _ = cli(capsys, "kernels", "status", "--json")
     assert code == 0
-    assert json.loads(out) == {"training kernels": {"built": True}, "fused decoding step": {"built": False}}
+    assert json.loads(out) == {
+        "training kernels": {"built": True, "folder": where[kernels]},
+        "fused decoding step": {"built": False, "folder": where[fused]},
+    }
     code, out, _ = cli(capsys, "kernels", "status")
-    assert out.splitlines() == ["training kernels: built", "fused decoding step: not built (attnlab kernels build)"]
+    assert out.splitlines() == [
+        f"training kernels: built, in {where[kernels]}",
+        f"fused decoding step: not built (attnlab kernels build), in {where[fused]}",
+    ]
 
 
 def test_a_build_that_fails_is_one_line_with_the_reason_and_exit_1(capsys, monkeypatch):
@@ -37,7 +45,7 @@ def test_a_build_that_fails_is_one_line_with_the_reason_and_exit_1(capsys, monke
     code, out, err = cli(capsys, "kernels", "build")
     assert code == 1 and "Traceback" not in err
     lines = out.splitlines()
-    assert lines[0] == "training kernels: already built"
+    assert lines[0].startswith("training kernels: already built, in ")
     assert lines[1].startswith("fused decoding step: the fused decoding step could not be built (CalledProcessError")
     assert "PyTorch's operators" in lines[1] and len(lines) == 2
 

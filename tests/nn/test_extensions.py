@@ -17,28 +17,47 @@ from attnlab.nn import extensions
 SOURCE = Path(extensions.__file__).with_name("kernels.cpp")
 
 
-def _flags_built_on(monkeypatch, cpu: bytes, tmp_path: Path) -> list[str]:
-    seen = {}
-
-    def load(**kwargs):
-        seen.update(kwargs)
-        return "built"
-
-    monkeypatch.setattr(cpp_extension, "load", load)
-    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+def _flags_on(monkeypatch, cpu: bytes, march: str = "native") -> list[str]:
     monkeypatch.setattr(extensions, "cpu_identity", lambda: cpu)
-    assert extensions.build("probe", SOURCE, what="probe", fallback="none") == "built"
-    return seen["extra_cflags"]
+    return extensions.compiler_flags(march)
 
 
 def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     """-march=native code from one CPU can die of an illegal instruction on another that reaches the
-    same cache folder: the CPU's identity is in the flags, so PyTorch builds again for it."""
-    a = _flags_built_on(monkeypatch, b"flags : fpu avx2", tmp_path)
-    b = _flags_built_on(monkeypatch, b"flags : fpu avx2 avx512f", tmp_path)
-    assert "-march=native" in a
-    assert a != b
-    assert _flags_built_on(monkeypatch, b"flags : fpu avx2", tmp_path) == a  # same CPU, same build
+    same cache folder: the CPU's identity is in the build's key, so it builds again for it."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = {}
+    for cpu in (b"flags : fpu avx2", b"flags : fpu avx2 avx512f"):
+        monkeypatch.setattr(extensions, "cpu_identity", lambda cpu=cpu: cpu)
+        folder[cpu] = extensions.build_folder("probe", SOURCE)
+        assert folder[cpu].parent == tmp_path and folder[cpu].name.startswith("probe_")
+    assert folder[b"flags : fpu avx2"] != folder[b"flags : fpu avx2 avx512f"]
+    assert extensions.build_folder("probe", SOURCE) == folder[b"flags : fpu avx2 avx512f"]  # same CPU, same build
+
+
+def test_the_instruction_set_comes_from_attnlab_march_and_keys_the_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv(extensions.MARCH_VARIABLE, raising=False)
+    native = extensions.build_folder("probe", SOURCE)
+    assert extensions.default_march() == "native"
+    monkeypatch.setenv(extensions.MARCH_VARIABLE, "x86-64-v3")
+    assert extensions.default_march() == "x86-64-v3"
+    assert "-march=x86-64-v3" in extensions.compiler_flags(extensions.default_march())
+    assert extensions.build_folder("probe", SOURCE) not in (native, extensions.build_folder("probe", SOURCE, "native"))
+
+
+def test_each_installation_has_its_own_build(monkeypatch, tmp_path):
+    """Two checkouts (the source's path) or two environments (sys.prefix) on one machine each keep
+    their own folder, so neither rewrites the other's build.ninja."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    a, b = tmp_path / "a" / "nn" / "k.cpp", tmp_path / "b" / "nn" / "k.cpp"
+    for source in (a, b):
+        source.parent.mkdir(parents=True)
+        source.write_text("int f() { return 1; }\n")
+    here = extensions.build_folder("probe", a)
+    assert extensions.build_folder("probe", b) != here
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))
+    assert extensions.build_folder("probe", a) != here
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="Linux's CPU listing")
@@ -49,14 +68,14 @@ def test_the_cpu_identity_names_the_instruction_sets_once():
     assert len(lines) == len(set(lines))
 
 
-def test_avx2_cpus_get_8_float_loops_and_others_gcc_s_choice(monkeypatch, tmp_path):
+def test_avx2_cpus_get_8_float_loops_and_others_gcc_s_choice(monkeypatch):
     """GCC's tuning for the Zen 1 it detects on these EPYC machines vectorizes loops 4 floats wide;
     AVX2 CPUs without AVX-512 are built 8 wide, every other CPU (and a named -march) as GCC picks."""
     wide = "-mprefer-vector-width=256"
-    assert wide in _flags_built_on(monkeypatch, b"model name : AMD EPYC\nflags : fpu avx fma avx2", tmp_path)
-    assert wide not in _flags_built_on(monkeypatch, b"flags : fpu avx2 avx512f", tmp_path)
-    assert wide not in _flags_built_on(monkeypatch, b"flags : fpu sse4_2 avx", tmp_path)
-    assert wide not in _flags_built_on(monkeypatch, b"Features : fp asimd", tmp_path)
+    assert wide in _flags_on(monkeypatch, b"model name : AMD EPYC\nflags : fpu avx fma avx2")
+    assert wide not in _flags_on(monkeypatch, b"flags : fpu avx2 avx512f")
+    assert wide not in _flags_on(monkeypatch, b"flags : fpu sse4_2 avx")
+    assert wide not in _flags_on(monkeypatch, b"Features : fp asimd")
     assert extensions.vector_width_flags(b"flags : fpu avx2", "x86-64-v3") == []
 
 
@@ -71,11 +90,11 @@ def test_a_finished_build_is_known_without_building_and_a_changed_source_is_not(
     source = tmp_path / "src" / "kernels.cpp"
     source.parent.mkdir()
     source.write_text("int f() { return 1; }\n")
-    library = tmp_path / "cache" / "probe.so"
+    library = tmp_path / "lib" / "probe.so"
     library.parent.mkdir()
     library.write_bytes(b"\x7fELF")
     builds = []
-    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / "cache" / name))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: builds.append(kw["name"]) or _Built(library))
     monkeypatch.setattr(extensions, "cpu_identity", lambda: b"flags : fpu avx2")
 
@@ -98,7 +117,7 @@ def test_a_finished_build_is_known_without_building_and_a_changed_source_is_not(
 def test_a_failed_build_is_not_marked_built(monkeypatch, tmp_path):
     source = tmp_path / "kernels.cpp"
     source.write_text("int f();\n")
-    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
 
     def fail(**kw):
         raise RuntimeError("no compiler")
@@ -126,13 +145,14 @@ def _build_in_child(source: Path, cache: Path) -> subprocess.Popen:
     )
 
 
-def test_a_build_killed_halfway_does_not_stop_the_next_one(tmp_path):
+def test_a_build_killed_halfway_does_not_stop_the_next_one(tmp_path, monkeypatch):
     """PyTorch's `lock` file outlives a SIGKILLed build; PyTorch alone then waits on it forever (a CI
     run hung here for 90 minutes). The next build removes it, says so, and builds."""
     source, cache = tmp_path / "src" / "probe.cpp", tmp_path / "cache"
     source.parent.mkdir()
     source.write_text(TINY)
-    lock = cache / "attnlab_probe" / "lock"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    lock = extensions.build_folder("attnlab_probe", source) / "lock"
     first = _build_in_child(source, cache)
     deadline = time.monotonic() + 120
     while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
@@ -150,6 +170,35 @@ def test_a_build_killed_halfway_does_not_stop_the_next_one(tmp_path):
     assert second.returncode == 0 and out.split() == ["42"], err
     assert f"removed {lock}, left by a build that did not finish" in err
     assert not lock.exists()
+
+
+def _built_in_child(source: Path, cache: Path) -> None:
+    child = _build_in_child(source, cache)
+    out, err = child.communicate(timeout=180)
+    assert child.returncode == 0 and out.split() == ["42"], err
+
+
+def test_two_installations_load_their_builds_without_rebuilding_each_other(tmp_path, monkeypatch):
+    """The same extension from two source folders (two checkouts, or a project venv beside a
+    notebook venv), used in turns: each builds once, then loads its own library untouched. With
+    one folder per extension name, each turn rewrote the other's build.ninja and compiled again."""
+    cache = tmp_path / "cache"
+    sources = [tmp_path / place / "nn" / "probe.cpp" for place in ("checkout-a", "checkout-b")]
+    for source in sources:
+        source.parent.mkdir(parents=True)
+        source.write_text(TINY)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    folders = [extensions.build_folder("attnlab_probe", source) for source in sources]
+    assert folders[0] != folders[1]
+    for source in sources:
+        _built_in_child(source, cache)
+    built = {
+        path: path.stat().st_mtime_ns for folder in folders for path in folder.iterdir() if path.suffix in (".so", ".ninja")
+    }
+    assert len(built) == 4  # a library and a ninja file in each folder
+    for source in [*sources, *sources]:
+        _built_in_child(source, cache)
+    assert {path: path.stat().st_mtime_ns for path in built} == built
 
 
 def test_a_live_builders_lock_is_waited_for_not_removed(tmp_path):

@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
     from importlib import import_module
 
+    from attnlab.nn.extensions import build_folder
+
     modules = {what: import_module(name) for what, name in KERNELS.items()}
     if args.action == "status":
         results = {what: {"built": module.is_built()} for what, module in modules.items()}
@@ -39,13 +41,15 @@ def run(args: argparse.Namespace) -> int:
         # One compiler process each (a single source file): side by side they take the time of one.
         with ThreadPoolExecutor(len(modules)) as pool:
             results = dict(zip(modules, pool.map(_build, modules.values()), strict=True))
+    for what, module in modules.items():
+        results[what]["folder"] = str(build_folder(module.NAME, module.SOURCE))
     if args.json:
         from attnlab.cli import print_json
 
         print_json(results)
     else:
         for what, r in results.items():
-            print(f"{what}: {_describe(r)}")
+            print(f"{what}: {_describe(r)}, in {r['folder']}")
     return 0 if args.action == "status" or all(r["built"] for r in results.values()) else 1
 
 

@@ -43,6 +43,7 @@ from attnlab.nn.projection import MKLDNN, reordered_weight
 T = TypeVar("T")
 
 
+NAME = "attnlab_fused_step"
 SOURCE = Path(__file__).with_name("fused_step.cpp")
 REORDERED_MIN_WEIGHT = 1 << 17
 """Past the extension's STREAMED_MAX_ROWS (up to which the C++ products stream the weights
@@ -55,12 +56,12 @@ _NONE = torch.empty(0)  # no reordered weight: PyTorch's product
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled step, built on first use; None (with a warning) when it cannot be built."""
-    return build("attnlab_fused_step", SOURCE, what="fused decoding step", fallback="decoding eagerly")
+    return build(NAME, SOURCE, what="fused decoding step", fallback="decoding eagerly")
 
 
 def is_built() -> bool:
     """Whether `extension()` loads a finished build (no pause to compile)."""
-    return is_built_here("attnlab_fused_step", SOURCE)
+    return is_built_here(NAME, SOURCE)
 
 
 def by_default(model: nn.Module) -> bool:

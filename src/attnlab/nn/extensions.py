@@ -1,17 +1,28 @@
 """Building attnlab's C++ sources with PyTorch's extension tools.
 
-A build takes about a minute and is cached afterwards (in `TORCH_EXTENSIONS_DIR`, by default
+A build takes about a minute and is cached afterwards (under `TORCH_EXTENSIONS_DIR`, by default
 ~/.cache/torch_extensions); the code that uses one falls back to PyTorch's operators, with a
 warning, where it cannot be built (no compiler, no ninja). `attnlab kernels build` (which `make`
 runs when it installs attnlab) builds them ahead of time; `is_built` then says so without building,
-which is how the defaults (`"auto"`) take the kernels only when using them costs no pause. A
-build killed halfway does not stop later ones (`build_lock`).
+which is how the defaults (`"auto"`) take the kernels only when using them costs no pause.
+
+Each build has a folder of its own, named by a digest of everything the library depends on: the
+sources and headers, the compiler flags, the CPU, PyTorch's and Python's versions, and the
+installation (the source folder and the environment's prefix). PyTorch keys its folder by the
+extension's name alone, so two checkouts or two virtual environments on one machine rewrote each
+other's `build.ninja` and took turns recompiling; with the digest in the name they keep their own
+builds side by side. A build killed halfway does not stop later ones (`build_lock`).
+
+`ATTNLAB_MARCH` names the instruction set to build for (GCC's -march, `native` by default):
+`x86-64-v3` builds the AVX2 code paths on a CPU that has AVX-512, which is how the test suite
+checks them (`make test-avx2`).
 """
 
 import contextlib
 import hashlib
 import os
 import platform
+import sys
 import sysconfig
 import warnings
 from pathlib import Path
@@ -19,11 +30,18 @@ from types import ModuleType
 
 from attnlab.device import cpuinfo_lines
 
+MARCH_VARIABLE = "ATTNLAB_MARCH"
 
-def build(name: str, source: Path, *, what: str, fallback: str, march: str = "native") -> ModuleType | None:
+
+def default_march() -> str:
+    """The instruction set builds target: `ATTNLAB_MARCH` where set, else this CPU's (`native`)."""
+    return os.environ.get(MARCH_VARIABLE, "").strip() or "native"
+
+
+def build(name: str, source: Path, *, what: str, fallback: str, march: str | None = None) -> ModuleType | None:
     """The extension `name` compiled from `source` (and the headers beside it) for the instruction
-    set `march` (GCC's -march: this CPU's by default), or None with a warning "the {what} could
-    not be built (...); {fallback}"."""
+    set `march` (GCC's -march; `default_march()` when None), or None with a warning "the {what}
+    could not be built (...); {fallback}"."""
     from torch.utils import cpp_extension
 
     # The build runs `ninja`, which the `ninja` package installs beside this interpreter: on PATH
@@ -31,46 +49,80 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str = "na
     scripts = sysconfig.get_path("scripts")
     if scripts and scripts not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
-    # PyTorch rebuilds when the source or the flags change, not when a header does, nor when the
-    # cache folder is reached from another CPU, on which -march=native code can die of an illegal
-    # instruction: the headers' and the CPU's digest go into the flags.
-    headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(source.parent.parent.glob("*/*.h"))))
-    cpu = cpu_identity()
-    headers.update(cpu)
+    march = march or default_march()
+    flags = compiler_flags(march)
+    folder = build_folder(name, source, march)
     try:
-        with build_lock(_build_folder(name)):
+        with build_lock(folder):
             module = cpp_extension.load(
-                name=name,
+                name=folder.name,
                 sources=[str(source)],
-                extra_cflags=[
-                    "-O3",
-                    f"-march={march}",
-                    "-fopenmp",
-                    "-fno-math-errno",
-                    # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a
-                    # select (a division among them). Without AVX-512's masked instructions it
-                    # vectorizes no loop with a branch otherwise: the activations and the softmax ran
-                    # scalar on AVX2 CPUs, 3x slower than PyTorch (BENCHMARKS.md).
-                    "-fno-trapping-math",
-                    f"-DATTNLAB_BUILD={headers.hexdigest()[:16]}",
-                    *vector_width_flags(cpu, march),
-                ],
+                extra_cflags=flags,
                 extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
                 verbose=False,
             )
     except Exception as e:  # no compiler, no ninja, a build error: the caller uses PyTorch instead
         warnings.warn(f"the {what} could not be built ({type(e).__name__}: {e}); {fallback}", stacklevel=3)
         return None
     library = getattr(module, "__file__", None)
-    marker = _marker(name, source, march) if library else None
-    if marker is not None and not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
+    marker = folder / BUILT
+    if library and not marker.exists():
         marker.write_text(f"{library}\n")
     return module
 
 
+BUILT = "attnlab-built"
+"""The file a finished build leaves in its folder: the library's path (a killed link can leave a
+partial library behind, never this file)."""
+
+
+def compiler_flags(march: str) -> list[str]:
+    """GCC's flags for a build for the instruction set `march` on this CPU."""
+    return [
+        "-O3",
+        f"-march={march}",
+        "-fopenmp",
+        "-fno-math-errno",
+        # As PyTorch builds: no floating-point traps, so GCC may evaluate both sides of a select (a
+        # division among them). Without AVX-512's masked instructions it vectorizes no loop with a
+        # branch otherwise, and the activations and the softmax ran scalar on AVX2 CPUs.
+        "-fno-trapping-math",
+        *vector_width_flags(cpu_identity(), march),
+    ]
+
+
+def build_folder(name: str, source: Path, march: str | None = None) -> Path:
+    """Where the build of `name` from `source` for `march` lives: `TORCH_EXTENSIONS_DIR` (or
+    PyTorch's default root) / `{name}_{digest}`, the digest covering the sources and headers, the
+    flags, the CPU, PyTorch's and Python's versions and the installation."""
+    import torch
+    from torch.utils import cpp_extension
+
+    march = march or default_march()
+    digest = hashlib.sha256()
+    for path in [source, *sorted(source.parent.parent.glob("*/*.h"))]:
+        digest.update(path.read_bytes())
+    digest.update("\0".join(compiler_flags(march)).encode())
+    digest.update(cpu_identity())
+    digest.update(f"{torch.__version__} {sysconfig.get_python_version()}".encode())
+    # The installation: the ninja file names the source by its path, and the library links
+    # against this environment's PyTorch.
+    digest.update(f"{source.resolve()} {sys.prefix}".encode())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / f"{name}_{digest.hexdigest()[:16]}"
+
+
+def is_built(name: str, source: Path, march: str | None = None) -> bool:
+    """Whether `build(name, source, march=march)` would load a finished build rather than compile:
+    a build of these sources, headers and flags, on this CPU, with this PyTorch, from this
+    installation, finished before (and its library is still there)."""
+    marker = build_folder(name, source, march) / BUILT
+    return marker.is_file() and Path(marker.read_text().strip()).is_file()
+
+
 @contextlib.contextmanager
-def build_lock(folder: Path | None):
+def build_lock(folder: Path):
     """Hold the build folder's lock while PyTorch builds or loads there, and clear the lock file a
     dead build left behind.
 
@@ -83,7 +135,7 @@ def build_lock(folder: Path | None):
         import fcntl
     except ImportError:  # not POSIX: PyTorch's file alone
         fcntl = None
-    if folder is None or fcntl is None:
+    if fcntl is None:
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,40 +146,6 @@ def build_lock(folder: Path | None):
             warnings.warn(f"removed {left}, left by a build that did not finish; building again", stacklevel=3)
             left.unlink(missing_ok=True)
         yield
-
-
-def _build_folder(name: str) -> Path | None:
-    """Where PyTorch builds and caches the extension `name` (None where that cannot be found)."""
-    from torch.utils import cpp_extension
-
-    try:
-        return Path(cpp_extension._get_build_directory(name, verbose=False))
-    except Exception:  # a private helper of PyTorch's
-        return None
-
-
-def is_built(name: str, source: Path, march: str = "native") -> bool:
-    """Whether `build(name, source, march=march)` would load a finished build from the cache rather
-    than compile: a build of these sources, headers and flags, on this CPU, with this PyTorch,
-    finished here before (and its library is still there)."""
-    marker = _marker(name, source, march)
-    if marker is None or not marker.is_file():
-        return False
-    return Path(marker.read_text().strip()).is_file()
-
-
-def _marker(name: str, source: Path, march: str) -> Path | None:
-    """The file that records a finished build of `source` as it is now, in PyTorch's extension
-    cache (None where that cache cannot be located)."""
-    import torch
-
-    digest = hashlib.sha256()
-    for path in [source, *sorted(source.parent.parent.glob("*/*.h"))]:
-        digest.update(path.read_bytes())
-    digest.update(cpu_identity())
-    digest.update(f"{march} {torch.__version__} {sysconfig.get_python_version()}".encode())
-    folder = _build_folder(name)  # without it, nothing counts as built
-    return folder / f"attnlab-built-{digest.hexdigest()[:24]}" if folder is not None else None
 
 
 def vector_width_flags(cpu: bytes, march: str) -> list[str]:

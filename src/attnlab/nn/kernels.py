@@ -51,18 +51,19 @@ def is_enabled() -> bool:
     return _on
 
 
+NAME = "attnlab_kernels"
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled kernels, built on first use; None (with a warning) when they cannot be built."""
-    return build("attnlab_kernels", SOURCE, what="training kernels", fallback="using PyTorch's operators")
+    return build(NAME, SOURCE, what="training kernels", fallback="using PyTorch's operators")
 
 
 def is_built() -> bool:
     """Whether `extension()` loads a finished build (no pause to compile)."""
-    return is_built_here("attnlab_kernels", SOURCE)
+    return is_built_here(NAME, SOURCE)
 
 
 def _applies(x: torch.Tensor) -> ModuleType | None:
