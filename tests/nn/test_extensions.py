@@ -192,9 +192,8 @@ def test_two_installations_load_their_builds_without_rebuilding_each_other(tmp_p
     assert folders[0] != folders[1]
     for source in sources:
         _built_in_child(source, cache)
-    built = {
-        path: path.stat().st_mtime_ns for folder in folders for path in folder.iterdir() if path.suffix in (".so", ".ninja")
-    }
+    outputs = [path for folder in folders for path in folder.iterdir() if path.suffix in (".so", ".ninja")]
+    built = {path: path.stat().st_mtime_ns for path in outputs}
     assert len(built) == 4  # a library and a ninja file in each folder
     for source in [*sources, *sources]:
         _built_in_child(source, cache)
