@@ -7,13 +7,28 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install dev serve docs browser lint bench clean
+.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
 
 test: $(VENV)/.dev-installed browser
 	$(BIN)/pytest
+
+# The AVX2 code paths on any x86-64 CPU, AVX-512 ones included (CI runs this after `make test`):
+# the C++ kernels built for x86-64-v3 (AVX2, no AVX-512) and PyTorch's and oneDNN's kernels capped
+# at AVX2, then the numerical suites. Its own inductor cache: compiled code cached under one cap
+# computed wrong results when loaded under the other.
+AVX2 := ATTNLAB_MARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2
+NUMERICAL := tests/test_tolerance.py tests/nn/test_kernels.py tests/nn/test_projection.py \
+        tests/decode/test_fused.py tests/decode/test_fused_decoder.py tests/decode/test_batching.py \
+        tests/train/test_fused_kernels.py tests/train/test_clipping_adamw.py
+
+test-avx2: $(VENV)/.dev-installed
+	@case "$$(uname -m)" in x86_64|amd64) ;; *) echo "make: test-avx2 is for x86-64 CPUs; skipped"; exit 0;; esac; \
+	grep -qw avx2 /proc/cpuinfo || { echo "make: this CPU has no AVX2; test-avx2 skipped"; exit 0; }; \
+	$(AVX2) $(BIN)/attnlab kernels build && $(AVX2) $(BIN)/pytest $(NUMERICAL)
 
 serve: $(VENV)/.serve-installed
 	@echo "ready: $(BIN)/attnlab serve RUN [RUN ...]"

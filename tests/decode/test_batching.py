@@ -8,6 +8,7 @@ from attnlab.decode.batching import Batcher, Sequence, takes_row_positions
 from attnlab.decode.fused import extension
 from attnlab.nn.attention import KVCache
 from decode.conftest import tiny_gpt
+from tolerance import assert_float32_close, gpt_sums
 
 # (prompt length, max new tokens): short and long prompts, one past block_size (16), sequences
 # that slide their window mid-way, one that stops at once.
@@ -126,11 +127,11 @@ def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_pref
     for seq in seqs:
         alone_batcher, got = Batcher(model, max_batch=1), []
         alone_batcher.join(seq.prompt, 2, pick=recording(got))
-        assert torch.allclose(picked[seq.row], got[0], atol=1e-5)
+        assert_float32_close(picked[seq.row], got[0], **gpt_sums(model.config))
         for mine, its in zip(together.cache, alone_batcher.cache, strict=True):
             n = seq.filled
-            assert torch.allclose(mine.k[seq.row, :, :n], its.k[0, :, :n], atol=1e-5)
-            assert torch.allclose(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5)
+            assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
+            assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
 
 
 @FUSED_GPTS
@@ -151,12 +152,12 @@ def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_ca
     for seq, logits in zip(seqs, picked, strict=True):
         eager, got = Batcher(model, max_batch=1), []
         eager.join(seq.prompt, 2, pick=recording(got))
-        torch.testing.assert_close(logits, got[0], atol=1e-5, rtol=1e-5)
+        assert_float32_close(logits, got[0], **gpt_sums(model.config))
         n = seq.filled
         assert n == min(len(seq.prompt), 16)
         for mine, its in zip(batcher.cache, eager.cache, strict=True):
-            torch.testing.assert_close(mine.k[seq.row, :, :n], its.k[0, :, :n], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(mine.v[seq.row, :, :n], its.v[0, :, :n], atol=1e-5, rtol=1e-5)
+            assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
+            assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
 
 
 def test_the_fused_prefill_refuses_prompts_the_cache_cannot_hold():

@@ -12,6 +12,7 @@ import torch
 from attnlab.decode import fused, greedy, sample
 from attnlab.decode.fused import FusedStep, extension, supports
 from attnlab.nn.projection import MKLDNN, has_reordered_weight
+from tolerance import assert_float32_close, gpt_sums
 
 pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
 
@@ -47,12 +48,12 @@ def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
         for position in range(5, 16):
             expected = model(token, cache=theirs, last_only=True)
             got = step(token, ours, position)
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            assert_float32_close(got, expected, **gpt_sums(model.config))
             assert ours[0].length == theirs[0].length == position + 1
             token = expected[:, -1].argmax(-1, keepdim=True)
         for a, b in zip(ours, theirs, strict=True):
-            torch.testing.assert_close(a.k, b.k, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(a.v, b.v, atol=1e-5, rtol=1e-5)
+            assert_float32_close(a.k, b.k, **gpt_sums(model.config))
+            assert_float32_close(a.v, b.v, **gpt_sums(model.config))
 
 
 @pytest.mark.parametrize("lengths", [[5, 2, 9], [5, 2, 9, 1, 7, 3, 8, 4, 6, 2, 10, 5]])  # 12 rows: oneDNN's products
@@ -79,10 +80,10 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
             views = [layer.view(slice(0, len(lengths)), length) for layer in theirs]
             expected = model(tokens[:, None], cache=views, positions=positions[:, None], last_only=True)[:, -1]
             got = step.rows(tokens, positions)
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            assert_float32_close(got, expected, **gpt_sums(model.config))
             for a, b in zip(ours, theirs, strict=True):
                 for row, pos in enumerate(positions.tolist()):
-                    torch.testing.assert_close(a.k[row, :, pos], b.k[row, :, pos], atol=1e-5, rtol=1e-5)
+                    assert_float32_close(a.k[row, :, pos], b.k[row, :, pos], **gpt_sums(model.config))
             tokens, positions = expected.argmax(-1), positions + 1
         block = model.blocks[0]
         assert has_reordered_weight(block.attn.in_proj.weight) == (MKLDNN and len(lengths) > 8)
@@ -91,6 +92,30 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
             step.rows(tokens, torch.tensor([*lengths[:-1], 16]))
         with pytest.raises(RuntimeError, match=f"R <= {rows}"):
             step.rows(torch.zeros(rows + 1, dtype=torch.long), torch.zeros(rows + 1, dtype=torch.long))
+
+
+def test_the_float32_bound_still_catches_an_off_by_one_position_and_a_dropped_key(make_gpt):
+    """The tolerance above is rounding's, not a mistake's: the fused step one position off (its key
+    written one slot late, its position embedding the next one's), or a step whose first key was
+    never written, each fall outside it."""
+    model = make_gpt(n_embd=48, n_head=3)
+    prompt = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(0))
+    token = torch.tensor([[3], [7]])
+    with torch.inference_mode():
+        ours, theirs = model.new_cache(2, 16), model.new_cache(2, 16)
+        model(prompt, cache=ours, last_only=True)
+        model(prompt, cache=theirs, last_only=True)
+        expected = model(token, cache=theirs, last_only=True)
+        assert_float32_close(FusedStep(model, extension(), ours)(token, ours, 6), expected, **gpt_sums(model.config))
+        for layer in ours:
+            layer.length = 6
+        off_by_one = FusedStep(model, extension(), ours)(token, ours, 7)
+        sequence = torch.cat([prompt, token], dim=1)
+        empty_first = model.new_cache(2, 16)  # the first key's slot left empty (zeros)
+        without_first_key = model(sequence[:, 1:], cache=empty_first, positions=torch.arange(1, 7), last_only=True)
+    for wrong in (off_by_one, without_first_key):
+        with pytest.raises(AssertionError, match="float32 bound"):
+            assert_float32_close(wrong, expected, **gpt_sums(model.config))
 
 
 def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
@@ -106,7 +131,7 @@ def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
         for layer in cache:
             layer.length = 2
         expected = model(torch.tensor([[4]]), cache=cache, last_only=True)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_float32_close(got, expected, **gpt_sums(model.config))
 
 
 def test_many_rows_see_weights_changed_after_the_step_was_made(make_gpt, monkeypatch):
@@ -128,7 +153,7 @@ def test_many_rows_see_weights_changed_after_the_step_was_made(make_gpt, monkeyp
         for layer in cache:
             layer.length = 4
         expected = model(token, cache=cache, last_only=True)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_float32_close(got, expected, **gpt_sums(model.config))
 
 
 def test_sampling_with_the_fused_step_follows_the_generator(make_gpt):
