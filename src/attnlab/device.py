@@ -49,8 +49,8 @@ def keep_freed_memory() -> bool:
 
     glibc serves blocks over 32 MiB from fresh pages and returns them when freed, so a training
     step on the CPU that allocates large tensors (a masked-LM head's 26M logits and their
-    gradient) takes a page fault for every 4 KiB of them, every step: 12 - 15% of such a step
-    here (BENCHMARKS.md). PyTorch's performance guide suggests jemalloc or tcmalloc for the same
+    gradient) takes a page fault for every 4 KiB of them, every step (what it costs: docs/history.md,
+    "Where a pre-training step's time goes"). PyTorch's performance guide suggests jemalloc or tcmalloc for the same
     reason; this is glibc's own switch, with nothing to install. The process then keeps its peak
     heap until it exits, which a training run reaches anyway."""
     if not sys.platform.startswith("linux"):
@@ -67,16 +67,16 @@ def keep_freed_memory() -> bool:
 def cpu_has_bf16_matmul() -> bool:
     """Whether PyTorch multiplies bf16 matrices on this CPU with oneDNN's kernels, which need AVX-512
     (native bf16 instructions where the CPU has AVX512-BF16 or AMX). Without them, as on CPUs with
-    AVX2 alone, bf16 products take PyTorch's reference loop: a masked-LM step of the wikitext2-mlm
-    preset took 47 s under bf16 autocast against 1.1 s in fp32 on a 2-core AMD EPYC (BENCHMARKS.md)."""
+    AVX2 alone, bf16 products take PyTorch's reference loop, many times slower than fp32 (measured
+    on the wikitext2-mlm preset: docs/history.md, "On the AVX2 CPU")."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # PyTorch's own test for that dispatch
     except (AttributeError, RuntimeError):  # a build without oneDNN
         return False
 
 
-# The CPU features that make bf16 products fast: native bf16 dot products (AVX512-BF16, Cooper
-# Lake / Zen 4 onwards) or Intel's matrix tiles (AMX, Sapphire Rapids onwards), as Linux names them.
+# The CPU features that make bf16 products fast: native bf16 dot products (AVX512-BF16) or Intel's
+# matrix tiles (AMX), as Linux names them.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -89,7 +89,7 @@ def cpu_flags() -> frozenset[str]:
 def resolve_dtype(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
     """The training dtype `name` stands for on `device`, and why: "auto" is "bfloat16" where the
     hardware runs it fast (a CUDA GPU with bf16, a CPU with one of `BF16_CPU_FLAGS`; `flags`
-    defaults to this CPU's), else "float32" (bf16 without them is ~40x slower on a CPU,
+    defaults to this CPU's), else "float32" (bf16 without them is many times slower on a CPU,
     `slow_dtype_note`). Any other name is returned as given.
 
     resolve_dtype("auto", torch.device("cpu"), frozenset({"avx2"})) -> ("float32", "... no AVX512-BF16 or AMX")"""
@@ -128,7 +128,7 @@ def cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
 @functools.cache
 def cpu_description() -> str:
     """The CPU's model, where the system names it, and the widest vector instructions PyTorch uses
-    on it, e.g. "AMD EPYC, AVX2": CPU timings depend on both (bf16 products, kernel widths)."""
+    on it, e.g. "<model name>, AVX2": CPU timings depend on both (bf16 products, kernel widths)."""
     names = [line.partition(":")[2].strip() for line in cpuinfo_lines(("model name",))]
     name = next((n for n in names if n), platform.processor() or platform.machine())
     return f"{name}, {torch.backends.cpu.get_cpu_capability()}"

@@ -76,7 +76,8 @@ def run_benchmarks(
         say(progress_line(case.label, speed, "tokens/s"))
         del models, fns
     # The peak once more, the better of the two kept: measured only before the training cases, a
-    # slow spell of the machine at that moment put attnlab's MFU at 104% (bench-cpu-fused-28).
+    # slow spell of the machine at that moment put attnlab's MFU above what the step can reach
+    # (docs/history.md, "The peak measured twice").
     again, _ = matmul_peak_flops(device, quick)
     peak = max(peak, again)
     say(f"matmul peak after the training cases: {flops_text(again, device)} (kept: {flops_text(peak, device)})")
@@ -160,8 +161,8 @@ def run_benchmarks(
 def _fresh_compiler(compile: bool) -> None:
     """Each case compiles as a user's only model would. torch.compile keeps one cache per code
     object (GPT.forward) for every model and shape it has seen, and each call first checks the
-    entries before its own (an ad-hoc run after the training cases once found 4×4×128 decoding
-    halved by them; `benchmarks/decode_ab.py reset`, with one other model's entries, finds no cost)."""
+    entries before its own, which can cost a later case dearly (docs/history.md, "Decoding: stream
+    the weights, then fuse the step")."""
     if compile:
         torch.compiler.reset()
 

@@ -138,8 +138,8 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
     """Measure and count everything for `settings` on this CPU -> CostResult. Each case runs in a
     fresh process, one at a time, with `threads` torch threads. One by default: the question is how
     cost grows with t, not peak speed; batch-1 steps of width 64 gain little from a thread pool, and
-    a pool stalls at every barrier when another process holds a core (10× slower on a busy 2-core
-    machine), which would bend the slopes.
+    a pool stalls at every barrier when another process holds a core (docs/history.md: the note on
+    threads at its top), which would bend the slopes.
     A case that would exceed `settings.max_memory_mib` or that dies (out of memory) is recorded as
     None, and the longer lengths of that model and kind are skipped.
     `progress` shows a tqdm bar on a terminal, one line per case on stderr otherwise (a log file)."""

@@ -24,9 +24,9 @@ Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B
 
 CPU_COMPILE_OPTIONS: dict[str, object] = {}
 """Inductor options of a compiled decoding step on a CPU. None by default: the wrapper that calls
-the step's kernels written in C++ instead of Python (`cpp_wrapper`) gave no consistent gain —
-0.84× at 4×4×128, 1.10× and 0.92× at 6×6×384 batch 1 and 8 (`benchmarks/decode_ab.py wrapper`) —
-and its first compilation takes ~15 s longer."""
+the step's kernels written in C++ instead of Python (`cpp_wrapper`) gave no consistent gain and
+compiles for longer (`benchmarks/decode_ab.py wrapper`; docs/history.md, "Decoding: stream the
+weights, then fuse the step")."""
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -102,8 +102,8 @@ def pick_rows(pickers: list[Picker | None], logits: torch.Tensor) -> list[int]:
     The rows of plain `Sampler`s (temperature alone) are drawn together, with the very tokens
     their pickers would draw one by one: torch.multinomial takes one sample as the largest
     p / E over the vocabulary, E ~ Exp(1) drawn from the row's generator, and so does this, one
-    small draw per row in place of a whole softmax-and-sample per row (32 rows of a continuous
-    batch: 38–42 µs a row one by one, 7 together, on a 2-core AMD EPYC; benchmarks/prefill_step.py)."""
+    small draw per row in place of a whole softmax-and-sample per row (measured with
+    `benchmarks/prefill_step.py`: BENCHMARKS.md, "`attnlab serve` under load")."""
     tokens: list[int | None] = [None] * len(pickers)
     greedy = [i for i, p in enumerate(pickers) if p is None]
     if greedy:
@@ -143,7 +143,8 @@ class _Step:
     step runs eagerly.
 
     torch.compile checks its guards (the inputs' shapes, the model, the cache objects, every
-    parameter) before each call: 0.26 ms of a ~3 ms step at 6×6×384. Within one generation
+    parameter) before each call, a sizeable part of a small model's step (docs/history.md,
+    "Decoding: stream the weights, then fuse the step"). Within one generation
     every step after the first passes the same objects with the same shapes, so those later
     steps skip the guards that cannot tell cache entries apart (`skip_guard_eval_unsafe`; what
     keeps it safe here is that nothing but the token and position values changes)."""

@@ -56,13 +56,12 @@ def bleu_lc_tok(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     Those tutorials score lowercased spaCy tokens. spaCy is a large dependency, so both sides are
     instead lowercased and tokenized by sacrebleu's "intl" tokenizer (mteval-v14 international: every
     Unicode punctuation mark and symbol becomes its own token, except "." and "," inside numbers).
-    On the Multi30k English references (val, test 2016, test 2017) it yields the same tokens as
-    spaCy's English tokenizer for 98% of the sentences; the rest differ in apostrophes (spaCy
-    "man 's", "does n't"; intl "man ' s", "doesn ' t") and in a few abbreviations ("u.s."), and BLEU
-    of randomly perturbed references differs from the spaCy-token figure by 0.1 or less.
-    sacrebleu's default "13a" tokenizer was the other candidate, but it keeps hyphenated words
-    ("t-shirt") and possessives ("man's") whole where spaCy splits them, and differs from spaCy on
-    3-8% of those sentences.
+    On the Multi30k English references it yields spaCy's English tokens for nearly every sentence;
+    the rest differ in apostrophes (spaCy "man 's", "does n't"; intl "man ' s", "doesn ' t") and in
+    a few abbreviations ("u.s."), which move BLEU too little to matter. sacrebleu's default "13a"
+    tokenizer was the other candidate, but it keeps hyphenated words ("t-shirt") and possessives
+    ("man's") whole where spaCy splits them, and differs from spaCy more often (the comparison's
+    figures: docs/tasks/translation.md).
     Unlike torchtext's `bleu_score` this uses sacrebleu's default exponential smoothing, which only
     matters when some n-gram order has no match at all (tiny corpora).
     """

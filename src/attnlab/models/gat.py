@@ -19,9 +19,9 @@ Dropout follows the reference code, which is where the paper's numbers come from
 layer `attn_head` is called once per head, and each call drops its own input (a mask per head) and
 drops the transformed features W h_j again where they are summed. PyTorch Geometric and DGL drop
 each layer's input once for all heads and leave W h alone (`per_head_dropout = False`,
-`feature_dropout = 0`). Over the same 10 seeds, with the score bias as well (`score_bias`), the
-reference code's way gives 83.2 ± 1.0 against 82.6 ± 0.7 on Cora, 72.2 ± 0.9 against 71.2 ± 0.4
-on Citeseer (BENCHMARKS.md, "Graph attention"), at 1.3-1.5x the time of a training step.
+`feature_dropout = 0`). With the score bias as well (`score_bias`), the reference code's way is
+the more accurate on both Cora and Citeseer and the dearer per training step; the figures, beside
+PyTorch Geometric's, are in docs/tasks/graphs.md ("Results") and BENCHMARKS.md ("Graph attention").
 
 References:
 - Veličković et al. 2018, "Graph Attention Networks" (ICLR), §2.1 and §3.3 (Cora/Citeseer setup:
@@ -72,8 +72,8 @@ class GATConfig:
     per_head_dropout: bool = True
     """Each head drops its own random part of the layer's input, as the reference code, which calls
     its one-head layer (`attn_head`) once per head, each call with its own dropout. False: one
-    mask for all heads (PyTorch Geometric's and DGL's GAT). Measured over 10 seeds on Cora, with
-    feature_dropout and score_bias: 83.2 ± 1.0 against 82.6 ± 0.7 (BENCHMARKS.md)."""
+    mask for all heads (PyTorch Geometric's and DGL's GAT). What each gives, with feature_dropout and
+    score_bias: docs/tasks/graphs.md, "Results"."""
     attention_dropout: float = 0.6
     """Dropout on the normalised attention coefficients α: each node sees a random subset of its
     neighbourhood at each training step (§3.3)."""
@@ -161,7 +161,8 @@ class GraphAttention(nn.Module):
         if x.layout == torch.sparse_csr:
             # The bag-of-words input stays sparse; its transpose (for the gradient of W) is made
             # once per matrix, not once per head, step and product, and not at all when no gradient
-            # will be taken (at evaluation it was 1.5 ms of a 12.8 ms forward on Cora, 3.3 of 14.2 on Citeseer).
+            # will be taken (what evaluation paid for it: docs/history.md, "Beside PyTorch Geometric's
+            # `GATConv`").
             needs_grad = torch.is_grad_enabled() and self.proj.weight.requires_grad
             transpose = self._transpose(x) if needs_grad else None
             values = x.values()
@@ -169,7 +170,7 @@ class GraphAttention(nn.Module):
                 kept = dropout(values, self.dropout, self.training)
                 return sparse_product(x, kept, transpose, self.proj.weight.T).view(n, heads, f)
             # unbind, not w[k]: its backward stacks the heads' gradients once, where each slice's
-            # would fill a zero tensor the size of W and add it (8 of them: ~4 ms a step on Citeseer).
+            # would fill a zero tensor the size of W and add it, once per head.
             heads_w = w.unbind(0)
             return torch.stack(
                 [sparse_product(x, dropout(values, self.dropout, True), transpose, wk.T) for wk in heads_w], 1
@@ -181,8 +182,8 @@ class GraphAttention(nn.Module):
 
     def _transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`sparse_transpose(x)`, kept for the next call with the same matrix: a node task feeds the
-        same feature matrix at every step, and its transpose is a sort (~4 ms of a ~39 ms step on
-        Citeseer). Only x's structure goes in, which a CSR tensor cannot change in place."""
+        same feature matrix at every step, and its transpose is a sort (docs/history.md, "A faster
+        per-head step"). Only x's structure goes in, which a CSR tensor cannot change in place."""
         if self._transposed is None or self._transposed[0]() is not x:
             self._transposed = (weakref.ref(x), sparse_transpose(x))
         return self._transposed[1]
@@ -201,7 +202,8 @@ class GraphAttention(nn.Module):
         score_dst = (h * self.att_dst).sum(-1)  # (N, H)
         score_src = (h * self.att_src).sum(-1)  # (N, H)
         # index_select rather than t[index]: the same rows, and a backward that adds them up with
-        # index_add instead of indexing's sort-and-accumulate (the layer's step 10% faster).
+        # index_add instead of indexing's sort-and-accumulate (measured: docs/history.md, "A faster
+        # per-head step").
         e = score_dst.index_select(0, target) + score_src.index_select(0, source)
         if self.score_bias is not None:
             e = e + self.score_bias

@@ -49,8 +49,8 @@ class NodeTransformerConfig:
     """Model width C."""
     n_heads: int = 1
     """Attention heads per block; must divide d_model. Each head costs N × N scores per block (the
-    softmax over 2,708 Cora nodes: 7.3 million per head), so 1 head: with 8 heads of 8 features, as
-    GAT's, an epoch took 6x as long on our 2-core CPU."""
+    softmax over 2,708 Cora nodes: 7.3 million per head), so 1 head: 8 heads of 8 features, as GAT's,
+    make an epoch several times as long (docs/history.md, "Graph attention on Cora and Citeseer")."""
     n_layers: int = 2
     """Encoder blocks."""
     d_ff: int = 128
@@ -60,7 +60,8 @@ class NodeTransformerConfig:
     block_dropout: float = 0.0
     """Dropout inside the blocks: on the attention weights and the residual branches. Off by default:
     dropout on N × N attention weights takes PyTorch off its fused attention kernel and draws N²
-    random numbers per head and block (an epoch 4x as long)."""
+    random numbers per head and block (what it costs: docs/history.md, "Graph attention on Cora and
+    Citeseer")."""
     activation: str = "gelu"
     """Feed-forward non-linearity, one of attnlab.nn.ACTIVATIONS."""
     norm: str = "pre"
@@ -105,9 +106,9 @@ class NodeTransformer(nn.Module):
         # Row-normalised bag-of-words rows project to vectors of size ~0.01, which the attention
         # output, the same weighted mean for every node at the start, would drown in the residual
         # stream: the nodes could no longer be told apart and training stalls at the class prior
-        # (measured: loss ln 7 for 80 epochs). A LayerNorm on the projection (as BERT's on its
-        # embeddings) puts each node's own vector at unit scale; no bias, which would be the same
-        # vector for every node.
+        # (docs/history.md, "Graph attention on Cora and Citeseer"). A LayerNorm on the projection
+        # (as BERT's on its embeddings) puts each node's own vector at unit scale; no bias, which
+        # would be the same vector for every node.
         self.input_norm = nn.LayerNorm(c.d_model)
         self.blocks = nn.ModuleList(
             TransformerBlock(

@@ -72,9 +72,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout (Srivastava et al. 2014) of dense tensors, and of sparse CSR feature matrices (N, F).
 
     Each entry is zeroed with probability p and the others scaled by 1 / (1 - p), as `F.dropout`
-    does; the mask is drawn with `torch.rand`, which on a CPU takes about 0.6x the time of the
-    Bernoulli draws inside `F.dropout` (1.1 against 1.9 ms for GAT's 106k attention coefficients
-    on Cora): a GAT step draws four masks. On a sparse matrix only the stored values are dropped:
+    does; the mask is drawn with `torch.rand`, which on a CPU is cheaper than the Bernoulli draws
+    inside `F.dropout` (measured in docs/history.md, "Graph attention on Cora and Citeseer"), and a
+    GAT step draws four masks. On a sparse matrix only the stored values are dropped:
     the entries not stored are zeros, which dropout leaves zero, so it is dropout on the dense
     matrix without making it (Kipf & Welling's `sparse_dropout` does the same for bag-of-words
     inputs).

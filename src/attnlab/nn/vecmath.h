@@ -59,7 +59,7 @@ ATTNLAB_VECTOR_FN float rational_erf(float x) {
 
 // exp(x) for x <= 88: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to r^7
 // (relative error below 2e-7 there), times 2^n built in the exponent bits. Inputs below -86
-// give 0, not a denormal (e^-86 is 4e-38; arithmetic on denormals is ~100x slower).
+// give 0, not a denormal (e^-86 is 4e-38; arithmetic on denormals is far slower).
 ATTNLAB_VECTOR_FN float vexp(float x) {
   constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   const float in = x;

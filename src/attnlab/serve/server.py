@@ -23,9 +23,8 @@ def model_threads(cores: int | None = None) -> int:
 
     The core left over is the event loop's, which turns every token into an SSE event. Given all
     the cores, PyTorch's thread pool contends with the loop (and with local clients) for them, and
-    its threads wait on one another at every small operator: on 2 cores, with a 10.7M-parameter
-    model, one thread served 1.2x the batched tokens/s and 1.6x the one-at-a-time tokens/s of two
-    (BENCHMARKS.md)."""
+    its threads wait on one another at every small operator, batched or one request at a time
+    (measured in BENCHMARKS.md, "Why one thread")."""
     return max(1, (torch.get_num_threads() if cores is None else cores) - 1)
 
 

@@ -4,8 +4,9 @@ Which model: a CNN over the log spectrogram (`attnlab.models.audio_cnn`). Which 
 WAVs of `data.data_dir`, the official split (index 0-4 test), `data.val_size` training recordings
 held out; split "all" takes every recording of a folder, e.g. WaveNet's samples written as
 `DIGIT_wavenet_I.wav` (`attnlab sample RUN --digit 7 --num-samples 100 --out DIR/7_wavenet.wav`).
-Which loss: cross-entropy. Which metric: accuracy. It is the judge of issue 30's question "are
-WaveNet's digits recognizable": its accuracy on real test recordings beside its accuracy on samples.
+Which loss: cross-entropy. Which metric: accuracy. It judges whether WaveNet's generated digits are
+recognizable: its accuracy on real test recordings beside its accuracy on samples (BENCHMARKS.md,
+"Are the generated digits recognizable?").
 
 Shape legend: B batch, T samples.
 """

@@ -53,8 +53,8 @@ KAPLAN_ALPHA_N = 0.076
 """Kaplan et al. 2020 Eq. 1.1: L(N) = (N_c / N)^0.076, N_c = 8.8e13, for models trained to convergence on WebText2."""
 BASE_PRESET = "shakespeare-char-cpu"
 # Six sizes from 12k to 790k non-embedding parameters (64x), 6M characters each (~6 epochs of Tiny
-# Shakespeare, 8 to 480 tokens per parameter): about 15 minutes on 2 cores with --jobs 2, where
-# 4x128 alone takes ~14 (one core; the others share the second).
+# Shakespeare, 8 to 480 tokens per parameter): sized so that the study takes minutes on a laptop
+# CPU, 4x128 the longest run (docs/history.md, "A scaling law on this CPU").
 DEFAULT_SIZES = ("1x32", "2x32", "2x48", "2x64", "3x96", "4x128")
 DEFAULT_TOKENS = 6_000_000
 HEAD_DIM = 16
