@@ -122,7 +122,9 @@ def checkpoint_choice(text: str) -> str | int:
         return text
     if text.isascii() and text.isdigit():
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected best, last or a step number (e.g. 1500), got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected best, last or a step number (e.g. 1500), got {text!r}{_did_you_mean(text, ['best', 'last'])}"
+    )
 
 
 def add_checkpoint_argument(p: argparse.ArgumentParser) -> None:
