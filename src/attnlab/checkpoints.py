@@ -180,6 +180,13 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     return Checkpoint(run_dir, top)
 
 
+def runs_inside(folder: Path, *, depth: int = 2) -> list[Path]:
+    """The run folders (those with a config.toml) up to `depth` levels inside `folder`, sorted: what
+    a study folder holds (`attnlab ablate`: OUT/VARIANT/seedK; `attnlab scale`: OUT/LxC)."""
+    found = [p.parent for level in range(1, depth + 1) for p in folder.glob("*/" * level + CONFIG)]
+    return sorted(found)
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether `run_dir` holds a complete checkpoint to resume from."""
     return (run_dir / MANIFEST).exists() or bool(complete_steps(run_dir))
@@ -248,21 +255,88 @@ def _weights(run_dir: Path, *, best: bool) -> _Weights | None:
     return _Weights(step_dir(run_dir, record["step"]) / WEIGHTS, record["weights_sha256"], record["step"])
 
 
+def step_weights(run_dir: Path) -> dict[int, _Weights]:
+    """Every step whose weights a run folder holds, oldest first, with where they are: the step
+    folders, else the top level's checkpoint (all a format-1 folder has) or the best weights (kept
+    when their step folder has been pruned)."""
+    found = {}
+    for step in complete_steps(run_dir):
+        try:
+            manifest = read_manifest(step_dir(run_dir, step))
+        except CheckpointError:
+            continue
+        found[step] = _Weights(step_dir(run_dir, step) / WEIGHTS, manifest["weights_sha256"], step)
+    for weights in (_weights_if_any(run_dir, best=True), _weights_if_any(run_dir, best=False)):
+        if weights is not None:
+            found.setdefault(weights.step, weights)
+    return dict(sorted(found.items()))
+
+
+def _weights_if_any(run_dir: Path, *, best: bool) -> _Weights | None:
+    """`_weights`, or None where the folder has no readable checkpoint."""
+    try:
+        return _weights(run_dir, best=best) if has_checkpoint(run_dir) else None
+    except CheckpointError:
+        return None
+
+
+def intact_steps(run_dir: Path) -> list[int]:
+    """The steps of the step folders whose weights match their manifest's SHA-256 (reads each)."""
+    return [
+        step
+        for step, w in step_weights(run_dir).items()
+        if w.path.parent.name.startswith("step-") and w.path.is_file() and file_sha256(w.path) == w.sha256
+    ]
+
+
+def _weights_at(run_dir: Path, step: int) -> _Weights:
+    """The weights of checkpoint `step`; one line naming the steps there are when it is not one."""
+    found = step_weights(run_dir)
+    if step in found:
+        return found[step]
+    if not found:
+        latest_checkpoint(run_dir)  # raises: the folder has no checkpoint at all
+    best = _weights_if_any(run_dir, best=True)
+    raise CheckpointError(
+        f"{run_dir} has no checkpoint at step {step}; its checkpoints are at step{'s' * (len(found) > 1)} "
+        f"{', '.join(map(str, found))}{f' (best: {best.step})' if best else ''}"
+    )
+
+
 def _verify(path: Path, expected: str) -> None:
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the run folder is incomplete")
     if file_sha256(path) != expected:
         raise CheckpointError(
-            f"{path} is corrupt: its SHA-256 does not match the one recorded in the checkpoint's manifest; "
-            "restore it or retrain"
+            f"{path} is corrupt: its SHA-256 does not match the one recorded in the checkpoint's manifest"
         )
 
 
-def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False) -> int:
-    """Load the checked weights (the newest checkpoint, or the best) into `model` and return their
-    step; strict: every tensor must match by name and shape."""
-    weights = _weights(run_dir, best=best) or _weights(run_dir, best=False)
-    _verify(weights.path, weights.sha256)
+def _verify_or_point_elsewhere(run_dir: Path, weights: _Weights) -> None:
+    """`_verify`, with the intact step checkpoints named in the error and how to load one."""
+    try:
+        _verify(weights.path, weights.sha256)
+    except CheckpointError as e:
+        others = intact_steps(run_dir)  # the file that failed is not among them (a hard link fails with it)
+        if not others:
+            raise CheckpointError(f"{e}; no intact checkpoint is left beside it: restore it or retrain") from None
+        steps = ", ".join(map(str, others))
+        raise CheckpointError(
+            f"{e}; intact checkpoints beside it: step{'s' * (len(others) > 1)} {steps} (load one with "
+            f"--checkpoint {others[-1]}, or attnlab.load(RUN, checkpoint={others[-1]})), or restore the file"
+        ) from None
+
+
+def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False, step: int | None = None) -> int:
+    """Load the checked weights (the newest checkpoint, the best, or those of checkpoint `step`)
+    into `model` and return their step; strict: every tensor must match by name and shape. A
+    corrupt or missing file is a `CheckpointError` naming the intact step checkpoints."""
+    if step is not None:
+        weights = _weights_at(run_dir, step)
+        _verify(weights.path, weights.sha256)
+    else:
+        weights = _weights(run_dir, best=best) or _weights(run_dir, best=False)
+        _verify_or_point_elsewhere(run_dir, weights)
     try:
         missing, unexpected = load_model(model, str(weights.path), strict=False)
     except (SafetensorError, RuntimeError, OSError) as e:

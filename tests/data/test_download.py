@@ -116,15 +116,15 @@ def test_the_cli_downloads_multi30k_from_a_mirror_against_the_real_checksums(ser
     assert names == sorted(f.name for f in DATASETS["multi30k"].files)
 
 
-def test_every_preset_with_a_data_folder_has_its_data_set_or_a_reason(capsys):
+def test_every_preset_has_its_data_set_listed(capsys):
     from attnlab.config import presets
+    from attnlab.data.download import ELSEWHERE
 
     offered = {p for d in DATASETS.values() for p in d.presets}
-    # Planetoid: pickles upstream; FSDD: a git repository of 3,000 files (download.NOT_OFFERED)
-    not_offered = {p for p in presets() if p.startswith(("cora", "citeseer", "fsdd"))}
-    assert set(presets()) - offered == not_offered
+    elsewhere = {p for d in ELSEWHERE.values() for p in d.presets}  # FSDD: a git repository of 3,000 files
+    assert set(presets()) == offered | elsewhere and not offered & elsewhere
     code, out, _ = cli(capsys, "data", "list")
-    assert code == 0 and all(f"{name}:" in out for name in DATASETS)
+    assert code == 0 and all(f"{name}:" in out for name in [*DATASETS, *ELSEWHERE])
     assert "licence: CC BY-SA 4.0" in out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from attnlab import load
 from attnlab.config import dump_toml, merge, parse_overrides, read_toml
@@ -156,3 +157,66 @@ def test_resume_before_the_first_checkpoint_starts_over(tiny_toml, tmp_path, cap
     train(run_config(tiny_toml, "train.max_iters=4"), tmp_path / "straight", progress=False)
     a, b = (torch.load(d / TRAIN_STATE, weights_only=True)["optimizer"] for d in (run_dir, tmp_path / "straight"))
     assert all(torch.equal(a["state"][i]["exp_avg"], b["state"][i]["exp_avg"]) for i in a["state"])
+
+
+def corrupt(path: Path) -> None:
+    """Flip a byte in place: a hard link to the same file is corrupted with it, as on a real disk."""
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+
+
+def test_corrupt_weights_name_the_intact_steps_and_a_step_loads(tiny_toml, tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        run_config(tiny_toml, "train.max_iters=8", "train.eval_interval=2", "train.keep_last=3"),
+        run_dir,
+        progress=False,
+    )
+    assert complete_steps(run_dir) == [4, 6, 8]
+    corrupt(run_dir / WEIGHTS)  # the newest checkpoint's, also checkpoints/step-000008's (a hard link)
+    with pytest.raises(CheckpointError) as error:
+        load(run_dir, checkpoint="last")
+    message = str(error.value)
+    assert f"{run_dir / WEIGHTS} is corrupt" in message and "\n" not in message
+    assert "intact checkpoints beside it: steps 4, 6 (load one with --checkpoint 6, or" in message
+    run = load(run_dir, checkpoint=6)
+    assert run.step == 6
+    expected = load_file(str(step_dir(run_dir, 6) / WEIGHTS))
+    assert all(torch.equal(run.model.state_dict()[k], v) for k, v in expected.items())
+    assert load(run_dir, checkpoint=4).step == 4
+
+
+def test_a_corrupt_best_names_the_other_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    train(resolve(merge(classification_doc(tmp_path), {"train": {"keep_last": 5}})), run_dir, progress=False)
+    best = read_manifest(run_dir, BEST_MANIFEST)["step"]
+    corrupt(run_dir / BEST_WEIGHTS)  # and its step folder's file, the same one
+    others = [s for s in complete_steps(run_dir) if s != best]
+    assert len(others) >= 2
+    with pytest.raises(CheckpointError, match=f"intact checkpoints beside it: steps {', '.join(map(str, others))} "):
+        load(run_dir)
+    assert load(run_dir, checkpoint=others[0]).step == others[0]
+
+
+def test_a_step_that_is_not_there_names_those_that_are(tiny_toml, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train(run_config(tiny_toml, "train.max_iters=4", "train.eval_interval=2"), run_dir, progress=False)
+    capsys.readouterr()  # training's log
+    result = cli(capsys, "eval", run_dir, "--checkpoint", "1500")
+    assert_user_error(result, f"{run_dir} has no checkpoint at step 1500; its checkpoints are at steps 2, 4")
+    assert "best" not in result[2]  # a language model keeps no best weights
+    code, out, err = cli(capsys, "eval", run_dir, "--checkpoint", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["step"] == 2
+    assert_user_error(cli(capsys, "eval", run_dir, "--checkpoint", "-3"), "expected best, last or a step number")
+    with pytest.raises(ValueError, match="checkpoint must be 'best', 'last' or a step"):
+        load(run_dir, checkpoint="1500")  # from Python a step is an int
+
+
+def test_format1_run_folders_load_their_one_step(tmp_path):
+    run_dir = shutil.copytree(FORMAT1 / "lm", tmp_path / "lm")
+    assert load(run_dir, checkpoint=4).step == 4
+    with pytest.raises(CheckpointError, match=r"has no checkpoint at step 5; its checkpoints are at step 4$"):
+        load(run_dir, checkpoint=5)

@@ -116,7 +116,29 @@ def _bounded_int(text: str, low: int) -> int:
     return value
 
 
-def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str = "best"):
+def checkpoint_choice(text: str) -> str | int:
+    """--checkpoint's value: "best", "last" or a step number ("1500" -> 1500)."""
+    if text in ("best", "last"):
+        return text
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(
+        f"expected best, last or a step number (e.g. 1500), got {text!r}{_did_you_mean(text, ['best', 'last'])}"
+    )
+
+
+def add_checkpoint_argument(p: argparse.ArgumentParser) -> None:
+    """--checkpoint, as every command that loads a run's weights takes it."""
+    p.add_argument(
+        "--checkpoint",
+        type=checkpoint_choice,
+        default="best",
+        metavar="best|last|STEP",
+        help="which weights: best, last, or the checkpoint of a step, e.g. 1500 (default best)",
+    )
+
+
+def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str | int = "best"):
     """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
     from attnlab import load
     from attnlab.cli.kinds import require_kind
@@ -134,7 +156,7 @@ def add_text_arguments(p: argparse.ArgumentParser, task_name: str) -> None:
     p.add_argument("run_dir", metavar="RUN", help=f"a {task_name} run folder written by `attnlab train`")
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences, one per argument")
     p.add_argument("--input", help="a UTF-8 file with one sentence per line (- for stdin)")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
 
 

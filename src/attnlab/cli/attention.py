@@ -5,7 +5,7 @@ attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png
 import argparse
 from pathlib import Path
 
-from attnlab.cli import non_negative_int, positive_int
+from attnlab.cli import add_checkpoint_argument, non_negative_int, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
     p.add_argument("--beam", type=positive_int, default=5, help="translation: beam size; 1 = greedy (default 5)")
     p.add_argument("--out", type=Path, help="FILE.png or FILE.html (default attention.html; attention.png with --node)")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
     p.set_defaults(run=run)

@@ -22,13 +22,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from attnlab.data.download import DATASETS
+    from attnlab.data.download import DATASETS, ELSEWHERE
 
     for data in DATASETS.values():
         size = sum(f.size for f in data.files)
         print(f"{data.name}: {data.about}; {len(data.files)} files, {size / 1e6:.1f} MB")
         print(f"  presets: {', '.join(data.presets)}")
         print(f"  licence: {data.licence}")
+    for other in ELSEWHERE.values():
+        print(f"{other.name}: {other.about}; not downloaded by attnlab")
+        print(f"  presets: {', '.join(other.presets)}")
+        print(f"  licence: {other.licence}")
+        print(f"  get it: {other.how}")
     return 0
 
 

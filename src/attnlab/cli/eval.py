@@ -2,6 +2,8 @@
 
 import argparse
 
+from attnlab.cli import add_checkpoint_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-tokens", type=int, help="language models: only the split's first N tokens")
     p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(run=run)

@@ -2,6 +2,8 @@
 
 import argparse
 
+from attnlab.cli import add_checkpoint_argument
+
 # The transformers Auto class that loads each exported architecture, for the closing hint.
 AUTO_CLASSES = {
     "GPT2LMHeadModel": "AutoModelForCausalLM",
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", required=True, choices=["hf"], help="the format: hf (a Hugging Face transformers folder)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist or be empty)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR when it exists and is not empty")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(run=run)
 

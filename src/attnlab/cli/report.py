@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from attnlab.cli import positive_int
+from attnlab.cli import add_checkpoint_argument, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="the page to write (default RUN/report.html)")
     p.add_argument("--text", help="text of the attention view (default the first example shown)")
     p.add_argument("--examples", type=positive_int, default=4, help="sentences translated or classified (default 4)")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.set_defaults(run=run)
 

@@ -4,7 +4,7 @@
 import argparse
 import os
 
-from attnlab.cli import positive_int
+from attnlab.cli import add_checkpoint_argument, positive_int
 
 ENV_KEY = "ATTNLAB_API_KEY"
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="torch threads for the models (default: the cores less one, at least one; the other core "
         "streams the tokens)",
     )
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.set_defaults(run=run)
 

@@ -4,6 +4,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.cli import add_checkpoint_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "keeps PyTorch's path",
     )
     p.add_argument("--attention", type=Path, metavar="PNG", help="save the first sentence's alignment heatmap")
-    p.add_argument("--checkpoint", choices=["best", "last"], default="best", help="which weights (default best)")
+    add_checkpoint_argument(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     p.add_argument("--json", action="store_true", help='print {"translations": [...]} as JSON')
     p.set_defaults(run=run)

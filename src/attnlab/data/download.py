@@ -6,7 +6,10 @@ place once verified (atomic: a file that is there is complete and correct); an i
 resumes where it stopped (HTTP Range); a file whose checksum does not match is deleted, nothing is
 left behind. The checksums are those of the copies in the project's shared data folder, which are
 byte-identical to these upstream files (see its README: git blob ids checked where a file had to be
-rebuilt there).
+rebuilt there), and for Planetoid those of the upstream files themselves. A data set whose
+published files are not what attnlab reads (Planetoid's pickles) is converted once verified
+(`DataSet.prepare`). `ELSEWHERE` names the data sets attnlab reads but does not download, and how
+to get them.
 """
 
 import hashlib
@@ -40,6 +43,8 @@ class DataSet:
     """The terms the publishers give (printed before every download)."""
     presets: tuple[str, ...]
     files: tuple[RemoteFile, ...]
+    prepare: Callable[[Path, Callable[[str], object]], None] | None = None
+    """What turns the verified files in a folder into what attnlab reads, where they differ."""
 
 
 def _github(repo: str, commit: str, path: str) -> str:
@@ -168,29 +173,89 @@ def _fashion_mnist() -> DataSet:
     )
 
 
-# Not here: Cora and Citeseer (the cora-* and citeseer-* presets), which upstream
-# (kimiyoung/planetoid) publishes as Python pickles that attnlab does not unpickle; and the Free
-# Spoken Digit Dataset (fsdd-* presets), 3,000 WAV files in a git repository
-# (github.com/Jakobovski/free-spoken-digit-dataset, recordings/), which `git clone` fetches better
-# than 3,000 pinned downloads.
-NOT_OFFERED = {
-    "cora": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
-    "citeseer": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
-    "planetoid": "Cora and Citeseer are published as Python pickles, which attnlab does not read",
-    "fsdd": "the Free Spoken Digit Dataset is 3,000 files in a git repository: "
-    "git clone https://github.com/Jakobovski/free-spoken-digit-dataset and pass its recordings/ as --data-dir",
+def _planetoid() -> DataSet:
+    # Upstream publishes Python pickles; `attnlab.data.planetoid` reads them with an unpickler that
+    # admits only the numpy/CSR/dict types they hold, and writes cora/ and citeseer/ as attnlab
+    # reads them. The sums are those of the files at this commit (whose conversion gives the shared
+    # copy's arrays exactly). PubMed, also published there, has no preset and is not fetched.
+    commit = "af6abf468a772cc055bec88c52e4d6f51b7c37e3"
+    sums = {
+        "ind.cora.x": ("23cfa55d91c6f624233f5eb7b6e3f141f1bd2b2ae39608a63cf5d084bb27baab", 22119),
+        "ind.cora.y": ("94465c14eb53e04ca262198dcbb2521ee8af60fb3f3d546cd6ca24a511b0e7d1", 4054),
+        "ind.cora.tx": ("b9afbaa4a400df991f6f02ef677e1e44da55ffc04801fd02f9e673987829226a", 148025),
+        "ind.cora.ty": ("41f5ac76596a1699cc33f53084a2419e92961c42bb75f36fc38e616d348532ad", 28135),
+        "ind.cora.allx": ("9419ba2f26f5c35243db64aba110e0f35a04851609e0dc5433450676ca6b8543", 257305),
+        "ind.cora.ally": ("2b998f5cc7fedc86e7f97ca2498f47a1ffc1462c29e2d578b23bf3f62b6e7d71", 47959),
+        "ind.cora.graph": ("58f13302f39dde8852dad6fe6d15b89b077b6d7f837626bce671ef80344b383d", 59847),
+        "ind.cora.test.index": ("297ce89af2b51a6a194181c7dbe1796c6a1cf9cd9349a88383b1b1e227867875", 5000),
+        "ind.citeseer.x": ("d20de19150741e555de0ed037195630fc194114ebc7fd72ced62810148aa22f6", 31087),
+        "ind.citeseer.y": ("8ba87e515d8e3ee3cf52f6d2c5b86aa73f11ecad825a808455209ec26cd54924", 3014),
+        "ind.citeseer.tx": ("539a8906a2da97628d212f2fdd668c109a8b3f0d36574b59e5d3fd5b5303da21", 260321),
+        "ind.citeseer.ty": ("55e5bd1ba1e733a04598753ad1a8d57957f4b8f89e74519f41f4f4938767e4ce", 24135),
+        "ind.citeseer.allx": ("2ac30345d95c9ec933a817ee0bdd6a5f077f8c184a20e696910192d534414668", 595021),
+        "ind.citeseer.ally": ("f704b2d986dde6c2669934de1f3ae5696a6cf9455c0f6b2646a2d135ea0a1c95", 55623),
+        "ind.citeseer.graph": ("d79a4ef9d3e7169aee8946145f6b7306e35bc79bffad26346cfb94e10e9912a7", 61987),
+        "ind.citeseer.test.index": ("2af990671580b6b2df5d158d1038f8292e30c9cd821b5453f399659b25b723d4", 5000),
+    }
+    return DataSet(
+        "planetoid",
+        "the Cora and Citeseer citation graphs with the Planetoid public split (Sen et al. 2008; Yang, "
+        "Cohen & Salakhutdinov 2016), converted into cora/ and citeseer/",
+        "MIT, Copyright 2016 Zhilin Yang (kimiyoung/planetoid); cite Sen et al. 2008 and Yang et al. 2016",
+        ("cora-gat", "cora-gcn", "cora-transformer", "cora-transformer-masked", "citeseer-gat"),
+        _files("kimiyoung/planetoid", commit, "data/", sums),
+        prepare=_convert_planetoid,
+    )
+
+
+def _convert_planetoid(folder: Path, say: Callable[[str], object]) -> None:
+    from attnlab.data.planetoid import convert
+
+    for name in ("cora", "citeseer"):
+        say(f"{convert(folder, name, folder)}: converted from the ind.{name}.* files, read back checked")
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """A data set attnlab reads but does not download, and how to get it."""
+
+    name: str
+    about: str
+    licence: str
+    presets: tuple[str, ...]
+    how: str
+
+
+# The Free Spoken Digit Dataset is 3,000 WAV files in a git repository, which `git clone` fetches
+# better than 3,000 pinned downloads.
+ELSEWHERE = {
+    "fsdd": Elsewhere(
+        "fsdd",
+        "the Free Spoken Digit Dataset, 3,000 recordings of the digits 0-9 by 6 speakers, WAV, 8 kHz",
+        "CC BY-SA 4.0 (the repository's README)",
+        ("fsdd-digits", "fsdd-wavenet"),
+        "git clone https://github.com/Jakobovski/free-spoken-digit-dataset and pass its recordings/ "
+        "as --data-dir (the shared copy is commit 26eb9aa)",
+    ),
 }
-DATASETS = {d.name: d for d in (_multi30k(), _wikitext2(), _ud_ewt(), _sst2(), _tinyshakespeare(), _fashion_mnist())}
+ALIASES = {"cora": "planetoid", "citeseer": "planetoid"}
+DATASETS = {
+    d.name: d
+    for d in (_multi30k(), _wikitext2(), _ud_ewt(), _sst2(), _tinyshakespeare(), _fashion_mnist(), _planetoid())
+}
 
 
 def find(name: str) -> DataSet:
     from attnlab.config import close_matches
 
+    if name in ELSEWHERE:
+        raise UserError(f"attnlab does not download {name}: {ELSEWHERE[name].how}")
+    if name.lower() in ALIASES:
+        whole = ALIASES[name.lower()]
+        raise UserError(f"{name} is part of data set {whole!r}: attnlab data download {whole}")
     if name not in DATASETS:
-        reason = NOT_OFFERED.get(name.lower())
-        hint = f" ({reason})" if reason else ""
         raise UserError(
-            f"unknown data set {name!r}{close_matches(name, DATASETS)}{hint}; data sets are {', '.join(DATASETS)}"
+            f"unknown data set {name!r}{close_matches(name, DATASETS)}; data sets are {', '.join(DATASETS)}"
         )
     return DATASETS[name]
 
@@ -244,6 +309,8 @@ def download(name: str, folder: Path, *, mirror: str | None = None, say: Callabl
         url = f"{mirror.rstrip('/')}/{file.name}" if mirror else None
         fetched = fetch(file, folder, url=url, say=say)
         say(f"{folder / file.name}: {'downloaded' if fetched else 'already there'}, SHA-256 verified")
+    if data.prepare is not None:
+        data.prepare(folder, say)
     return data
 
 

@@ -28,12 +28,13 @@ class Trained:
     """The step of the weights loaded."""
 
 
-def load_trained(run_dir: Path, task: str, model_config: Any, *, best: bool) -> Trained:
+def load_trained(run_dir: Path, task: str, model_config: Any, *, best: bool, step: int | None = None) -> Trained:
     """The model of a `task` run in `run_dir`, built from `model_config` with the best weights (or,
-    without a best or `best` False, the newest checkpoint's), and its tokenizer; on the CPU."""
+    without a best or `best` False, the newest checkpoint's; or checkpoint `step`'s where given), and
+    its tokenizer; on the CPU."""
     task_class = TASKS[task]
     model = task_class.build_model_from_config(model_config)
-    step = load_weights(run_dir, model, best=best)
+    step = load_weights(run_dir, model, best=best, step=step)
     tokenizer = load_tokenizer(run_dir / TOKENIZER) if getattr(task_class, "uses_tokenizer", True) else None
     return Trained(model, tokenizer, step)
 

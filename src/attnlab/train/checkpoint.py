@@ -38,6 +38,7 @@ from attnlab.checkpoints import (
     prune,
     publish,
     read_manifest,
+    runs_inside,
     save_checkpoint,
     step_dir,
 )
@@ -85,6 +86,13 @@ def write_config(run_dir: Path, config: RunConfig) -> None:
 def read_config(run_dir: Path) -> RunConfig:
     path = run_dir / CONFIG
     if not path.exists():
+        runs = runs_inside(run_dir) if run_dir.is_dir() else []
+        if runs:  # an ablation or scaling study: the runs are one or two levels down
+            shown = ", ".join(str(r) for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+            raise CheckpointError(
+                f"{run_dir} is not a run folder but holds {len(runs)} runs ({shown}), as `attnlab ablate` and "
+                "`attnlab scale` write them; pass one of them"
+            )
         raise CheckpointError(f"{run_dir} is not a run folder: it has no {CONFIG}")
     try:
         return resolve(read_toml(path))
@@ -104,17 +112,20 @@ class Run:
     step: int
 
 
-def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str = "best") -> Run:
+def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | int = "best") -> Run:
     """A run folder -> its model (in eval mode), tokenizer and config.
 
     checkpoint: "best" (the weights that scored best on validation, when the run has them, else
-    the last) or "last" (the latest checkpoint).
+    the last), "last" (the latest checkpoint) or a step (the checkpoint saved after that step, from
+    checkpoints/step-N or, for the best's step, best.safetensors).
     """
-    if checkpoint not in ("best", "last"):
-        raise ValueError(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
+    is_step = isinstance(checkpoint, int) and not isinstance(checkpoint, bool) and checkpoint >= 0
+    if checkpoint not in ("best", "last") and not is_step:
+        raise ValueError(f"checkpoint must be 'best', 'last' or a step (an integer >= 0), got {checkpoint!r}")
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
     config = read_config(run_dir)
-    trained = load_trained(run_dir, config.task, config.model, best=checkpoint == "best")
+    step = checkpoint if is_step else None
+    trained = load_trained(run_dir, config.task, config.model, best=checkpoint == "best", step=step)
     return Run(run_dir, config, trained.tokenizer, trained.model.to(device).eval(), trained.step)
