@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from attnlab.cli import non_negative_int
+from attnlab.cli import check_overrides, non_negative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override a value of the demo preset, e.g. --set train.max_iters=300 for a quicker look (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=lambda args: check_overrides(args.overrides))
 
 
 def run(args: argparse.Namespace) -> int:
