@@ -61,6 +61,7 @@ $(BIN)/python:
 # attnlab's C++ kernels are compiled for this CPU here, once (a few minutes), so that no command
 # pauses for them later; where they cannot be built, attnlab says so and runs on PyTorch's operators.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "installing PyTorch (CPU build) and attnlab into $(VENV) (a few minutes, once) ..."
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/attnlab kernels build || true

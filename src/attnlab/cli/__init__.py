@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from attnlab import __version__
-from attnlab.errors import UserError
+from attnlab.errors import CheckpointError, ConfigError, UserError
 
 SUBCOMMANDS = (
     "train",
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        check_before_imports(args)
         return args.run(args) or 0
     except UserError as e:
         sys.stderr.write(f"attnlab {args.command}: error: {e}\n")
@@ -96,6 +97,31 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"attnlab {args.command}: interrupted\n")
         return 130
+
+
+def check_before_imports(args: argparse.Namespace) -> None:
+    """The argument mistakes found before a subcommand imports PyTorch (seconds), so that they cost
+    none: a RUN folder (`run_dir`) that does not exist, and what the subcommand's own `check`
+    (registered beside its `run`) finds. The subcommand checks the rest, after its imports."""
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None and not Path(run_dir).exists():
+        raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """`--set` values in key=value form under the config's sections; their keys and values are
+    checked against the config dataclasses when the subcommand resolves the config."""
+    from attnlab.config import check_run_keys, parse_overrides
+
+    for item in overrides:
+        doc = parse_overrides([item])
+        try:
+            check_run_keys(doc)
+        except ConfigError as e:
+            raise ConfigError(f"--set {item}: {e} (a key is SECTION.NAME, e.g. train.max_iters=500)") from None
 
 
 def positive_int(text: str) -> int:

@@ -7,6 +7,7 @@ are built, and PyTorch's operators elsewhere, so no command waits for a build it
 """
 
 import argparse
+import sys
 import time
 import warnings
 
@@ -38,6 +39,13 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "status":
         results = {what: {"built": module.is_built()} for what, module in modules.items()}
     else:
+        pending = [what for what, module in modules.items() if not module.is_built()]
+        if pending:  # minutes of a silent compiler otherwise (stderr: --json's stdout stays JSON)
+            print(
+                f"building attnlab's C++ kernels for this CPU ({', '.join(pending)}): a few minutes, once ...",
+                file=sys.stderr,
+                flush=True,
+            )
         # One compiler process each (a single source file): side by side they take the time of one.
         with ThreadPoolExecutor(len(modules)) as pool:
             results = dict(zip(modules, pool.map(_build, modules.values()), strict=True))

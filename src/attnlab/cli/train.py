@@ -6,7 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from attnlab.cli import positive_int
+from attnlab.cli import check_overrides, positive_int
 from attnlab.config import presets
 
 
@@ -69,7 +69,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before PyTorch is imported: the preset or file exists and is TOML with a run's top-level
+    keys, and each --set is key=value under one of its sections."""
+    from attnlab.config import check_run_keys, load_preset_or_file
+
+    check_run_keys(load_preset_or_file(args.config)[1])
+    check_overrides(args.overrides)
 
 
 def _default_out(config: str, name: str) -> Path:

@@ -446,8 +446,8 @@ def _say_accelerations(run: RunSetup, model: nn.Module, step_loss: StepLoss, log
     tc = run.config.train
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
-    if run.kernels_line:
-        log(run.kernels_line)
+    if line := run.kernels_line(model):
+        log(line)
     uncovered = kernels.unsupported_parts(model) if tc.fused_kernels else None
     if uncovered:
         log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
