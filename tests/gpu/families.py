@@ -129,6 +129,12 @@ FAMILIES = {
             ("model.hidden=8", "model.n_layers=2", "model.head_channels=16", *TINY_IMAGES, FAST),
         ),
         Family(
+            "pixel-gpt",
+            "fashion-igpt",
+            FIXTURES / "fashion-mnist",
+            ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "train.batch_size=4", *TINY_IMAGES, FAST),
+        ),
+        Family(
             "wavenet",
             "fsdd-wavenet",
             FIXTURES / "fsdd",

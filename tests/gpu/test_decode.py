@@ -3,8 +3,8 @@
 GPT: the KV cache against recomputing the window (past the point where it slides), eagerly and
 through torch.compile. Translation: beam search's cached decoder steps (beam 1, sentences
 batched) against the whole decoder rerun for every token. WaveNet: its per-layer cache against
-the naive window. PixelCNN, which has no cache: each greedily sampled pixel is the argmax of one
-pass over the finished image. fp32, TF32 off (conftest.exact_fp32).
+the naive window. PixelCNN (no cache) and the pixel GPT (its KV cache): each greedily sampled
+pixel is the argmax of one pass over the finished image. fp32, TF32 off (conftest.exact_fp32).
 """
 
 import warnings
@@ -17,10 +17,10 @@ from attnlab.decode import encode_prompt, greedy, greedy_picker
 from attnlab.decode.audio import generate_audio
 from attnlab.decode.pixels import sample_images
 from attnlab.decode.seq2seq import greedy_translate, length_limits
-from attnlab.models.pixelcnn import PixelCNN, PixelCNNConfig
 from attnlab.models.pixels import pixel_logits
 from attnlab.models.wavenet import WaveNet, WaveNetConfig
 from attnlab.tasks import open_task
+from gpu.families import FAMILIES
 
 pytestmark = pytest.mark.cuda
 
@@ -101,12 +101,14 @@ def test_wavenet_cached_generation_is_the_naive_one(device):
     assert torch.equal(cached, generate_audio(model, digits, None, 120, greedy_picker(), cached=False))
 
 
-def test_greedy_pixelcnn_samples_are_the_argmax_of_one_pass_over_the_image(device):
+@pytest.mark.parametrize("family", ["pixelcnn", "pixel-gpt"])
+def test_greedy_pixels_are_the_argmax_of_one_pass_over_the_image(family, device, tmp_path):
+    config = FAMILIES[family].config()
     torch.manual_seed(0)
-    model = PixelCNN(PixelCNNConfig(hidden=8, n_layers=2, head_channels=16, n_classes=10)).to(device).eval()
+    model = FAMILIES[family].task(config, tmp_path).build_model().to(device).eval()
     labels = torch.tensor([2, 9], device=device)
-    images = sample_images(model, labels, greedy_picker(), shape=(8, 8))
-    assert images.device.type == device.type and images.shape == (2, 8, 8)
-    # Pixel i sees only pixels before it, which sampling had already fixed as they are now.
+    images = sample_images(model, labels, greedy_picker())  # the GPT through its KV cache
+    assert images.device.type == device.type and images.shape == (2, 28, 28)
+    # Pixel i sees only the pixels before it, which sampling had already fixed as they are now.
     with torch.no_grad():
         assert torch.equal(pixel_logits(model, images, labels).argmax(1), images.long())
