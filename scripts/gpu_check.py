@@ -102,8 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--all", action="store_true", help="every preset in the table, not one per family")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="to every preset")
     p.add_argument("--skip-tests", action="store_true", help="the presets alone")
-    p.add_argument("--budget", type=float, default=450, help="seconds for the whole check (default 450)")
-    p.add_argument("--tests-timeout", type=float, default=240, help="seconds for the tests (default 240)")
+    p.add_argument("--budget", type=float, default=470, help="seconds for the whole check (default 470)")
+    p.add_argument("--tests-timeout", type=float, default=300, help="seconds for the tests (default 300)")
     p.add_argument("--preset-timeout", type=float, default=90, help="seconds per preset at most (default 90)")
     return p.parse_args(argv)
 
@@ -128,10 +128,11 @@ def data_root(given: Path | None) -> Path | None:
     return next((root for root in DATA_ROOTS if root.is_dir()), None)
 
 
-def one_line(text: str) -> str:
-    """The last non-empty line of a command's output: attnlab's one-line error, or a traceback's last."""
+def one_line(text: str, *, first: bool = False) -> str:
+    """The last non-empty line of a command's output (attnlab's one-line error, or a traceback's
+    last), or the first (a test failure's message: the exception, then pytest's explanation)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    return lines[0 if first else -1][:300] if lines else ""
 
 
 def run_tests(timeout: float, scratch: Path) -> dict:
@@ -156,7 +157,7 @@ def run_tests(timeout: float, scratch: Path) -> dict:
     failures = []
     for case in suite.iter("testcase"):
         for problem in (*case.findall("failure"), *case.findall("error")):
-            message = one_line(problem.get("message") or problem.text or "")
+            message = one_line(problem.get("message") or problem.text or "", first=True)
             failures.append(f"{case.get('classname')}::{case.get('name')}: {message}")
     failed = counts["failures"] + counts["errors"]
     ok = proc.returncode == 0 and failed == 0
@@ -187,7 +188,11 @@ def run_preset(
     if proc.returncode != 0:
         result.status, result.error = "failed", one_line(proc.stderr) or f"exit code {proc.returncode}"
         return result
-    summary = json.loads(proc.stdout)
+    try:
+        summary = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        result.status, result.error = "failed", f"its --json output is not JSON: {one_line(proc.stdout)}"
+        return result
     result.steps, result.train_seconds, result.dtype = summary["step"], summary["elapsed_sec"], summary["dtype"]
     result.throughput, result.unit = summary["tokens_per_sec"], UNITS.get(_task(preset), "per s")
     result.final_loss = _last_train_loss(out / preset / "metrics.csv")
@@ -205,6 +210,8 @@ def _task(preset: str) -> str:
 def _last_train_loss(metrics: Path) -> float | None:
     import csv
 
+    if not metrics.is_file():
+        return None
     with open(metrics, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["kind"] == "train" and r["train_loss"]]
     return float(rows[-1]["train_loss"]) if rows else None

@@ -15,8 +15,14 @@ from gpu.families import FAMILIES
 
 pytestmark = pytest.mark.cuda
 
-STEPS = 60
-SHORT = (f"train.max_iters={STEPS}", f"train.eval_interval={STEPS}", "train.log_interval=5", "train.eval_iters=2")
+STEPS = 100  # the tiny BERT classifier's loss leaves ln 2 after about 50 (seconds on a GPU)
+SHORT = (
+    f"train.max_iters={STEPS}",
+    f"train.eval_interval={STEPS}",
+    "train.log_interval=10",
+    "train.eval_iters=2",
+    "train.warmup_iters=2",
+)
 
 
 def train_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -29,7 +35,7 @@ def check_learned(run_dir: Path, *, skips_allowed: bool = False) -> None:
     (tiny models on the fixtures learn that much in STEPS steps; a broken gradient does not)."""
     rows = train_rows(run_dir)
     losses = [float(r["train_loss"]) for r in rows]
-    assert len(losses) == STEPS // 5 and all(math.isfinite(x) for x in losses), losses
+    assert len(losses) == STEPS // 10 and all(math.isfinite(x) for x in losses), losses
     assert sum(losses[-3:]) < sum(losses[:3]), losses
     if not skips_allowed:  # a non-finite bf16 step is skipped by the guard, and counted
         assert int(rows[-1]["skipped_steps"]) == 0, rows[-1]
