@@ -1,6 +1,7 @@
 """Every family trains on the GPU through the trainer, as `attnlab train PRESET --set ...` runs it:
-in bf16 autocast with fp32 master weights (train.dtype), and the GPT also in fp16 with its
-gradient scaler and through torch.compile, paths that only a CUDA device takes."""
+in bf16 autocast with fp32 master weights (train.dtype). The GPT also trains in fp16 with its
+gradient scaler and through torch.compile, paths that only a CUDA device takes, and resumes on
+the device where it stopped."""
 
 import csv
 import math
