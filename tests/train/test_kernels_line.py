@@ -4,11 +4,12 @@ not for a finished run. Nothing here builds the kernels: `kernels.extension` is 
 stand-in where a run asks for them, and no step runs through it."""
 
 import pytest
+import torch
 
 from attnlab.models import GPT, GPTConfig, WaveNet, WaveNetConfig
 from attnlab.nn import kernels
 from attnlab.train import train
-from attnlab.train.run_setup import set_up_run
+from attnlab.train.run_setup import choose_kernels, set_up_run
 from helpers import run_config
 
 ON = "attnlab's C++ kernels: on"
@@ -65,3 +66,17 @@ def test_a_finished_run_says_nothing_of_the_kernels(tiny_toml, tmp_path, no_buil
     # The control: with steps left, the same folder and settings would say it.
     more = set_up_run(run_config(tiny_toml, "train.max_iters=8", "train.fused_kernels=true"), tmp_path / "run", True)
     assert not more.finished and more.kernels_line(gpt()) == ON
+
+
+def test_a_run_on_another_device_never_takes_or_builds_the_cpu_kernels(monkeypatch):
+    """The kernels compute fp32 CPU tensors only: on a GPU, `true` says so instead of building them
+    and claiming they are on; "auto" and `false` say nothing."""
+    monkeypatch.setattr(kernels, "extension", lambda: pytest.fail("built for a CUDA run"))
+    monkeypatch.setattr(kernels, "is_built", lambda: True)
+    cuda = torch.device("cuda")
+    assert choose_kernels(True, cuda, None) == (
+        False,
+        "attnlab's C++ kernels are for the CPU; on cuda, PyTorch's operators",
+    )
+    assert choose_kernels("auto", cuda, None) == (False, None)
+    assert choose_kernels(False, cuda, None) == (False, None)

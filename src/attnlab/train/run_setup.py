@@ -104,9 +104,12 @@ def choose_kernels(setting: bool | str, device: torch.device, resumed: Path | No
     build); a resumed run (`resumed`: its folder) keeps what it chose when it started."""
     if resumed is not None and setting == "auto" and (resumed / CONFIG).exists():
         setting = read_config(resumed).train.fused_kernels  # a bool, or "auto" in a run from before it was saved
+    if device.type != "cpu":  # CPU kernels: on another device they would compute nothing
+        return False, None if setting in (
+            "auto",
+            False,
+        ) else f"attnlab's C++ kernels are for the CPU; on {device.type}, PyTorch's operators"
     if setting == "auto":
-        if device.type != "cpu":
-            return False, None
         if not kernels.is_built():
             return False, (
                 "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; "
