@@ -163,6 +163,7 @@ def test_vit_attention_is_drawn_over_the_image(runs, capsys, tmp_path, name):
         ("pixelcnn", ["--class", "3"], ["not conditioned on the class"]),
         ("gated", ["--complete", "test:1000"], ["has 100 images"]),
         ("gated", ["--complete", "dev:3"], ["SPLIT:INDEX"]),
+        ("gated", ["--complete", "test5"], ["SPLIT:INDEX"]),
         ("gated", ["--digit", "3"], ["--digit goes with WaveNet runs"]),
         ("vit", [], ["cannot sample"]),
         ("cnn", [], ["cannot sample"]),

@@ -5,7 +5,8 @@ attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png
 import argparse
 from pathlib import Path
 
-from attnlab.cli import add_checkpoint_argument, non_negative_int, positive_int
+from attnlab.cli import non_negative_int, positive_int
+from attnlab.cli.arguments import add_checkpoint_argument, add_data_dir_argument, add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,17 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", help="the text to look at (translation: the source sentence)")
     p.add_argument("--node", type=int, metavar="ID", help="a GAT run: the node whose neighbourhood to draw")
     p.add_argument("--image", metavar="SPLIT:INDEX", help="a ViT run: the image to look at, e.g. test:5")
-    p.add_argument(
-        "--data-dir", help="with --node or --image: read the data from this folder instead of the run's data.data_dir"
-    )
+    add_data_dir_argument(p, "with --node or --image")
     p.add_argument("--layer", type=non_negative_int, help="layer to draw, from 0 (default the last)")
     p.add_argument("--head", type=non_negative_int, help="one head of the layer (default: all heads in a grid)")
     p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
     p.add_argument("--beam", type=positive_int, default=5, help="translation: beam size; 1 = greedy (default 5)")
     p.add_argument("--out", type=Path, help="FILE.png or FILE.html (default attention.html; attention.png with --node)")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
+    add_device_argument(p)
+    add_json_argument(p, "what was drawn")
     p.set_defaults(run=run)
 
 

@@ -3,6 +3,7 @@
 import argparse
 
 from attnlab.cli import add_text_arguments
+from attnlab.cli.arguments import add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the most likely label of each sentence and its probability.",
     )
     add_text_arguments(p, "classification")
-    p.add_argument("--json", action="store_true", help="print labels and probabilities as JSON")
+    add_json_argument(p, "labels and probabilities")
     p.set_defaults(run=run)
 
 

@@ -4,7 +4,8 @@
 import argparse
 import os
 
-from attnlab.cli import add_checkpoint_argument, positive_int
+from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument
 
 ENV_KEY = "ATTNLAB_API_KEY"
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "streams the tokens)",
     )
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    add_device_argument(p)
     p.set_defaults(run=run)
 
 

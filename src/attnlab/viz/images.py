@@ -5,10 +5,13 @@ Shape legend: N images, H rows, W columns, G patches per side.
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from attnlab.viz.figure import new_figure, save_png
+from attnlab.fileio import check_writable
+from attnlab.tasks.media import SEED, ImageSamples, sample_run_images
+from attnlab.viz.figure import check_png_path, new_figure, save_png
 
 
 def plot_image_grid(
@@ -51,3 +54,35 @@ def plot_cls_attention(
     if title:
         fig.suptitle(title, fontsize=8)
     save_png(fig, path)
+
+
+def sample_image_grid(
+    run: Any,
+    out: str | Path,
+    n: int = 16,
+    *,
+    label: int | None = None,
+    complete: tuple[str, int] | None = None,
+    data_dir: str | None = None,
+    temperature: float = 1.0,
+    seed: int = SEED,
+    progress: bool = False,
+) -> ImageSamples:
+    """`attnlab sample IMAGE_RUN`: `n` images from an image density run drawn as a grid in the PNG
+    `out` (checked writable before sampling), completions after the original and its kept top half.
+    The arguments are `attnlab.tasks.media.sample_run_images`'s, which samples them."""
+    path = check_png_path(out)
+    check_writable(path)
+    samples = sample_run_images(
+        run, n, label=label, complete=complete, data_dir=data_dir, temperature=temperature, seed=seed, progress=progress
+    )
+    shown, titles = samples.images.numpy(), None
+    if samples.given is not None:
+        occluded = samples.given.clone()
+        occluded[samples.given_rows :] = 0
+        shown = np.concatenate([samples.given[None].numpy(), occluded[None].numpy(), shown])
+        titles = ["original", "given"] + [f"sample {i + 1}" for i in range(n)]
+    conditioned = samples.label is not None and run.config.model.n_classes
+    title = f"{run.config.model.kind}: {samples.description}" + (f", class {samples.label}" if conditioned else "")
+    plot_image_grid(shown, path, titles=titles, title=title)
+    return samples
