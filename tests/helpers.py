@@ -319,7 +319,10 @@ def threads(n: int):
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
-MEDIA_SHORT = ["--set", "train.max_iters=2", "--set", "train.eval_interval=2", "--set", "train.log_interval=1", "--quiet"]
+MEDIA_SHORT = [
+    *("--set", "train.max_iters=2", "--set", "train.eval_interval=2", "--set", "train.log_interval=1"),
+    "--quiet",
+]
 MEDIA_IMAGE_DATA = [
     "--data-dir",
     str(FIXTURES / "fashion-mnist"),
@@ -342,7 +345,10 @@ MEDIA_RUNS = {
         "--set",
         "model.d_ff=16",
     ],
-    "hybrid": ["fashion-vit-hybrid", *MEDIA_IMAGE_DATA, "--set", "model.n_layers=1", "--set", "model.stem_channels=[4,8,8]"],
+    "hybrid": [
+        *("fashion-vit-hybrid", *MEDIA_IMAGE_DATA),
+        *("--set", "model.n_layers=1", "--set", "model.stem_channels=[4,8,8]"),
+    ],
     "cnn": ["fashion-cnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=8"],
     "wavenet": [
         "fsdd-wavenet",

@@ -15,6 +15,7 @@ from helpers import assert_user_error, cli, train_media_runs
 
 pytest.importorskip("matplotlib")
 
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return train_media_runs(tmp_path_factory.mktemp("media-runs"))
