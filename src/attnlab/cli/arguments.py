@@ -7,7 +7,7 @@ second."""
 
 import argparse
 
-DEVICE_CHOICES = "cpu, cuda, cuda:N or auto (cuda when available, else cpu)"
+DEVICE_CHOICES = "cpu, cuda, cuda:N, or auto: cuda when available, else cpu"
 SEED = 1337
 
 
