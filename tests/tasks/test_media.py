@@ -98,3 +98,17 @@ def test_sound_requests_the_model_cannot_answer_write_nothing(runs, tmp_path, ou
     assert not list(tmp_path.iterdir())
     with pytest.raises(UserError, match="WaveNet run"):
         sample_run_audio(runs["gated"], tmp_path / "x.wav", digit=1)
+
+
+def test_the_cls_attention_of_a_vit_is_drawn_over_the_asked_image(runs, tmp_path):
+    from attnlab.viz.images import draw_cls_attention
+
+    drawn = draw_cls_attention(runs["vit"], ("test", 5), tmp_path / "cls.png", head=0)
+    assert drawn.attention.shape == (4, 4) and drawn.label == 1 and drawn.layer == 0  # test image 5: a trouser
+    assert (drawn.attention >= 0).all() and drawn.attention.sum() <= 1 + 1e-5  # [CLS] also attends to itself
+    assert drawn.path.exists()
+    for kwargs, fragment in [({"layer": 1}, "--layer 1: the model has 1"), ({"head": 9}, "--head 9")]:
+        with pytest.raises(UserError, match=fragment):
+            draw_cls_attention(runs["vit"], ("test", 5), tmp_path / "x.png", **kwargs)
+    with pytest.raises(UserError, match="ViT"):
+        draw_cls_attention(runs["gated"], ("test", 5), tmp_path / "x.png")

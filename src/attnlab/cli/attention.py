@@ -1,6 +1,9 @@
 """attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]
 attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)
-attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)"""
+attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)
+
+--text: `attnlab.viz.attention_maps`, drawn by `attnlab.viz.plot_attention` or `write_attention_html`; --node:
+`attnlab.viz.graph_attention.draw_node_attention`; --image: `attnlab.viz.images.draw_cls_attention`."""
 
 import argparse
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""attnlab demo: the quick start — a small GPT trained on the bundled Tiny Shakespeare, then a sample."""
+"""attnlab demo: the quick start — a small GPT trained on the bundled Tiny Shakespeare, then a sample.
+
+Calls `attnlab.train.train` on the demo preset, then `attnlab.decode.complete`."""
 
 import argparse
 import os

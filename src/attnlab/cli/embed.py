@@ -1,4 +1,6 @@
-"""attnlab embed RUN_OR_FOLDER TEXT ... [--json]"""
+"""attnlab embed RUN_OR_FOLDER TEXT ... [--json]
+
+Calls `attnlab.tasks.encoder.embed_texts` on the encoder of `attnlab.tasks.encoder.load_encoder`."""
 
 import argparse
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]"""
+"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]
+
+Calls `attnlab.train.evaluate.evaluate_run`."""
 
 import argparse
 

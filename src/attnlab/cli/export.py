@@ -1,4 +1,6 @@
-"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]"""
+"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]
+
+Calls `attnlab.export.export_run`."""
 
 import argparse
 

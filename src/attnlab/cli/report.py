@@ -1,4 +1,6 @@
-"""attnlab report RUN [--out report.html] [--text TEXT]"""
+"""attnlab report RUN [--out report.html] [--text TEXT]
+
+Calls `attnlab.viz.write_report`."""
 
 import argparse
 from pathlib import Path

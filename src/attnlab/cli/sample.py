@@ -1,7 +1,10 @@
 """attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 [--compile | --fused | --no-fused]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
-attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]"""
+attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]
+
+Language models: `attnlab.decode.stream_text` (from Python also `attnlab.decode.sample`); image and WaveNet
+runs: see cli/sample_media.py (`attnlab.viz.sample_image_grid`, `attnlab.tasks.media.sample_run_audio`)."""
 
 import argparse
 import sys

@@ -1,5 +1,7 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
-[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]"""
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]
+
+Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 
 import argparse
 import os

@@ -1,4 +1,6 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]"""
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]
+
+Calls `attnlab.train.train` on the config `attnlab.train.resolve` builds (--seeds: once per seed)."""
 
 import argparse
 import shlex

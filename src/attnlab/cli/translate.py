@@ -1,4 +1,7 @@
-"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]"""
+"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]
+
+Calls `Translation.translate_ids` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`); --attention
+also `Translation.align` and `attnlab.viz.plot_alignment`."""
 
 import argparse
 import sys
