@@ -61,7 +61,7 @@ class AudioSamples:
         return len(self.paths) * self.length / self.seconds
 
 
-def check_choice(name: str, value: int | None, count: int, what: str) -> None:
+def _check_condition(name: str, value: int | None, count: int, what: str) -> None:
     """A `UserError` when `value` (None: not given) is not one of the model's `count` choices."""
     if value is None:
         return
@@ -117,7 +117,7 @@ def sample_run_images(
         raise UserError(f"the number of images must be >= 1, got {n}")
     pick, device = _picker(run, temperature, seed)
     config = run.config.model
-    check_choice("--class", label, config.n_classes, "class")
+    _check_condition("--class", label, config.n_classes, "class")
     side = int(config.block_size**0.5) if config.kind == "gpt" else 28
     given, given_rows, description = None, 0, "samples"
     if complete is not None:
@@ -198,7 +198,7 @@ def _audio_conditions(
     """The digit and speaker ids `(N,)` a WaveNet is conditioned on (None: it is not)."""
     if config.n_digits and digit is None:
         raise UserError(f"this WaveNet says a digit: pass --digit 0-{config.n_digits - 1}")
-    check_choice("--digit", digit, config.n_digits, "digit")
+    _check_condition("--digit", digit, config.n_digits, "digit")
     speakers = None
     if config.speakers:
         if speaker not in config.speakers:
