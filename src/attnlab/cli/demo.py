@@ -1,4 +1,6 @@
-"""attnlab demo: the quick start — a small GPT trained on the bundled Tiny Shakespeare, then a sample."""
+"""attnlab demo: the quick start — a small GPT trained on the bundled Tiny Shakespeare, then a sample.
+
+Calls `attnlab.train.train` on the demo preset, then `attnlab.decode.complete`."""
 
 import argparse
 import os
@@ -8,6 +10,7 @@ import sys
 from pathlib import Path
 
 from attnlab.cli import check_overrides, non_negative_int
+from attnlab.cli.arguments import add_seed_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default runs/demo)")
     p.add_argument("--prompt", default="ROMEO:", help="text to continue (default ROMEO:)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=500, help="characters to generate (default 500)")
-    p.add_argument("--seed", type=int, default=1337, help="sampling seed (default 1337)")
+    add_seed_argument(p)
     p.add_argument(
         "--set",
         dest="overrides",

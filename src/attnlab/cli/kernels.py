@@ -11,6 +11,8 @@ import sys
 import time
 import warnings
 
+from attnlab.cli.arguments import add_json_argument
+
 KERNELS = {
     "training kernels": "attnlab.nn.kernels",
     "fused decoding step": "attnlab.decode.fused",
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("action", choices=["build", "status"], help="build: compile what is not built yet; status: say")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_argument(p)
     p.set_defaults(run=run)
 
 
