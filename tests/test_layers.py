@@ -63,7 +63,7 @@ def imports(path: Path) -> list[tuple[str, int]]:
 
 
 def part(module: str) -> str:
-    """The layer-bearing part of a module: attnlab.train.checkpoint -> "train"; attnlab -> "__init__"."""
+    """The layer-bearing part of a module: attnlab.train.load -> "train"; attnlab -> "__init__"."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -118,7 +118,7 @@ def test_no_cycle_between_the_top_level_packages():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("from attnlab.train.checkpoint import load_run", ["attnlab.train.checkpoint"]),
+        ("from attnlab.train.load import load_run", ["attnlab.train.load"]),
         ("def f():\n    import attnlab.tasks\n", ["attnlab.tasks"]),
         ("from . import kernels", ["attnlab.nn"]),
         ("from .masks import causal_mask", ["attnlab.nn.masks"]),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.checkpoints import WEIGHTS
 from attnlab.cli import main
-from attnlab.train.checkpoint import WEIGHTS
 from helpers import assert_user_error, cli
 
 

@@ -24,7 +24,7 @@ from attnlab.studies.scaling import (
     parse_sizes,
     plan,
 )
-from attnlab.train.checkpoint import read_config
+from attnlab.train.config import read_config
 from helpers import assert_user_error, cli
 
 N = np.geomspace(1e4, 3e6, 7)

@@ -45,8 +45,7 @@ from attnlab.studies.sweep import (
     text_table,
     validation_loss,
 )
-from attnlab.train.checkpoint import read_config
-from attnlab.train.config import RunConfig, apply_overrides, resolve
+from attnlab.train.config import RunConfig, apply_overrides, read_config, resolve
 
 SPECS_FOLDER = "presets/ablations"
 SPEC_KEYS = ("base", "description", "seeds", "set", "variants")
