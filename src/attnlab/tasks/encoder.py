@@ -287,7 +287,7 @@ def source_config(pretrained: Pretrained | None, init_from: str, run_dir: Path) 
     if pretrained is not None:
         return pretrained.config
     if init_from and (run_dir / "config.toml").exists():
-        from attnlab.tasks.trained import saved_model_config  # imported where needed, as in load_pretrained
+        from attnlab.tasks.trained import saved_model_config  # it imports the task registry, which imports this
 
         return saved_model_config(run_dir)[1]
     return None
