@@ -8,7 +8,7 @@ import pytest
 from attnlab.config import ConfigError
 from attnlab.nn import kernels
 from attnlab.train import train
-from attnlab.train.checkpoint import read_config
+from attnlab.train.config import read_config
 from helpers import losses, run_config
 
 NOT_BUILT_LINE = "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; `attnlab kernels build`"

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import load
+    from attnlab.checkpoints import CONFIG, has_checkpoint
     from attnlab.config import load_preset_or_file, parse_overrides
     from attnlab.decode import complete, sampling_picker
     from attnlab.train import resolve, train
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _steps_done(out: Path) -> int | None:
     """The step of the run in `out` (its latest checkpoint); None where there is no run to resume."""
-    from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint
+    from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
 
     if not ((out / CONFIG).exists() and has_checkpoint(out)):
         return None
