@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import load
-    from attnlab.checkpoints import CONFIG, has_checkpoint
     from attnlab.config import load_preset_or_file, parse_overrides
     from attnlab.decode import complete, sampling_picker
     from attnlab.train import resolve, train
