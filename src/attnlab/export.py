@@ -39,7 +39,7 @@ from attnlab.train.load import Run, load_run
 
 EXPORT_FORMATS = ("hf",)
 """What `export_run` writes: "hf", a Hugging Face transformers folder."""
-ENCODER_TASKS = ("mlm", "classification", "tagging")
+ENCODER_TASKS = ("masked-lm", "text-classification", "token-classification")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
     """The transformers checkpoint of a loaded run, and the model's longest input (for the
     tokenizer's `model_max_length`). Raises `ExportError` naming what transformers lacks."""
     task, model = run.config.task, run.model
-    if task == "lm" and isinstance(model, GPT):
+    if task == "language-model" and isinstance(model, GPT):
         checkpoint = causal_lm_export(model)
         checkpoint.config |= special_token_ids(run.tokenizer)
         return checkpoint, model.config.block_size
@@ -71,7 +71,8 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
     kind = getattr(run.config.model, "kind", None) or type(model).__name__
     raise ExportError(
         f"task {task!r} with model {kind!r} has no transformers counterpart here; attnlab exports GPT language "
-        "models, BERT encoders (mlm, classification, tagging) and encoder–decoder Transformers (translation)"
+        "models, BERT encoders (masked-lm, text-classification, token-classification) and encoder–decoder Transformers "
+        "(translation)"
     )
 
 

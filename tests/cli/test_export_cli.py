@@ -153,7 +153,7 @@ def test_a_run_of_a_family_transformers_lacks_is_refused(trained, capsys, tmp_pa
     run = trained("rnn")
     capsys.readouterr()  # training's own lines
     result = cli(capsys, "export", run, "--to", "hf", tmp_path / "hf")
-    assert_user_error(result, "task 'translation' with model 'rnn-attention' has no transformers counterpart")
+    assert_user_error(result, "task 'translation' with model 'gru-attention' has no transformers counterpart")
 
 
 def test_a_folder_that_is_no_run_is_refused(capsys, tmp_path):

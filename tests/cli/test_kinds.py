@@ -24,17 +24,17 @@ TEXT_ARGS = {
         (
             "sst2-bert",
             "translate",
-            "a sentence-classification run (bert)",
+            "a text-classification run (bert)",
             "attnlab classify, attnlab eval, attnlab embed",
         ),
-        ("sst2-bert", "sample", "a sentence-classification run (bert), not a language model", "attnlab classify"),
+        ("sst2-bert", "sample", "a text-classification run (bert), not a language model", "attnlab classify"),
         (
             "sst2-bilstm",
             "embed",
-            "a sentence-classification run (bilstm), not a BERT encoder",
+            "a text-classification run (bilstm), not a BERT encoder",
             "attnlab classify, attnlab eval",
         ),
-        ("mt-transformer", "tag", "a translation run (transformer), not a tagging model", "attnlab translate"),
+        ("mt-transformer", "tag", "a translation run (seq2seq-transformer), not a tagging model", "attnlab translate"),
     ],
 )
 def test_a_run_of_the_wrong_kind_says_what_it_is_and_what_fits(capsys, tmp_path_factory, run, command, is_, fits):

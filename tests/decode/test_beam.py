@@ -94,8 +94,8 @@ def random_rnn(seed: int, kind: str, vocab: int = 9) -> nn.Module:
 
 MODELS = [
     ("transformer", lambda s: random_transformer(s)),
-    ("rnn", lambda s: random_rnn(s, "rnn")),
-    ("rnn-attention", lambda s: random_rnn(s, "rnn-attention")),
+    ("gru", lambda s: random_rnn(s, "gru")),
+    ("gru-attention", lambda s: random_rnn(s, "gru-attention")),
 ]
 
 

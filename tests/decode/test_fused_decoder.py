@@ -131,7 +131,7 @@ def test_fused_state_refuses_a_token_outside_the_vocabulary():
 
 def test_models_it_does_not_cover_decode_eagerly_with_a_warning():
     torch.manual_seed(0)
-    rnn = build_rnn(RNNConfig(kind="rnn-attention", vocab_size=13, emb_dim=8, hidden_size=12, dropout=0.0)).eval()
+    rnn = build_rnn(RNNConfig(kind="gru-attention", vocab_size=13, emb_dim=8, hidden_size=12, dropout=0.0)).eval()
     assert not supports_decoder(rnn)
     src = sources(2, 5, seed=2)
     with pytest.warns(UserWarning, match="decoding eagerly"):

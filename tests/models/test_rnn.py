@@ -18,7 +18,7 @@ from attnlab.models.rnn import (
 
 V = 17
 BOS, EOS = 1, 2
-KINDS = ["rnn", "rnn-attention"]
+KINDS = ["gru", "gru-attention"]
 
 
 def tiny_config(kind: str, **overrides) -> RNNConfig:
@@ -83,12 +83,12 @@ def test_output_shapes(kind):
 )
 def test_config_validation_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tiny_config(**({"kind": "rnn"} | overrides))
+        tiny_config(**({"kind": "gru"} | overrides))
 
 
 def test_config_defaults_frozen_and_strict():
     config = RNNConfig()
-    assert config.kind == "rnn-attention" and config.vocab_size is None
+    assert config.kind == "gru-attention" and config.vocab_size is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.hidden_size = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -97,11 +97,11 @@ def test_config_defaults_frozen_and_strict():
         build_rnn(config)
 
 
-@pytest.mark.parametrize("kind, cls", [("rnn", GRUSeq2Seq), ("rnn-attention", AttentionGRUSeq2Seq)])
+@pytest.mark.parametrize("kind, cls", [("gru", GRUSeq2Seq), ("gru-attention", AttentionGRUSeq2Seq)])
 def test_build_rnn_picks_the_class_by_kind(kind, cls):
     model = tiny_model(kind)
     assert type(model) is cls
-    assert isinstance(model.start(padded_sources([2]), 3), GRUState if kind == "rnn" else AttentionGRUState)
+    assert isinstance(model.start(padded_sources([2]), 3), GRUState if kind == "gru" else AttentionGRUState)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -179,7 +179,7 @@ def test_no_future_leakage(kind, t):
 
 
 def test_attention_rows_sum_to_one_and_ignore_padding():
-    model = tiny_model("rnn-attention")
+    model = tiny_model("gru-attention")
     src, tgt_in = padded_sources([5, 2, 3]), random_targets(3, 4)
     with torch.no_grad():
         alpha = model.cross_attention(src, tgt_in)  # (B, T, S)
@@ -196,7 +196,7 @@ def test_additive_attention_matches_the_formula(n_layers):
     single-sentence encoder run: h_j, s_0 = tanh(W_s [h→_n; h←_1] + b) per layer, with the top layer's
     s_0 as the query, e_j = v_aᵀ tanh(W_a s_0 + U_a h_j), α = softmax(e), c = Σ α_j h_j,
     s_1 = GRU([emb(y_0); c], s_0), logits = W_o [s_1; c; emb(y_0)] + b_o."""
-    model = tiny_model("rnn-attention", n_layers=n_layers)
+    model = tiny_model("gru-attention", n_layers=n_layers)
     lengths, H = [4, 2, 3], 12
     src, tgt_in = padded_sources(lengths), random_targets(3, 2)
     W_s, b_s = model.bridge.weight, model.bridge.bias
@@ -229,7 +229,7 @@ def test_additive_attention_matches_the_formula(n_layers):
 
 
 def test_gru_baseline_reads_the_source_only_through_its_final_state():
-    model = tiny_model("rnn")
+    model = tiny_model("gru")
     lengths = [4, 2, 6]
     src, tgt_in = padded_sources(lengths), random_targets(3, 3)
     with torch.no_grad():

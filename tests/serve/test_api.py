@@ -51,7 +51,13 @@ def test_models_lists_every_run_with_its_task_and_endpoints(client):
     assert cards["pos"]["endpoints"] == ["/v1/tags", "/v1/attention"]
     assert cards["sst-lstm"]["endpoints"] == ["/v1/classifications"]  # a BiLSTM has no attention
     assert cards["mlm"]["endpoints"] == ["/v1/attention"]
-    assert {m["task"] for m in cards.values()} == {"lm", "translation", "classification", "tagging", "mlm"}
+    assert {m["task"] for m in cards.values()} == {
+        "language-model",
+        "translation",
+        "text-classification",
+        "token-classification",
+        "masked-lm",
+    }
     assert all(m["object"] == "model" and m["owned_by"] == "attnlab" and m["created"] > 0 for m in cards.values())
     assert client.get("/v1/models/mt").json() == cards["mt"]
     assert client.get("/v1/models/nope").status_code == 404

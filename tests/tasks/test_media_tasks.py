@@ -21,7 +21,7 @@ AUDIO = AudioDataConfig(data_dir=str(FIXTURES / "fsdd"), val_size=4, segment=300
 
 
 def test_pixel_gpt_is_the_lm_gpt_with_pixels_for_tokens(tmp_path):
-    task = TASKS["images"](IMAGES, PixelGPTConfig(n_layer=1, n_head=2, n_embd=16, n_classes=10), tmp_path)
+    task = TASKS["image-density"](IMAGES, PixelGPTConfig(n_layer=1, n_head=2, n_embd=16, n_classes=10), tmp_path)
     assert task.model_config.vocab_size == 256 + 10 and task.model_config.block_size == 784
     torch.manual_seed(0)
     model = task.build_model().eval()
@@ -37,7 +37,7 @@ def test_pixel_gpt_is_the_lm_gpt_with_pixels_for_tokens(tmp_path):
 
 
 def test_image_loss_is_the_mean_pixel_cross_entropy_in_nats(tmp_path):
-    task = TASKS["images"](IMAGES, PixelCNNConfig(hidden=4, n_layers=1, head_channels=8), tmp_path, batch_size=3)
+    task = TASKS["image-density"](IMAGES, PixelCNNConfig(hidden=4, n_layers=1, head_channels=8), tmp_path, batch_size=3)
     torch.manual_seed(0)
     model = task.build_model()
     batch = task.train_batch(0, torch.Generator().manual_seed(0))
@@ -51,7 +51,7 @@ def test_image_loss_is_the_mean_pixel_cross_entropy_in_nats(tmp_path):
 
 def test_audio_batches_score_real_samples_with_full_context_only(tmp_path):
     config = WaveNetConfig(residual_channels=4, dilation_channels=4, skip_channels=4, layers_per_block=3, n_blocks=1)
-    task = TASKS["audio"](AUDIO, config, tmp_path, batch_size=6)
+    task = TASKS["audio-density"](AUDIO, config, tmp_path, batch_size=6)
     inputs, targets, digits, speakers = task.train_batch(0, torch.Generator().manual_seed(3))
     assert inputs.shape == targets.shape == (6, 300)
     scored = targets >= 0
@@ -62,19 +62,19 @@ def test_audio_batches_score_real_samples_with_full_context_only(tmp_path):
             continue  # a crop from the recording's start: every target counts
         assert not scored[row, : config.receptive_field - 1].any()  # no past: left out
     assert task.model_config.speakers == ()
-    with_speakers = TASKS["audio"](
+    with_speakers = TASKS["audio-density"](
         AudioDataConfig(**{**AUDIO.__dict__, "condition_on_speaker": True}), config, tmp_path
     )
     assert with_speakers.model_config.speakers == ("george", "jackson")
 
 
 def test_unknown_kinds_and_missing_data_are_user_errors(tmp_path):
-    with pytest.raises(ConfigError, match="choose one of pixelcnn, gated_pixelcnn, gpt"):
-        resolve({"task": "images", "model": {"kind": "vit"}})
+    with pytest.raises(ConfigError, match="choose one of pixelcnn, gated-pixelcnn, pixel-gpt"):
+        resolve({"task": "image-density", "model": {"kind": "vit"}})
     with pytest.raises(UserError, match="pass --data-dir"):
-        TASKS["images"](ImagesDataConfig(), PixelCNNConfig(), tmp_path)
+        TASKS["image-density"](ImagesDataConfig(), PixelCNNConfig(), tmp_path)
     with pytest.raises(UserError, match="unknown split 'dev'"):
-        TASKS["audio"](AUDIO, WaveNetConfig(), tmp_path, splits=("dev",))
+        TASKS["audio-density"](AUDIO, WaveNetConfig(), tmp_path, splits=("dev",))
 
 
 def short_run(tmp_path: Path, task: str, model: dict, data: dict, **train_kw) -> list[float]:
@@ -93,20 +93,20 @@ def short_run(tmp_path: Path, task: str, model: dict, data: dict, **train_kw) ->
     "task, model, data, train_kw",
     [
         (
-            "images",
+            "image-density",
             {"kind": "pixelcnn", "hidden": 8, "n_layers": 2, "head_channels": 16},
             IMAGES,
             {"learning_rate": 3e-3},
         ),
         (
-            "images",
-            {"kind": "gated_pixelcnn", "hidden": 8, "n_layers": 2, "head_channels": 16},
+            "image-density",
+            {"kind": "gated-pixelcnn", "hidden": 8, "n_layers": 2, "head_channels": 16},
             IMAGES,
             {"learning_rate": 3e-3},
         ),
         (
-            "images",
-            {"kind": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_classes": 10},
+            "image-density",
+            {"kind": "pixel-gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_classes": 10},
             IMAGES,
             {"batch_size": 4, "learning_rate": 3e-3},
         ),
@@ -123,7 +123,7 @@ def short_run(tmp_path: Path, task: str, model: dict, data: dict, **train_kw) ->
             {"batch_size": 32, "learning_rate": 3e-3},
         ),
         (
-            "audio",
+            "audio-density",
             {
                 "kind": "wavenet",
                 "residual_channels": 8,
@@ -151,8 +151,8 @@ def test_digit_classifier_learns_and_scores_any_folder_of_fsdd_named_files(tmp_p
     from attnlab.data.audio import read_wav, write_wav
     from attnlab.train.evaluate import evaluate_run
 
-    model = {"kind": "spectrogram_cnn", "channels": [8, 8], "dropout": 0.0}
-    losses, result = short_run(tmp_path, "digits", model, DIGITS, batch_size=8, learning_rate=3e-3)
+    model = {"kind": "spectrogram-cnn", "channels": [8, 8], "dropout": 0.0}
+    losses, result = short_run(tmp_path, "audio-classification", model, DIGITS, batch_size=8, learning_rate=3e-3)
     assert sum(losses[-2:]) < sum(losses[:2]), losses
     # Split "all": every DIGIT_SPEAKER_INDEX.wav of a folder, whatever its index (generated samples).
     folder = tmp_path / "generated"

@@ -14,13 +14,17 @@ from attnlab.train.config import apply_overrides
 from helpers import FIXTURE, translation_doc
 
 
-@pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attention"])
+@pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attention"])  # the old names: still read
 def test_each_model_kind_overfits_fifty_pairs(kind, fifty_pairs, tmp_path):
     result = train(resolve(translation_doc(fifty_pairs, kind)), tmp_path / kind, progress=False)
     assert result.metrics["val_bleu"] > 90, result.metrics
     run = load(tmp_path / kind)
     expected = {"transformer": Seq2SeqTransformer, "rnn": GRUSeq2Seq, "rnn-attention": AttentionGRUSeq2Seq}[kind]
     assert type(run.model) is expected
+    assert (
+        run.config.model.kind
+        == {"transformer": "seq2seq-transformer", "rnn": "gru", "rnn-attention": "gru-attention"}[kind]
+    )
 
 
 def test_resume_is_bit_identical_across_epochs(fifty_pairs, tmp_path):
@@ -56,8 +60,11 @@ def test_switching_model_kind_starts_from_that_kinds_defaults():
     from attnlab.config import load_preset_or_file
 
     _, doc = load_preset_or_file("multi30k-de-en")
-    config = resolve(apply_overrides(doc, {"model": {"kind": "rnn-attention"}}))
-    assert config.model.kind == "rnn-attention" and config.model.hidden_size == 512
+    config = resolve(apply_overrides(doc, {"model": {"kind": "gru-attention"}}))
+    assert config.model.kind == "gru-attention" and config.model.hidden_size == 512
+    # The kind's old name is the same kind: the preset's model section stays.
+    config = resolve(apply_overrides(doc, {"model": {"kind": "transformer"}}))
+    assert config.model.kind == "seq2seq-transformer" and config.model == resolve(doc).model
     with pytest.raises(ConfigError, match="unknown model.kind"):
         resolve(apply_overrides(doc, {"model": {"kind": "lstm"}}))
 

@@ -151,7 +151,11 @@ def open_task_run(run_dir: str, task_name: str, device: str = "auto", checkpoint
 
     dev = resolve_device(device)
     run = load(run_dir, device=dev, checkpoint=checkpoint)
-    require_kind(run_dir, run.config, {"classification": "classify", "tagging": "tag"}.get(task_name, task_name))
+    require_kind(
+        run_dir,
+        run.config,
+        {"text-classification": "classify", "token-classification": "tag"}.get(task_name, task_name),
+    )
     return run, open_task(run), dev
 
 

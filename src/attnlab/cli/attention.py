@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--data-dir goes with --node (a graph run) or --image (a ViT run); a text model reads --text")
     path = _check_out(args.out if args.out is not None else Path("attention.html"))
     loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
-    if loaded.config.task == "nodes":
+    if loaded.config.task == "node-classification":
         raise UserError(f"{args.run_dir} is a node-classification run: draw a node's attention with --node ID")
-    if loaded.config.task in ("images", "image-classification", "audio", "digits"):
+    if loaded.config.task in ("image-density", "image-classification", "audio-density", "audio-classification"):
         raise UserError(f"{args.run_dir} is an {loaded.config.task!r} run: --text is for text models (ViT: --image)")
     maps = attention_maps(loaded, args.text, kind=args.kind, beam=args.beam)
     maps.check(args.layer, args.head)

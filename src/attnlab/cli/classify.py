@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="label sentences with a trained classifier (e.g. SST-2 sentiment)",
         description="Print the most likely label of each sentence and its probability.",
     )
-    add_text_arguments(p, "classification")
+    add_text_arguments(p, "text-classification")
     add_json_argument(p, "labels and probabilities")
     p.set_defaults(run=run)
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.cli import open_task_run, print_json, read_text_arguments
 
     texts = read_text_arguments(args.text, args.input, "classify")
-    run, task, device = open_task_run(args.run_dir, "classification", args.device, args.checkpoint)
+    run, task, device = open_task_run(args.run_dir, "text-classification", args.device, args.checkpoint)
     results = _classify(task, run.model, texts, device)
     if args.json:
         print_json({"results": [{"text": t, **r} for t, r in zip(texts, results, strict=True)]})

@@ -8,28 +8,22 @@ from attnlab.errors import UserError
 
 # The commands that apply a trained run of each task (every run also fits plot and report).
 TASK_COMMANDS = {
-    "lm": ("sample", "eval", "attention"),
+    "language-model": ("sample", "eval", "attention"),
     "translation": ("translate", "eval", "attention"),
-    "classification": ("classify", "eval", "embed", "attention"),
-    "tagging": ("tag", "eval", "embed", "attention"),
-    "mlm": ("embed", "eval", "attention", "train --init-from"),
-    "nodes": ("eval", "attention --node"),
-    "images": ("sample", "eval"),
-    "audio": ("sample", "eval"),
+    "text-classification": ("classify", "eval", "embed", "attention"),
+    "token-classification": ("tag", "eval", "embed", "attention"),
+    "masked-lm": ("embed", "eval", "attention", "train --init-from"),
+    "node-classification": ("eval", "attention --node"),
+    "image-density": ("sample", "eval"),
+    "audio-density": ("sample", "eval"),
     "image-classification": ("eval", "attention --image"),
-    "digits": ("eval",),
+    "audio-classification": ("eval",),
 }
+# The words of the error, where they say more than the task's name.
 TASK_NAMES = {
-    "lm": "language-model",
-    "translation": "translation",
-    "classification": "sentence-classification",
-    "tagging": "tagging",
-    "mlm": "masked-LM (BERT pre-training)",
-    "nodes": "node-classification",
-    "images": "image-density",
-    "audio": "WaveNet audio",
-    "image-classification": "image-classification",
-    "digits": "spoken-digit-classification",
+    "masked-lm": "masked-lm (BERT pre-training)",
+    "audio-density": "audio-density (WaveNet)",
+    "audio-classification": "audio-classification (spoken digits)",
 }
 # What each command needs, in the words of its error.
 NEEDS = {
@@ -39,7 +33,7 @@ NEEDS = {
     "tag": "tagging model",
     "embed": "BERT encoder",
 }
-NO_ATTENTION = ("rnn", "bilstm", "gcn")  # model kinds with no attention weights to draw
+NO_ATTENTION = ("gru", "bilstm", "gcn")  # model kinds with no attention weights to draw
 NOT_BERT = ("bilstm",)  # encoder-task model kinds that `attnlab embed` cannot read
 
 
@@ -62,7 +56,7 @@ def require_kind(run_dir: str | Path, config: Any, command: str) -> None:
     if command in fits:
         return
     kind = getattr(config.model, "kind", None)
-    what = TASK_NAMES.get(config.task, repr(config.task)) + " run" + (f" ({kind})" if kind else "")
+    what = TASK_NAMES.get(config.task, config.task) + " run" + (f" ({kind})" if kind else "")
     raise UserError(
         f"{run_dir} is a {what}, not a {NEEDS.get(command, command)}; use it with "
         + ", ".join(f"attnlab {c}" for c in fits)

@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-MEDIA_TASKS = ("images", "audio", "image-classification")
+MEDIA_TASKS = ("image-density", "audio-density", "image-classification")
 
 
 def _media_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     media = [flag for flag, value in _media_flags(args).items() if value]
     if is_hf_folder(args.run_dir):
-        model, tokenizer, task = None, None, "lm"
+        model, tokenizer, task = None, None, "language-model"
     else:
         run = load(args.run_dir, device=device)
         if run.config.task in MEDIA_TASKS:
@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
 
             return sample_media(args, run)
         model, tokenizer, task = run.model, run.tokenizer, run.config.task
-    if media and task == "lm":
+    if media and task == "language-model":
         raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")
-    if task != "lm":
+    if task != "language-model":
         require_kind(args.run_dir, run.config, "sample")
     args.temperature = 0.8 if args.temperature is None else args.temperature
     args.num_samples = args.num_samples or 1

@@ -23,7 +23,7 @@ def sample_media(args: argparse.Namespace, run: Any) -> int:
         raise UserError(f"{', '.join(used)} go with language models; {args.run_dir} is an {run.config.task!r} run")
     temperature = 1.0 if args.temperature is None else args.temperature
     progress = not args.json and sys.stderr.isatty()
-    if run.config.task == "audio":
+    if run.config.task == "audio-density":
         return _audio(args, run, temperature, progress)
     return _images(args, run, temperature, progress)
 

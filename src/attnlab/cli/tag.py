@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tag each word of sentences with a trained tagger (e.g. UD part of speech)",
         description="Split each sentence into words (as UD English does) and print word/TAG for each word.",
     )
-    add_text_arguments(p, "tagging")
+    add_text_arguments(p, "token-classification")
     add_json_argument(p, "[[word, tag], ...] per sentence")
     p.set_defaults(run=run)
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.cli import open_task_run, print_json, read_text_arguments
 
     texts = read_text_arguments(args.text, args.input, "tag")
-    run, task, device = open_task_run(args.run_dir, "tagging", args.device, args.checkpoint)
+    run, task, device = open_task_run(args.run_dir, "token-classification", args.device, args.checkpoint)
     present = [i for i, t in enumerate(texts) if t.strip()]
     tagged: list[list[tuple[str, str]]] = [[] for _ in texts]
     for i, pairs in zip(

@@ -11,6 +11,7 @@ from pathlib import Path
 from attnlab.cli import check_overrides, positive_int
 from attnlab.cli.arguments import add_data_dir_argument, add_device_argument, add_json_argument
 from attnlab.config import presets
+from attnlab.names import OLD_TASKS, TASK_KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "and checkpoints/ (the newest train.keep_last checkpoints). SIGINT or SIGTERM: the run finishes its "
             "step, saves a checkpoint and exits 0 with the command that continues it."
         ),
-        epilog=_fill(f"presets: {', '.join(presets())}"),
+        epilog=_fill(f"presets: {', '.join(presets())}") + "\n\n" + _fill(_tasks_line()),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # so that no preset name is cut at a hyphen
     )
     p.add_argument(
@@ -89,6 +90,12 @@ def _default_out(config: str, name: str) -> Path:
     return Path(config) if Path(config).is_dir() else Path("runs") / name
 
 
+def _tasks_line() -> str:
+    """The tasks and each one's model kinds, as a config names them (`task`, `model.kind`)."""
+    tasks = "; ".join(f"{task} ({', '.join(kinds)})" if kinds else task for task, kinds in TASK_KINDS.items())
+    return f"tasks (model kinds): {tasks}. Older task names are still read: {', '.join(OLD_TASKS)}."
+
+
 def _fill(text: str) -> str:
     return textwrap.fill(text, width=90, break_on_hyphens=False, break_long_words=False)
 
@@ -115,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from:
         if not hasattr(config.data, "init_from"):
             raise UserError(
-                f"--init-from is for encoder tasks (classification, tagging, masked-LM), not a {config.task!r} run"
+                "--init-from is for encoder tasks (text-classification, token-classification, masked-lm), "
+                f"not a {config.task!r} run"
             )
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))

@@ -18,8 +18,8 @@ from torch import nn
 class SpectrogramCNNConfig:
     """The shape of the digit classifier; validated on construction."""
 
-    kind: str = "spectrogram_cnn"
-    """Always "spectrogram_cnn"."""
+    kind: str = "spectrogram-cnn"
+    """Always "spectrogram-cnn"."""
     n_fft: int = 256
     """Samples per analysis window (32 ms at 8 kHz): n_fft // 2 + 1 frequency bins."""
     hop: int = 80
@@ -31,8 +31,8 @@ class SpectrogramCNNConfig:
     n_classes: int = 10
 
     def __post_init__(self) -> None:
-        if self.kind != "spectrogram_cnn":
-            raise ValueError(f"kind must be 'spectrogram_cnn', got {self.kind!r}")
+        if self.kind != "spectrogram-cnn":
+            raise ValueError(f"kind must be 'spectrogram-cnn', got {self.kind!r}")
         for name in ("n_fft", "hop", "n_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -28,8 +28,8 @@ from attnlab.nn.conv import MaskedConv2d, gated_tanh, horizontal_mask, shift_dow
 class GatedPixelCNNConfig:
     """The shape of a Gated PixelCNN; validated on construction."""
 
-    kind: str = "gated_pixelcnn"
-    """Always "gated_pixelcnn": lets the image task pick the model family by `model.kind`."""
+    kind: str = "gated-pixelcnn"
+    """Always "gated-pixelcnn": lets the image task pick the model family by `model.kind`."""
     hidden: int = 32
     """h: channels of each stack."""
     n_layers: int = 8
@@ -43,8 +43,8 @@ class GatedPixelCNNConfig:
     """Class conditioning (Eq. 4); 0 = unconditional."""
 
     def __post_init__(self) -> None:
-        if self.kind != "gated_pixelcnn":
-            raise ValueError(f"kind must be 'gated_pixelcnn', got {self.kind!r}")
+        if self.kind != "gated-pixelcnn":
+            raise ValueError(f"kind must be 'gated-pixelcnn', got {self.kind!r}")
         for name in ("hidden", "n_layers", "kernel", "head_channels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -36,8 +36,8 @@ ATTENTION = ("full", "neighbours")
 class NodeTransformerConfig:
     """The shape of a node Transformer; validated on construction."""
 
-    kind: str = "transformer"
-    """Always "transformer": lets the node-classification task pick the model family by `model.kind`."""
+    kind: str = "node-transformer"
+    """Always "node-transformer": lets the node-classification task pick the model family by `model.kind`."""
     n_features: int = 0
     """Input features per node; 0 until the task fills it in from the data."""
     n_classes: int = 0
@@ -68,8 +68,8 @@ class NodeTransformerConfig:
     """LayerNorm order of the blocks: "pre" (with a final LayerNorm) or "post"."""
 
     def __post_init__(self) -> None:
-        if self.kind != "transformer":
-            raise ValueError(f"kind must be 'transformer', got {self.kind!r}")
+        if self.kind != "node-transformer":
+            raise ValueError(f"kind must be 'node-transformer', got {self.kind!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {list(ATTENTION)}, got {self.attention!r}")
         for name in ("n_features", "n_classes"):

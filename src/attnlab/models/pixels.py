@@ -19,15 +19,15 @@ from attnlab.models.pixelcnn import LEVELS
 class PixelGPTConfig(GPTConfig):
     """A GPTConfig for pixels: `kind` to be chosen by, and whether the start token names the class."""
 
-    kind: str = "gpt"
-    """Always "gpt"."""
+    kind: str = "pixel-gpt"
+    """Always "pixel-gpt"."""
     n_classes: int = 0
     """Class conditioning through the start token (256 + class); 0 = one start token for all."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.kind != "gpt":
-            raise ValueError(f"kind must be 'gpt', got {self.kind!r}")
+        if self.kind != "pixel-gpt":
+            raise ValueError(f"kind must be 'pixel-gpt', got {self.kind!r}")
         if self.n_classes < 0:
             raise ValueError(f"n_classes must be >= 0, got {self.n_classes}")
 

@@ -2,11 +2,11 @@
 
 Two models, in the order the field built them:
 
-- `GRUSeq2Seq` (kind "rnn"): the RNN encoder–decoder of Cho et al. 2014. The encoder reads the
+- `GRUSeq2Seq` (kind "gru"): the RNN encoder–decoder of Cho et al. 2014. The encoder reads the
   source into one fixed-size vector c, its final hidden state; the decoder starts from c and sees
   c again at every step, but never the individual source positions. Every sentence, short or
   long, must squeeze through that one vector: the "single vector bottleneck" of the lectures.
-- `AttentionGRUSeq2Seq` (kind "rnn-attention"): Bahdanau et al. 2015. A bidirectional encoder
+- `AttentionGRUSeq2Seq` (kind "gru-attention"): Bahdanau et al. 2015. A bidirectional encoder
   keeps one annotation h_j per source token, and at every step the decoder computes a fresh
   context c_i = Σ_j α_ij h_j with additive attention, so the bottleneck is gone. The α are the
   first soft alignments between a translation and its source.
@@ -42,15 +42,15 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-KINDS = ("rnn", "rnn-attention")
+KINDS = ("gru", "gru-attention")
 
 
 @dataclass(frozen=True)
 class RNNConfig:
     """Everything that fixes the shape and behaviour of an RNN baseline. Validated on construction."""
 
-    kind: str = "rnn-attention"
-    """"rnn": Cho et al. 2014, no attention; "rnn-attention": Bahdanau et al. 2015."""
+    kind: str = "gru-attention"
+    """"gru": Cho et al. 2014, no attention; "gru-attention": Bahdanau et al. 2015."""
     vocab_size: int | None = None
     """Size of the vocabulary shared by source and target. None while waiting for the tokenizer."""
     emb_dim: int = 256
@@ -369,8 +369,8 @@ class AttentionGRUSeq2Seq(nn.Module):
 # --- construction ----------------------------------------------------------------------------------
 
 RNN_MODELS: dict[str, type[nn.Module]] = {
-    "rnn": GRUSeq2Seq,
-    "rnn-attention": AttentionGRUSeq2Seq,
+    "gru": GRUSeq2Seq,
+    "gru-attention": AttentionGRUSeq2Seq,
 }
 
 

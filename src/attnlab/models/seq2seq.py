@@ -42,8 +42,8 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
     self-attention of both stacks, the block parts (`normalization`, `experts`, `n_kv_head`,
     `block_sharing` = all, ...; `BlockOptions`) to the blocks of both."""
 
-    kind: str = "transformer"
-    """Model family tag in run configs; always "transformer" for this class."""
+    kind: str = "seq2seq-transformer"
+    """Model family tag in run configs; always "seq2seq-transformer" for this class."""
     vocab_size: int | None = None
     """Size of the joint source/target vocabulary; None until the tokenizer sets it."""
     d_model: int = 256
@@ -69,8 +69,8 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        if self.kind != "transformer":
-            raise ValueError(f"kind must be 'transformer' for Seq2SeqConfig, got {self.kind!r}")
+        if self.kind != "seq2seq-transformer":
+            raise ValueError(f"kind must be 'seq2seq-transformer' for Seq2SeqConfig, got {self.kind!r}")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
         for name in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "max_len"):

@@ -18,19 +18,19 @@ from attnlab.errors import UserError
 from attnlab.serve.errors import APIError
 
 ENDPOINTS = {
-    "lm": "/v1/completions",
+    "language-model": "/v1/completions",
     "translation": "/v1/translations",
-    "classification": "/v1/classifications",
-    "tagging": "/v1/tags",
-    "mlm": None,  # a masked language model only shows its attention
+    "text-classification": "/v1/classifications",
+    "token-classification": "/v1/tags",
+    "masked-lm": None,  # a masked language model only shows its attention
 }
 ATTENTION = "/v1/attention"
 KINDS = {
-    "lm": "language model",
+    "language-model": "language model",
     "translation": "translation model",
-    "classification": "classifier",
-    "tagging": "tagger",
-    "mlm": "masked language model",
+    "text-classification": "classifier",
+    "token-classification": "tagger",
+    "masked-lm": "masked language model",
 }
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -144,11 +144,11 @@ def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> di
     served = {}
     for name, run in runs.items():
         model = ServedModel(name, run, created=_created(run.path))
-        if model.task == "lm":
+        if model.task == "language-model":
             from attnlab.serve.worker import ModelWorker
 
             model.worker = ModelWorker(run.model, run.tokenizer, **worker_options)
-        elif model.task != "mlm":
+        elif model.task != "masked-lm":
             model.helper = open_task(run)
         served[name] = model
     return served

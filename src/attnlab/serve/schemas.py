@@ -108,7 +108,10 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "attnlab"
-    task: str = Field(description="the run's task: lm, translation, classification, tagging or mlm")
+    task: str = Field(
+        description="the run's task: language-model, translation, text-classification, token-classification "
+        "or masked-lm"
+    )
     endpoints: list[str] = Field(description="the paths this model answers, besides /v1/models")
     context: int | None = Field(description="longest prompt or text in tokens")
 

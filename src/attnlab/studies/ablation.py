@@ -353,7 +353,7 @@ def _final_loss(folder: Path, last_eval: dict[str, float]) -> float:
     """The final validation loss: for a language model over a fixed FINAL_EVAL_TOKENS of the
     validation split (the trainer's estimate from a few random batches adds its own noise to the
     seed spread); for other tasks the last evaluation's."""
-    if read_config(folder).task != "lm":
+    if read_config(folder).task != "language-model":
         return last_eval.get("val_loss", math.nan)
     # Kept beside the run: a finished study's table is asked for again (every resumed call).
     saved = folder / FINAL_EVAL_FILE

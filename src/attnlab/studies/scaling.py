@@ -133,7 +133,7 @@ def plan(
     _, base = load_preset_or_file(BASE_PRESET)
     extra = {"data.path": data} | ({"train.device": device} if device else {}) | overrides
     common = resolve(apply_overrides(base, nest(extra.items())))
-    if common.task != "lm":
+    if common.task != "language-model":
         raise UserError(f"a scaling ladder trains language models; task {common.task!r} is not one")
     per_step = common.train.batch_size * common.train.gradient_accumulation_steps * common.model.block_size
     max_iters = max(1, math.ceil(tokens / per_step))

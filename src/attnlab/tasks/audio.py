@@ -85,7 +85,7 @@ def encode_clips(recordings: Sequence[Recording], speakers: Sequence[str]) -> Cl
 class SpeechDensity:
     """The likelihood of each recording, sample by sample, given its digit; WaveNet can also speak."""
 
-    name = "audio"
+    name = "audio-density"
     data_config_class = AudioDataConfig
     selection = ("val_loss", "min")
     split_names = SPLITS

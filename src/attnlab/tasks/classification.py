@@ -70,7 +70,7 @@ class ClassificationDataConfig:
 class Classification(EncoderTask):
     """One label per sentence, predicted from the whole sentence."""
 
-    name = "classification"
+    name = "text-classification"
     data_config_class = ClassificationDataConfig
     head = "sequence"
     split_names = ("train", "val", "dev", "test")

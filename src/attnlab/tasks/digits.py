@@ -58,7 +58,7 @@ def pad(waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 class DigitClassification:
     """The digit each recording says."""
 
-    name = "digits"
+    name = "audio-classification"
     data_config_class = DigitsDataConfig
     selection = ("val_accuracy", "max")
     split_names = SPLITS
@@ -67,8 +67,8 @@ class DigitClassification:
 
     @staticmethod
     def model_config_class(values: dict[str, Any]) -> type:
-        if values.get("kind", "spectrogram_cnn") != "spectrogram_cnn":
-            raise ConfigError(f"model.kind {values['kind']!r} is not a digit classifier; choose spectrogram_cnn")
+        if values.get("kind", "spectrogram-cnn") != "spectrogram-cnn":
+            raise ConfigError(f"model.kind {values['kind']!r} is not a digit classifier; choose spectrogram-cnn")
         return SpectrogramCNNConfig
 
     @staticmethod

@@ -40,8 +40,8 @@ SPLITS = ("train", "val", "test")
 
 MODEL_KINDS: dict[str, type] = {
     "pixelcnn": PixelCNNConfig,
-    "gated_pixelcnn": GatedPixelCNNConfig,
-    "gpt": PixelGPTConfig,
+    "gated-pixelcnn": GatedPixelCNNConfig,
+    "pixel-gpt": PixelGPTConfig,
 }
 MODELS: dict[type, type[nn.Module]] = {
     PixelCNNConfig: PixelCNN,
@@ -108,7 +108,7 @@ def batches(images: LabelledImages, batch_size: int, limit: int | None = None):
 class ImageDensity:
     """The likelihood of each image, pixel by pixel; the models can also sample new images."""
 
-    name = "images"
+    name = "image-density"
     data_config_class = ImagesDataConfig
     selection = ("val_loss", "min")
     split_names = SPLITS

@@ -55,7 +55,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class LanguageModeling:
     """Next-token prediction on a text corpus with a GPT."""
 
-    name = "lm"
+    name = "language-model"
     data_config_class = LMDataConfig
     # No "best" checkpoint: the loss during training is nanoGPT's estimate on a few random batches,
     # too noisy to choose by (measured: the estimate's best step was worse on the full split than

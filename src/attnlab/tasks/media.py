@@ -85,14 +85,15 @@ def require_density_run(run: Any) -> None:
             f"{run.path} is an image classifier ({run.config.model.kind}): it models p(class | image), not "
             "images, so it cannot sample; use `attnlab eval` or `attnlab attention --image`"
         )
-    if run.config.task not in ("images", "audio"):
+    if run.config.task not in ("image-density", "audio-density"):
         raise UserError(f"{run.path} is a {run.config.task!r} run, not an image or audio density run")
 
 
 def _require_task(run: Any, task: str) -> None:
     require_density_run(run)
     if run.config.task != task:
-        what = "an image density run (PixelCNN, Gated PixelCNN, pixel GPT)" if task == "images" else "a WaveNet run"
+        images = "an image density run (PixelCNN, Gated PixelCNN, pixel GPT)"
+        what = "a WaveNet run" if task == "audio-density" else images
         raise UserError(f"{run.path} is a {run.config.task!r} run; this samples from {what}")
 
 
@@ -112,13 +113,13 @@ def sample_run_images(
     run's data (read from `data_dir` when given, else the run's data.data_dir) and sample the rest,
     its label the class unless `label` says otherwise. Raises `UserError` for a request the model
     cannot answer (a class it does not have, a classifier run, an image index out of range)."""
-    _require_task(run, "images")
+    _require_task(run, "image-density")
     if n < 1:
         raise UserError(f"the number of images must be >= 1, got {n}")
     pick, device = _picker(run, temperature, seed)
     config = run.config.model
     _check_condition("--class", label, config.n_classes, "class")
-    side = int(config.block_size**0.5) if config.kind == "gpt" else 28
+    side = int(config.block_size**0.5) if config.kind == "pixel-gpt" else 28
     given, given_rows, description = None, 0, "samples"
     if complete is not None:
         image, image_label = _image_to_complete(run, complete, data_dir)
@@ -171,7 +172,7 @@ def sample_run_audio(
     `out` itself for one, `out`'s stem + `_1.wav`, `_2.wav`, ... for several (`7_wavenet.wav`
     names them as FSDD names its files). `cached=False` reruns the receptive field for every sample
     (the reference; the same samples). The output is checked writable before generating."""
-    _require_task(run, "audio")
+    _require_task(run, "audio-density")
     out = Path(out)
     if out.suffix.lower() != ".wav":
         raise UserError(f"a WaveNet run writes a sound: pass --out FILE.wav (got {out})")

@@ -74,7 +74,7 @@ class MLMDataConfig:
 class MaskedLM:
     """BERT pre-training: predict the masked tokens of a text from both sides."""
 
-    name = "mlm"
+    name = "masked-lm"
     data_config_class = MLMDataConfig
     selection = ("val_loss", "min")
 

@@ -1,7 +1,7 @@
 """Node classification on a citation graph (Cora, Citeseer): one label per node, the graph given.
 
 Which model: GAT, GCN or a Transformer over the nodes (`model.kind`: "gat", "gcn",
-"transformer"). Which data: a Planetoid-format data set folder (`attnlab.data.graphs`), the
+"node-transformer"). Which data: a Planetoid-format data set folder (`attnlab.data.graphs`), the
 `data.dataset` folder inside `data.data_dir`. Which loss: cross-entropy on the labelled training
 nodes only (20 per class). Which metric: accuracy, on the 500 validation nodes to pick the best
 checkpoint and stop early, on the 1,000 test nodes to report.
@@ -30,7 +30,7 @@ from attnlab.models.gcn import GCN, GCNConfig
 from attnlab.models.node_transformer import NodeTransformer, NodeTransformerConfig
 from attnlab.tasks.checks import check_splits, unknown_split
 
-MODEL_KINDS: dict[str, type] = {"gat": GATConfig, "gcn": GCNConfig, "transformer": NodeTransformerConfig}
+MODEL_KINDS: dict[str, type] = {"gat": GATConfig, "gcn": GCNConfig, "node-transformer": NodeTransformerConfig}
 MODELS: dict[type, type[nn.Module]] = {GATConfig: GAT, GCNConfig: GCN, NodeTransformerConfig: NodeTransformer}
 NodeModelConfig = GATConfig | GCNConfig | NodeTransformerConfig
 
@@ -105,7 +105,7 @@ def fit_to_graph(model: NodeModelConfig, graph: Graph, folder: Path) -> NodeMode
 class NodeClassification:
     """One label per node of one graph, learned from a few labelled nodes and the edges."""
 
-    name = "nodes"
+    name = "node-classification"
     data_config_class = NodesDataConfig
     selection = ("val_accuracy", "max")
     split_names = ("train", "val", "test")

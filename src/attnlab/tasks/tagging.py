@@ -107,7 +107,7 @@ def find_split_file(data_dir: str, split: str) -> Path:
 class Tagging(EncoderTask):
     """A tag for every word, predicted at its first subword."""
 
-    name = "tagging"
+    name = "token-classification"
     data_config_class = TaggingDataConfig
     head = "token"
     split_names = ("train", "dev", "test")

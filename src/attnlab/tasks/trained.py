@@ -17,6 +17,7 @@ from attnlab.checkpoints import CONFIG, TOKENIZER, load_weights, read_config_tom
 from attnlab.config import build
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.errors import CheckpointError, ConfigError
+from attnlab.names import upgrade
 from attnlab.tasks import TASKS
 
 
@@ -45,11 +46,9 @@ def saved_model_config(run_dir: Path) -> tuple[str, Any]:
     training sections, which only `attnlab.train` reads, are left unread)."""
     path = run_dir / CONFIG
     doc = read_config_toml(run_dir)
-    task = doc.get("task", "lm")
-    if not isinstance(task, str) or task not in TASKS:
-        raise CheckpointError(f"{path}: unknown task {task!r}; tasks are {sorted(TASKS)}")
-    values = doc.get("model", {})
     try:
+        doc = upgrade(doc)  # today's task and kind names
+        task, values = doc["task"], doc.get("model", {})
         return task, build(TASKS[task].model_config_class(values), values, "model")
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None

@@ -39,7 +39,7 @@ from attnlab.progress import ProgressLines
 
 Logger = Callable[[str], object]
 
-MODEL_KINDS: dict[str, type] = {"transformer": Seq2SeqConfig, "rnn": RNNConfig, "rnn-attention": RNNConfig}
+MODEL_KINDS: dict[str, type] = {"seq2seq-transformer": Seq2SeqConfig, "gru": RNNConfig, "gru-attention": RNNConfig}
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Translation:
 
     @staticmethod
     def model_config_class(values: dict[str, Any]) -> type:
-        kind = values.get("kind", "transformer")
+        kind = values.get("kind", "seq2seq-transformer")
         if kind not in MODEL_KINDS:
             raise ConfigError(f"unknown model.kind {kind!r}; choose one of {', '.join(MODEL_KINDS)}")
         return MODEL_KINDS[kind]

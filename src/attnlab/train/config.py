@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.checkpoints import CONFIG, read_config_toml
-from attnlab.config import as_dict, build, check_run_keys, close_matches, dump_toml, merge
+from attnlab.config import as_dict, build, check_run_keys, dump_toml, merge
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.fileio import atomic_write_text
+from attnlab.names import DEFAULT_TASK, kind_name, task_name, upgrade
 from attnlab.tasks import TASKS
 
 CONFIG_FORMAT_VERSION = 1
@@ -184,14 +185,10 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
         raise ConfigError(
             f"config format_version {version!r} is not supported (this attnlab reads {CONFIG_FORMAT_VERSION})"
         )
-    task_name = doc.get("task", "lm")
-    if not isinstance(task_name, str) or task_name not in TASKS:
-        raise ConfigError(
-            f"unknown task {task_name!r}{close_matches(str(task_name), TASKS)}; tasks are {sorted(TASKS)}"
-        )
-    task = TASKS[task_name]
+    doc = upgrade(doc)  # today's task and kind names, whichever a saved config was written with
+    task = TASKS[doc["task"]]
     return RunConfig(
-        task=task_name,
+        task=doc["task"],
         model=build(task.model_config_class(doc.get("model", {})), doc.get("model", {}), "model"),
         data=build(task.data_config_class, doc.get("data", {}), "data"),
         train=build(TrainConfig, doc.get("train", {}), "train"),
@@ -229,8 +226,20 @@ def absolute_paths(data: Any) -> Any:
 
 def apply_overrides(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """`merge`, except that changing `model.kind` starts the model section from that kind's
-    defaults (plus the overrides' other model keys): a Transformer's keys mean nothing to an RNN."""
-    new_kind = overrides.get("model", {}).get("kind")
-    if new_kind is not None and new_kind != doc.get("model", {}).get("kind"):
-        doc = {**doc, "model": {}}
-    return merge(doc, overrides)
+    defaults (plus the overrides' other model keys): a Transformer's keys mean nothing to an RNN.
+    A kind's old name is the same kind (`--set model.kind=transformer` on a translation preset)."""
+    merged = merge(doc, overrides)
+    if "kind" in overrides.get("model", {}):
+        task = merged.get("task", DEFAULT_TASK)
+        if _kind(task, merged) != _kind(task, doc):
+            merged = merge({**doc, "model": {}}, overrides)
+    return merged
+
+
+def _kind(task: Any, doc: dict[str, Any]) -> Any:
+    """The document's model.kind by today's name in `task` (as written where it is no kind the task knows)."""
+    kind = doc.get("model", {}).get("kind")
+    try:
+        return kind_name(task_name(task), kind)
+    except ConfigError:
+        return kind

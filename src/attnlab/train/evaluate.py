@@ -39,7 +39,7 @@ def evaluate_run(
     extra = {}
     for flag, value in (("context", context), ("max_tokens", max_tokens)):
         if value is not None:
-            if run.config.task != "lm":
+            if run.config.task != "language-model":
                 raise UserError(f"--{flag.replace('_', '-')} is for language models, not a {run.config.task!r} run")
             if value < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")

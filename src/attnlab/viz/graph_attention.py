@@ -111,7 +111,7 @@ def draw_node_attention(run, node: int, out: str | Path, *, data_dir: str | None
     from attnlab.tasks import TASKS
 
     path = check_png_path(out)
-    if run.config.task != "nodes":
+    if run.config.task != "node-classification":
         raise UserError(f"--node is for node-classification runs; {run.path} is a {run.config.task!r} run: use --text")
     if not isinstance(run.model, GAT):
         raise UserError(
@@ -119,7 +119,7 @@ def draw_node_attention(run, node: int, out: str | Path, *, data_dir: str | None
             f"{run.config.model.kind!r} model (train one with the cora-gat or citeseer-gat preset)"
         )
     data = dataclasses.replace(run.config.data, data_dir=data_dir) if data_dir else run.config.data
-    task = TASKS["nodes"](data, run.config.model, run.path, resume=True, splits=())
+    task = TASKS["node-classification"](data, run.config.model, run.path, resume=True, splits=())
     x, edges, labels = task.inputs(next(run.model.parameters()).device)
     att = node_attention(run.model, x, edges, labels, node)
     plot_node_attention(att, path, title=f"GAT on {task.graph.name}")

@@ -130,7 +130,8 @@ def draw_cls_attention(
     if split not in SPLITS:
         raise UserError(f"--image takes SPLIT:INDEX with SPLIT one of {', '.join(SPLITS)}, got {split}:{index}")
     if not isinstance(run.model, ViT):
-        what = f"{run.config.task!r} run" + (f" ({run.config.model.kind})" if run.config.task != "lm" else "")
+        kind = getattr(run.config.model, "kind", None)  # a language model (GPT) has none
+        what = f"{run.config.task!r} run" + (f" ({kind})" if kind else "")
         raise UserError(f"--image draws a ViT's [CLS] attention; {run.path} is a {what}")
     c = run.config.model
     for flag, value, count in (("--layer", layer, c.n_layers), ("--head", head, c.n_heads)):

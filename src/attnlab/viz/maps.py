@@ -114,7 +114,7 @@ def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) ->
         return _translation_maps(run, text, kind or "cross", beam)
     raise UserError(
         f"this run's model ({type(model).__name__}) has no attention to show; "
-        "train a transformer, bert, gpt or rnn-attention model"
+        "train a seq2seq-transformer, bert, gpt or gru-attention model"
     )
 
 

@@ -218,9 +218,9 @@ def _mlm_metrics(run, device: torch.device, n_examples: int, report: Report) -> 
 
 
 EXAMPLES: dict[str, tuple[str, Callable[..., str]]] = {
-    "lm": ("Sample", _lm_sample),
+    "language-model": ("Sample", _lm_sample),
     "translation": ("Translations", _translations),
-    "classification": ("Predictions", _classifications),
-    "tagging": ("Predictions", _taggings),
-    "mlm": ("Metrics", _mlm_metrics),
+    "text-classification": ("Predictions", _classifications),
+    "token-classification": ("Predictions", _taggings),
+    "masked-lm": ("Metrics", _mlm_metrics),
 }

@@ -1,0 +1,102 @@
+"""The names of tasks and model kinds, and the older names that saved configs still use.
+
+A task is named after what it learns: `image-density` (a probability for every image),
+`text-classification` (a label for every text). A model kind names one model class, the same in
+every task: `seq2seq-transformer` is the encoder–decoder, `node-transformer` the encoder over a
+graph's nodes. Configs written before issue 45 named some tasks after their data (`images`,
+`audio`, `digits`) and used `transformer` for two different models; `upgrade` maps those names to
+today's when a config is read, so run folders, TOML files and `--set task=images` keep working.
+This module is the one place that knows the old names (docs/configuration.md#names has the
+table). It imports neither PyTorch nor the tasks, so a command can check a name before loading them.
+"""
+
+from typing import Any
+
+from attnlab.config import close_matches
+from attnlab.errors import ConfigError
+
+TASK_KINDS: dict[str, tuple[str, ...]] = {
+    "language-model": (),  # always a GPT: its model section has no kind
+    "translation": ("seq2seq-transformer", "gru", "gru-attention"),
+    "masked-lm": ("bert",),
+    "text-classification": ("bert", "bilstm"),
+    "token-classification": ("bert", "bilstm"),
+    "node-classification": ("gat", "gcn", "node-transformer"),
+    "image-density": ("pixelcnn", "gated-pixelcnn", "pixel-gpt"),
+    "image-classification": ("vit", "cnn"),
+    "audio-density": ("wavenet",),
+    "audio-classification": ("spectrogram-cnn",),
+}
+"""Every task by its name, with the model kinds it trains (`model.kind`), the default first."""
+
+OLD_TASKS: dict[str, str] = {
+    "lm": "language-model",
+    "mlm": "masked-lm",
+    "classification": "text-classification",
+    "tagging": "token-classification",
+    "nodes": "node-classification",
+    "images": "image-density",
+    "audio": "audio-density",
+    "digits": "audio-classification",
+}
+"""Task names before issue 45 -> today's. (`translation` and `image-classification` kept theirs.)"""
+
+OLD_KINDS: dict[str, dict[str, str]] = {
+    "translation": {"transformer": "seq2seq-transformer", "rnn": "gru", "rnn-attention": "gru-attention"},
+    "node-classification": {"transformer": "node-transformer"},
+    "image-density": {"gated_pixelcnn": "gated-pixelcnn", "gpt": "pixel-gpt"},
+    "audio-classification": {"spectrogram_cnn": "spectrogram-cnn"},
+}
+"""Model kinds before issue 45 -> today's, by (today's) task: `transformer` meant a different model
+in translation than in node classification, so an old kind is read only within its task."""
+
+DEFAULT_TASK = "language-model"
+"""The task of a config that names none."""
+
+
+def _old_names(table: dict[str, str]) -> str:
+    return ", ".join(f"{old} -> {new}" for old, new in table.items())
+
+
+def task_name(name: Any) -> str:
+    """Today's name of a task given by today's or its old name: `"images"` -> `"image-density"`;
+    a `ConfigError` listing the tasks for anything else."""
+    if isinstance(name, str) and name in TASK_KINDS:
+        return name
+    if isinstance(name, str) and name in OLD_TASKS:
+        return OLD_TASKS[name]
+    raise ConfigError(
+        f"unknown task {name!r}{close_matches(str(name), [*TASK_KINDS, *OLD_TASKS])}; tasks are "
+        f"{', '.join(TASK_KINDS)} (older names still read: {_old_names(OLD_TASKS)})"
+    )
+
+
+def kind_name(task: str, kind: Any) -> str:
+    """Today's name of a model kind of `task` (today's task name), given by today's or its old
+    name: ("translation", "transformer") -> "seq2seq-transformer"; a `ConfigError` listing the
+    task's kinds for anything else."""
+    kinds, old = TASK_KINDS[task], OLD_KINDS.get(task, {})
+    if isinstance(kind, str) and kind in kinds:
+        return kind
+    if isinstance(kind, str) and kind in old:
+        return old[kind]
+    if not kinds:
+        raise ConfigError(f"a {task} run trains a GPT, which has no model.kind: leave it out")
+    accepted = f" (older names still read: {_old_names(old)})" if old else ""
+    raise ConfigError(
+        f"unknown model.kind {kind!r} for task {task}{close_matches(str(kind), [*kinds, *old])}; "
+        f"choose one of {', '.join(kinds)}{accepted}"
+    )
+
+
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A run's config document with today's task name and model kind, whichever names it was
+    written with: `{"task": "images", "model": {"kind": "gpt"}}` -> `{"task": "image-density",
+    "model": {"kind": "pixel-gpt"}}`. A missing task is the language model's; a missing kind stays
+    missing (the task's default). A `ConfigError` for an unknown task or kind."""
+    task = task_name(doc.get("task", DEFAULT_TASK))
+    out = {**doc, "task": task}
+    model = doc.get("model")
+    if isinstance(model, dict) and "kind" in model:
+        out["model"] = {**model, "kind": kind_name(task, model["kind"])}
+    return out
