@@ -22,8 +22,8 @@ from attnlab import load
 from attnlab.tasks import TASKS
 from attnlab.viz import plot_curves
 
-DATA = {"mlm": "wikitext-2", "classification": "sst2", "tagging": "ud-english-ewt"}
-REPORT_SPLIT = {"mlm": "val", "classification": "dev", "tagging": "test"}
+DATA = {"masked-lm": "wikitext-2", "text-classification": "sst2", "token-classification": "ud-english-ewt"}
+REPORT_SPLIT = {"masked-lm": "val", "text-classification": "dev", "token-classification": "test"}
 
 
 def summarise(run_dir: Path, data_root: Path) -> dict:
@@ -56,7 +56,7 @@ def summarise(run_dir: Path, data_root: Path) -> dict:
         "best_val_accuracy": round(max(float(r["val_accuracy"]) for r in evals), 4),
         "report_split": split,
         "accuracy": round(metrics["accuracy"], 4),
-        **({"val_ppl": round(metrics[f"{split}_ppl"], 2)} if task_name == "mlm" else {}),
+        **({"val_ppl": round(metrics[f"{split}_ppl"], 2)} if task_name == "masked-lm" else {}),
     }
 
 
@@ -69,8 +69,8 @@ def main() -> None:
     p.add_argument("--curves", type=Path, help="save each task's validation accuracy curves as STEM-TASK.png")
     args = p.parse_args()
     rows = [summarise(r, args.data_root) for r in args.runs]
-    mlm = [Path(r["run"]) for r in rows if r["task"] == "mlm"]
-    tuned = [r for r in rows if r["task"] != "mlm"]
+    mlm = [Path(r["run"]) for r in rows if r["task"] == "masked-lm"]
+    tuned = [r for r in rows if r["task"] != "masked-lm"]
     if args.mlm_curve and mlm:
         plot_curves(mlm, ["val_accuracy", "val_ppl"], args.mlm_curve, title="masked-LM pre-training, validation")
     for task_name in sorted({r["task"] for r in tuned}) if args.curves else []:

@@ -30,7 +30,7 @@ def frequency_class(count: int) -> str:
 @torch.no_grad()
 def errors(run_dir: Path, data_dir: Path, split: str) -> dict:
     run = load(run_dir)
-    if run.config.task != "tagging":
+    if run.config.task != "token-classification":
         raise SystemExit(f"{run_dir} is a {run.config.task} run, not a tagging run")
     data = dataclasses.replace(run.config.data, data_dir=str(data_dir))
     task = TASKS["tagging"](data, run.config.model, run_dir, resume=True, splits=(split,))

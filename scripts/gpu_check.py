@@ -61,16 +61,16 @@ MORE = (  # the other presets, run with --all or named with --presets
 )
 # What the trainer's "tokens" per second count, by task.
 UNITS = {
-    "lm": "tokens/s",
+    "language-model": "tokens/s",
     "translation": "tokens/s",
-    "mlm": "tokens/s",
-    "classification": "tokens/s",
-    "tagging": "tokens/s",
-    "images": "pixels/s",
+    "masked-lm": "tokens/s",
+    "text-classification": "tokens/s",
+    "token-classification": "tokens/s",
+    "image-density": "pixels/s",
     "image-classification": "images/s",
-    "audio": "samples/s",
-    "digits": "recordings/s",
-    "nodes": "nodes/s",
+    "audio-density": "samples/s",
+    "audio-classification": "recordings/s",
+    "node-classification": "nodes/s",
 }
 EXTRA = ("train.eval_iters=20", "train.fused_kernels='auto'")
 MIN_PRESET_S = 20  # a preset with less time left than this is skipped
@@ -203,8 +203,9 @@ def run_preset(
 
 def _task(preset: str) -> str:
     from attnlab.config import load_preset_or_file
+    from attnlab.names import upgrade
 
-    return load_preset_or_file(preset)[1].get("task", "lm")
+    return upgrade(load_preset_or_file(preset)[1])["task"]
 
 
 def _last_train_loss(metrics: Path) -> float | None:

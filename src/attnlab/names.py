@@ -6,8 +6,8 @@ every task: `seq2seq-transformer` is the encoder–decoder, `node-transformer` t
 graph's nodes. Configs written before issue 45 named some tasks after their data (`images`,
 `audio`, `digits`) and used `transformer` for two different models; `upgrade` maps those names to
 today's when a config is read, so run folders, TOML files and `--set task=images` keep working.
-This module is the one place that knows the old names (docs/configuration.md#names has the
-table). It imports neither PyTorch nor the tasks, so a command can check a name before loading them.
+This module is the one place that knows the old names (docs/training.md, "Tasks and model kinds",
+has the table). It imports neither PyTorch nor the tasks, so a command can check a name before loading them.
 """
 
 from typing import Any

@@ -197,13 +197,13 @@ def _nodes(task, model, batch, device):
 
 
 LOGITS: dict[str, Logits] = {
-    "lm": _lm,
+    "language-model": _lm,
     "translation": _translation,
-    "mlm": _mlm,
-    "classification": _encoder,
-    "tagging": _encoder,
+    "masked-lm": _mlm,
+    "text-classification": _encoder,
+    "token-classification": _encoder,
     "image-classification": _image_classes,
-    "images": _pixels,
-    "audio": _audio,
-    "nodes": _nodes,
+    "image-density": _pixels,
+    "audio-density": _audio,
+    "node-classification": _nodes,
 }
