@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
-from attnlab.config import read_toml
+from attnlab.config import load_preset_or_file, presets, read_toml
 from attnlab.errors import ConfigError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.names import OLD_KINDS, OLD_TASKS, TASK_KINDS, kind_name, task_name, upgrade
@@ -104,6 +104,14 @@ def test_an_old_config_resolves_and_builds_as_the_new_names_do(old_task, old_kin
     torch.manual_seed(0)
     b = build(new.model).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", presets())
+def test_the_presets_use_todays_names(name):
+    _, doc = load_preset_or_file(name)
+    assert doc.get("task", "language-model") in TASK_KINDS, "an old task name in a shipped preset"
+    kind = doc.get("model", {}).get("kind")
+    assert kind is None or kind in TASK_KINDS[doc["task"]], "an old model kind in a shipped preset"
 
 
 def test_an_old_kind_on_the_command_line_is_the_same_kind():
