@@ -3,13 +3,14 @@
 A task is named after what it learns: `image-density` (a probability for every image),
 `text-classification` (a label for every text). A model kind names one model class, the same in
 every task: `seq2seq-transformer` is the encoder–decoder, `node-transformer` the encoder over a
-graph's nodes. Configs written before issue 45 named some tasks after their data (`images`,
+graph's nodes. Configs written by earlier versions named some tasks after their data (`images`,
 `audio`, `digits`) and used `transformer` for two different models; `upgrade` maps those names to
 today's when a config is read, so run folders, TOML files and `--set task=images` keep working.
 This module is the one place that knows the old names (docs/training.md, "Tasks and model kinds",
 has the table). It imports neither PyTorch nor the tasks, so a command can check a name before loading them.
 """
 
+from collections.abc import Collection
 from typing import Any
 
 from attnlab.config import close_matches
@@ -39,7 +40,7 @@ OLD_TASKS: dict[str, str] = {
     "audio": "audio-density",
     "digits": "audio-classification",
 }
-"""Task names before issue 45 -> today's. (`translation` and `image-classification` kept theirs.)"""
+"""Earlier versions' task names -> today's. (`translation` and `image-classification` kept theirs.)"""
 
 OLD_KINDS: dict[str, dict[str, str]] = {
     "translation": {"transformer": "seq2seq-transformer", "rnn": "gru", "rnn-attention": "gru-attention"},
@@ -47,7 +48,7 @@ OLD_KINDS: dict[str, dict[str, str]] = {
     "image-density": {"gated_pixelcnn": "gated-pixelcnn", "gpt": "pixel-gpt"},
     "audio-classification": {"spectrogram_cnn": "spectrogram-cnn"},
 }
-"""Model kinds before issue 45 -> today's, by (today's) task: `transformer` meant a different model
+"""Earlier versions' model kinds -> today's, by (today's) task: `transformer` meant a different model
 in translation than in node classification, so an old kind is read only within its task."""
 
 DEFAULT_TASK = "language-model"
@@ -58,10 +59,11 @@ def _old_names(table: dict[str, str]) -> str:
     return ", ".join(f"{old} -> {new}" for old, new in table.items())
 
 
-def task_name(name: Any) -> str:
+def task_name(name: Any, registered: Collection[str] = ()) -> str:
     """Today's name of a task given by today's or its old name: `"images"` -> `"image-density"`;
-    a `ConfigError` listing the tasks for anything else."""
-    if isinstance(name, str) and name in TASK_KINDS:
+    a `ConfigError` listing the tasks for anything else. `registered`: tasks added to the registry
+    beyond this table (`attnlab.tasks.TASKS`), taken as they are named."""
+    if isinstance(name, str) and (name in TASK_KINDS or name in registered):
         return name
     if isinstance(name, str) and name in OLD_TASKS:
         return OLD_TASKS[name]
@@ -89,14 +91,15 @@ def kind_name(task: str, kind: Any) -> str:
     )
 
 
-def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+def upgrade(doc: dict[str, Any], registered: Collection[str] = ()) -> dict[str, Any]:
     """A run's config document with today's task name and model kind, whichever names it was
     written with: `{"task": "images", "model": {"kind": "gpt"}}` -> `{"task": "image-density",
     "model": {"kind": "pixel-gpt"}}`. A missing task is the language model's; a missing kind stays
-    missing (the task's default). A `ConfigError` for an unknown task or kind."""
-    task = task_name(doc.get("task", DEFAULT_TASK))
+    missing (the task's default). A `ConfigError` for an unknown task or kind. A task of
+    `registered` beyond this table keeps its kind as written (its own model_config_class checks it)."""
+    task = task_name(doc.get("task", DEFAULT_TASK), registered)
     out = {**doc, "task": task}
     model = doc.get("model")
-    if isinstance(model, dict) and "kind" in model:
+    if isinstance(model, dict) and "kind" in model and task in TASK_KINDS:
         out["model"] = {**model, "kind": kind_name(task, model["kind"])}
     return out

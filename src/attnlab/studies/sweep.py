@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
-from attnlab.config import flatten
+from attnlab.config import flatten, nest
 from attnlab.errors import UserError
+from attnlab.names import upgrade
 from attnlab.tasks import TASKS
 from attnlab.train.config import RunConfig, read_config
 from attnlab.train.load import load_run
@@ -80,7 +81,10 @@ def check_existing(run: PlannedRun) -> None:
     if not (run.folder / CONFIG).exists():
         return
     saved = flatten(read_config(run.folder).to_doc())
-    for key, value in run.settings.items():
+    settings = run.settings
+    if "task" in settings:  # a spec may use the old task and kind names; the saved config has today's
+        settings = flatten(upgrade(nest(settings.items())))
+    for key, value in settings.items():
         if key not in UNCOMPARED and saved.get(key) != value:
             raise UserError(
                 f"{run.folder} holds a run with {key} = {saved.get(key)!r}, but this study sets {value!r}; "

@@ -47,7 +47,7 @@ def saved_model_config(run_dir: Path) -> tuple[str, Any]:
     path = run_dir / CONFIG
     doc = read_config_toml(run_dir)
     try:
-        doc = upgrade(doc)  # today's task and kind names
+        doc = upgrade(doc, TASKS)  # today's task and kind names
         task, values = doc["task"], doc.get("model", {})
         return task, build(TASKS[task].model_config_class(values), values, "model")
     except ConfigError as e:

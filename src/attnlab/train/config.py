@@ -185,7 +185,7 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
         raise ConfigError(
             f"config format_version {version!r} is not supported (this attnlab reads {CONFIG_FORMAT_VERSION})"
         )
-    doc = upgrade(doc)  # today's task and kind names, whichever a saved config was written with
+    doc = upgrade(doc, TASKS)  # today's task and kind names, whichever a saved config was written with
     task = TASKS[doc["task"]]
     return RunConfig(
         task=doc["task"],
