@@ -90,7 +90,7 @@ def test_serve_starts_and_answers(run_dirs):
         banner = proc.stderr.readline()
         found = re.search(r"on (http://127\.0\.0\.1:\d+)/", banner)
         assert found, banner
-        assert "run (lm), de-en (translation)" in banner
+        assert "run (language-model), de-en (translation)" in banner
         assert "; 3 torch threads)" in banner
         url = found.group(1)
         for _ in range(100):  # the address is printed just before the server starts accepting
