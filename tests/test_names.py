@@ -22,6 +22,7 @@ from attnlab.train.config import apply_overrides
 from helpers import assert_user_error, cli, shared
 
 FORMAT1 = Path(__file__).parent / "fixtures" / "run-format1"
+FORMAT2 = Path(__file__).parent / "fixtures" / "run-format2"  # a run of each family, written with the old names
 
 # The renaming as the docs' table states it (old task, old kind) -> (task, kind), written out here
 # rather than read from attnlab.names, so that a wrong entry there fails.
@@ -156,6 +157,19 @@ def test_the_format1_fixtures_load_with_todays_names_and_their_saved_weights(tmp
     saved = load_file(FORMAT1 / "classification" / "best.safetensors")
     state = cls.model.state_dict()
     assert saved.keys() == state.keys() and all(torch.equal(saved[k], state[k]) for k in saved)
+
+
+@pytest.mark.parametrize("family", sorted(p.name for p in FORMAT2.iterdir() if p.is_dir()))
+def test_each_familys_old_run_folder_loads_with_todays_names(family, tmp_path):
+    """tests/train/test_run_format2.py checks these folders' logits; here, the names they are read
+    with, and the names their config is written with now (a resumed run rewrites its config.toml)."""
+    saved = read_toml(FORMAT2 / family / "config.toml")
+    old = (saved.get("task", "lm"), saved.get("model", {}).get("kind"))
+    run = load(FORMAT2 / family)
+    assert (run.config.task, getattr(run.config.model, "kind", None)) == RENAMED[old]
+    written = tmp_path / "config.toml"
+    written.write_text(run.config.to_toml(), encoding="utf-8")
+    assert (read_toml(written)["task"], read_toml(written)["model"].get("kind")) == RENAMED[old]
 
 
 def test_a_run_folder_written_with_the_old_names_loads_to_the_same_logits(tmp_path_factory, tmp_path):
