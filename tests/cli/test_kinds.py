@@ -54,3 +54,17 @@ def test_the_bilstm_classifier_is_not_offered_to_embed_or_attention():
     bert = resolve({"task": "classification", "model": {"kind": "bert"}})
     assert commands_for(bilstm) == ["classify", "eval"]
     assert commands_for(bert) == ["classify", "eval", "embed", "attention"]
+
+
+def test_a_media_run_of_the_wrong_kind_is_named_by_its_task_and_kind():
+    from attnlab.cli.kinds import require_kind
+    from attnlab.errors import UserError
+    from attnlab.train import resolve
+
+    config = resolve({"task": "images", "model": {"kind": "gated_pixelcnn"}})  # the old names
+    with pytest.raises(UserError) as e:
+        require_kind("runs/x", config, "translate")
+    assert str(e.value) == (
+        "runs/x is an image-density run (gated-pixelcnn), not a translation model; "
+        "use it with attnlab sample, attnlab eval"
+    )

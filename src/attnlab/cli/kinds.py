@@ -57,7 +57,8 @@ def require_kind(run_dir: str | Path, config: Any, command: str) -> None:
         return
     kind = getattr(config.model, "kind", None)
     what = TASK_NAMES.get(config.task, config.task) + " run" + (f" ({kind})" if kind else "")
+    article = "an" if what[0] in "aeiou" else "a"  # an image-density run
     raise UserError(
-        f"{run_dir} is a {what}, not a {NEEDS.get(command, command)}; use it with "
+        f"{run_dir} is {article} {what}, not a {NEEDS.get(command, command)}; use it with "
         + ", ".join(f"attnlab {c}" for c in fits)
     )
