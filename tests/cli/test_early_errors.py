@@ -30,6 +30,7 @@ def attnlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (("train", "demo", "--set", "trian.max_iters=5"), "unknown config key 'trian' (did you mean 'train'?)"),
         (("train", "demo", "--set", "max_iters=5"), "--set max_iters=5: unknown config key 'max_iters'"),
         (("demo", "--set", "modle.n_layer=2"), "unknown config key 'modle' (did you mean 'model'?)"),
+        (("train", "demo", "--set", "task=imagess"), "--set task=imagess: unknown task 'imagess'"),
         (("sample", "no-such-run", "--prompt", "ROMEO:"), "run folder no-such-run does not exist"),
         (("eval", "no-such-run"), "run folder no-such-run does not exist"),
     ],

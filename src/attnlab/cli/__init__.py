@@ -112,9 +112,11 @@ def check_before_imports(args: argparse.Namespace) -> None:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """`--set` values in key=value form under the config's sections; their keys and values are
+    """`--set` values in key=value form under the config's sections, and a task named by a name it
+    has (today's or an old one), checked before PyTorch is imported; the other keys and values are
     checked against the config dataclasses when the subcommand resolves the config."""
     from attnlab.config import check_run_keys, parse_overrides
+    from attnlab.names import task_name
 
     for item in overrides:
         doc = parse_overrides([item])
@@ -122,6 +124,11 @@ def check_overrides(overrides: list[str]) -> None:
             check_run_keys(doc)
         except ConfigError as e:
             raise ConfigError(f"--set {item}: {e} (a key is SECTION.NAME, e.g. train.max_iters=500)") from None
+        if "task" in doc:
+            try:
+                task_name(doc["task"])
+            except ConfigError as e:
+                raise ConfigError(f"--set {item}: {e}") from None
 
 
 def positive_int(text: str) -> int:
