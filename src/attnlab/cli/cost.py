@@ -35,6 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "axes beside the lectures' theory. --attention adds Transformers with sparse attention patterns (window, "
         "BigBird) as extra columns. Writes cost.json and log-log plots to --out.",
     )
+    _add_model_options(p)
+    _add_measurement_options(p)
+    _add_pattern_options(p)
+    p.add_argument(
+        "--quick", action="store_true", help="tiny lengths and model: checks that it runs in seconds, measures little"
+    )
+    p.add_argument(
+        "--autoregressive",
+        action="store_true",
+        help="instead: count the receptive field and sequential steps (training, generation) of the image and audio "
+        "presets' models (PixelCNN, Gated PixelCNN, pixel Transformer, WaveNet) beside an RNN; measures nothing",
+    )
+    p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
+    add_json_argument(p, "the results")
+    p.set_defaults(run=run)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The lengths measured and the size of every model."""
     p.add_argument(
         "--lengths",
         type=lengths_list,
@@ -43,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=positive_int, help="model width k of every model (default 64; 16 with --quick)")
     p.add_argument("--layers", type=positive_int, help="layers d of every model (default 2; 1 with --quick)")
     p.add_argument("--heads", type=positive_int, help="Transformer attention heads, must divide --width (default 4)")
+
+
+def _add_measurement_options(p: argparse.ArgumentParser) -> None:
+    """How each case is timed and which are skipped or fitted."""
     p.add_argument(
         "--repeats",
         type=positive_int,
@@ -64,6 +87,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--fit-from", type=positive_int, metavar="T", help="fit exponents on lengths >= T (default: the larger half)"
     )
+
+
+def _add_pattern_options(p: argparse.ArgumentParser) -> None:
+    """The sparse attention patterns measured as extra Transformer columns."""
     p.add_argument(
         "--attention",
         type=names_list,
@@ -83,18 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="B",
         help="block length of 'bigbird' (default 32; 4 with --quick)",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="tiny lengths and model: checks that it runs in seconds, measures little"
-    )
-    p.add_argument(
-        "--autoregressive",
-        action="store_true",
-        help="instead: count the receptive field and sequential steps (training, generation) of the image and audio "
-        "presets' models (PixelCNN, Gated PixelCNN, pixel Transformer, WaveNet) beside an RNN; measures nothing",
-    )
-    p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
-    add_json_argument(p, "the results")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

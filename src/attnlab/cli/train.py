@@ -151,6 +151,12 @@ def run(args: argparse.Namespace) -> int:
         return 2  # rank 0 reports the same error; one line for the job, not one per process
     if not ranks.is_main:
         return 0
+    _print_result(args, result, out, ranks)
+    return 0
+
+
+def _print_result(args: argparse.Namespace, result, out: Path, ranks) -> None:
+    """Rank 0's last words: how to continue a stopped run, then the summary (one line, or --json)."""
     if result.stopped_by is not None:
         sys.stderr.write(
             f"attnlab train: stopped at step {result.step} ({result.stopped_by}); checkpoint saved, "
@@ -178,7 +184,6 @@ def run(args: argparse.Namespace) -> int:
             + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in result.metrics.items())
             + f". Run folder: {result.run_dir}"
         )
-    return 0
 
 
 def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:

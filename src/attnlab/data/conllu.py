@@ -78,44 +78,56 @@ def read_conllu(path: str | Path, *, column: str = "upos") -> list[TaggedSentenc
         if line.startswith("#"):
             continue
 
-        fields = line.split("\t")
-        if len(fields) != len(FIELDS):
-            hint = " (are the fields separated by spaces instead of tabs?)" if len(fields) == 1 else ""
-            raise UserError(
-                f"{where}:{n}: expected {len(FIELDS)} tab-separated fields ({' '.join(FIELDS)}), "
-                f"got {len(fields)}{hint}"
-            )
         has_tokens = True
-        token_id = fields[0]
-        expected = len(words) + 1
-        if _WORD_ID.fullmatch(token_id):
-            if int(token_id) != expected:
-                raise UserError(
-                    f"{where}:{n}: word ID {token_id} is out of sequence; expected {expected} "
-                    "(word IDs count 1, 2, 3, ... within each sentence)"
-                )
-            form, tag = fields[1], fields[tag_at]
-            if not form:
-                raise UserError(f"{where}:{n}: word {token_id} has an empty FORM; expected the word itself")
-            if tag in ("", "_"):
-                raise UserError(
-                    f"{where}:{n}: word {token_id} has no {column.upper()} tag ({tag!r}); "
-                    f"every word needs one to train a {column} tagger"
-                )
-            words.append(form)
-            tags.append(tag)
-        elif match := _RANGE_ID.fullmatch(token_id):
-            first, last = int(match[1]), int(match[2])
-            if first != expected or last <= first:
-                raise UserError(
-                    f"{where}:{n}: multiword token {token_id} must span words {expected}-N with N > {expected}, "
-                    "and come just before its first word"
-                )
-        elif not _EMPTY_NODE_ID.fullmatch(token_id):
-            raise UserError(
-                f"{where}:{n}: bad ID {token_id!r}; expected a word index (1, 2, ...), "
-                "a multiword token range (1-2) or an empty node (1.1)"
-            )
+        word = _word(_fields(line, f"{where}:{n}"), len(words) + 1, tag_at, column, f"{where}:{n}")
+        if word is not None:
+            words.append(word[0])
+            tags.append(word[1])
     if start is not None:  # the last sentence, when the file lacks a final blank line
         finish()
     return sentences
+
+
+def _fields(line: str, at: str) -> list[str]:
+    """A token line's 10 tab-separated fields; a `UserError` naming `at` (file:line) for any other count."""
+    fields = line.split("\t")
+    if len(fields) != len(FIELDS):
+        hint = " (are the fields separated by spaces instead of tabs?)" if len(fields) == 1 else ""
+        raise UserError(
+            f"{at}: expected {len(FIELDS)} tab-separated fields ({' '.join(FIELDS)}), got {len(fields)}{hint}"
+        )
+    return fields
+
+
+def _word(fields: list[str], expected: int, tag_at: int, column: str, at: str) -> tuple[str, str] | None:
+    """(FORM, tag) of a word line, the `expected`-th of its sentence; None for a multiword token or an
+    empty node (checked, then skipped); a `UserError` naming `at` (file:line) for a malformed line."""
+    token_id = fields[0]
+    if _WORD_ID.fullmatch(token_id):
+        if int(token_id) != expected:
+            raise UserError(
+                f"{at}: word ID {token_id} is out of sequence; expected {expected} "
+                "(word IDs count 1, 2, 3, ... within each sentence)"
+            )
+        form, tag = fields[1], fields[tag_at]
+        if not form:
+            raise UserError(f"{at}: word {token_id} has an empty FORM; expected the word itself")
+        if tag in ("", "_"):
+            raise UserError(
+                f"{at}: word {token_id} has no {column.upper()} tag ({tag!r}); "
+                f"every word needs one to train a {column} tagger"
+            )
+        return form, tag
+    if match := _RANGE_ID.fullmatch(token_id):
+        first, last = int(match[1]), int(match[2])
+        if first != expected or last <= first:
+            raise UserError(
+                f"{at}: multiword token {token_id} must span words {expected}-N with N > {expected}, "
+                "and come just before its first word"
+            )
+    elif not _EMPTY_NODE_ID.fullmatch(token_id):
+        raise UserError(
+            f"{at}: bad ID {token_id!r}; expected a word index (1, 2, ...), "
+            "a multiword token range (1-2) or an empty node (1.1)"
+        )
+    return None

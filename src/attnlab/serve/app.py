@@ -84,7 +84,7 @@ def create_app(runs: dict[str, Any], *, api_key: str | None = None, limits: Limi
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)
     app.include_router(page_router())
-    app.include_router(api_router(served, limits))
+    app.include_router(api_router())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
@@ -115,108 +115,124 @@ def page_router() -> APIRouter:
     return router
 
 
-def api_router(served: dict[str, ServedModel], limits: Limits) -> APIRouter:
+def api_router() -> APIRouter:
+    """The API under /v1. Its handlers below find the served models and the limits in the
+    application's state (`create_app` puts them there)."""
     router = APIRouter(prefix="/v1")
-
-    def find(name: str, endpoint: str) -> ServedModel:
-        if name not in served:
-            raise APIError(400, f"model: no model {name!r} here; this server has {', '.join(served)}", param="model")
-        served[name].require(endpoint)
-        return served[name]
-
-    @router.get("/models", response_model=ModelList)
-    async def list_models() -> ModelList:
-        return ModelList(data=[model_card(m) for m in served.values()])
-
-    @router.get("/models/{name}", response_model=ModelCard)
-    async def get_model(name: str) -> ModelCard:
-        if name not in served:
-            raise APIError(404, f"no model {name!r} here; this server has {', '.join(served)}", param="model")
-        return model_card(served[name])
-
-    @router.post("/completions", response_model=Completion)
-    async def complete(body: CompletionRequest, request: Request) -> Any:
-        """Continue each prompt with a language model (OpenAI's legacy completions API)."""
-        model = find(body.model, "/v1/completions")
-        completions.check_caps(body, limits)
-        prompts = completions.encode_prompts(model, body, limits)
-        streams = completions.submit(model, prompts, body)
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return completions.stream_response(model, streams, prompts, include_usage=include_usage)
-        return await completions.complete(model, streams, prompts, request)
-
-    @router.post("/translations", response_model=TranslationResponse)
-    async def translate(body: TranslationRequest) -> TranslationResponse:
-        """Translate a sentence by beam search; with the decoder's cross-attention over it."""
-        from attnlab.viz.attention import display_token
-
-        model = find(body.model, "/v1/translations")
-        beam = check_beam(body.beam, limits)
-        text = check_text(body.input, "input", limits)
-        ids = encode(model.helper.tokenizer, text.strip(), "input")  # as `attnlab translate` reads a line
-        limit = model.helper.data_config.max_len
-        if len(ids) > limit:
-            raise APIError(400, f"input: {len(ids)} tokens, but this model takes at most {limit}", param="input")
-        align = functools.partial(model.helper.align, model.run.model, ids, model.device, beam=beam)
-        found = await model.call(limits.max_queue, align)
-        return TranslationResponse(
-            model=model.name,
-            input=body.input,
-            translation=found.translation,
-            source_tokens=found.source_tokens,
-            target_tokens=found.target_tokens,
-            source_labels=[display_token(t) for t in found.source_tokens],
-            target_labels=[display_token(t) for t in found.target_tokens],
-            attention=found.weights.tolist(),
-        )
-
-    @router.post("/classifications", response_model=ClassificationResponse)
-    async def classify(body: TextsRequest) -> ClassificationResponse:
-        """The label of each text, with every label's probability."""
-        model = find(body.model, "/v1/classifications")
-        texts = check_texts(body, limits)
-        found = await model.call(limits.max_queue, model.helper.classify, model.run.model, texts, model.device)
-        data = [
-            Classification(index=i, input=t, label=r["label"], probabilities=by_probability(r["probabilities"]))
-            for i, (t, r) in enumerate(zip(texts, found, strict=True))
-        ]
-        return ClassificationResponse(model=model.name, data=data)
-
-    @router.post("/tags", response_model=TaggingResponse)
-    async def tag(body: TextsRequest) -> TaggingResponse:
-        """Each word's tag (words split off as in UD English), with every tag's probability."""
-        model = find(body.model, "/v1/tags")
-        texts = check_texts(body, limits)
-        found = await model.call(limits.max_queue, model.helper.tag_probabilities, model.run.model, texts, model.device)
-        data = [
-            Tagging(index=i, input=t, words=[tagged_word(w, p) for w, p in words])
-            for i, (t, words) in enumerate(zip(texts, found, strict=True))
-        ]
-        return TaggingResponse(model=model.name, data=data)
-
-    @router.post(ATTENTION.removeprefix("/v1"), response_model=AttentionResponse)
-    async def attention(body: AttentionRequest) -> JSONResponse:
-        """Every layer's and head's attention weights for a text, as `attnlab attention` draws them."""
-        from attnlab.viz.html import attention_data
-        from attnlab.viz.maps import attention_maps
-
-        model = find(body.model, ATTENTION)
-        beam = check_beam(body.beam, limits)
-        text = check_text(body.input, "input", limits)
-        n = len(encode(model.run.tokenizer, text, "input"))
-        if n > limits.max_attention_tokens:
-            raise APIError(
-                400,
-                f"input: {n} tokens; this server shows attention for at most {limits.max_attention_tokens}",
-                param="input",
-            )
-        maps = await model.call(
-            limits.max_queue, functools.partial(attention_maps, model.run, text, kind=body.kind, beam=beam)
-        )
-        return JSONResponse({"object": "attention", "model": model.name, **attention_data(maps)})
-
+    router.add_api_route("/models", list_models, methods=["GET"], response_model=ModelList)
+    router.add_api_route("/models/{name}", get_model, methods=["GET"], response_model=ModelCard)
+    router.add_api_route("/completions", complete, methods=["POST"], response_model=Completion)
+    router.add_api_route("/translations", translate, methods=["POST"], response_model=TranslationResponse)
+    router.add_api_route("/classifications", classify, methods=["POST"], response_model=ClassificationResponse)
+    router.add_api_route("/tags", tag, methods=["POST"], response_model=TaggingResponse)
+    router.add_api_route(ATTENTION.removeprefix("/v1"), attention, methods=["POST"], response_model=AttentionResponse)
     return router
+
+
+def find(request: Request, name: str, endpoint: str) -> ServedModel:
+    """The served model `name`, checked to answer `endpoint`; a 400 naming the models there are."""
+    served: dict[str, ServedModel] = request.app.state.models
+    if name not in served:
+        raise APIError(400, f"model: no model {name!r} here; this server has {', '.join(served)}", param="model")
+    served[name].require(endpoint)
+    return served[name]
+
+
+def server_limits(request: Request) -> Limits:
+    return request.app.state.limits
+
+
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[model_card(m) for m in request.app.state.models.values()])
+
+
+async def get_model(name: str, request: Request) -> ModelCard:
+    served: dict[str, ServedModel] = request.app.state.models
+    if name not in served:
+        raise APIError(404, f"no model {name!r} here; this server has {', '.join(served)}", param="model")
+    return model_card(served[name])
+
+
+async def complete(body: CompletionRequest, request: Request) -> Any:
+    """Continue each prompt with a language model (OpenAI's legacy completions API)."""
+    model, limits = find(request, body.model, "/v1/completions"), server_limits(request)
+    completions.check_caps(body, limits)
+    prompts = completions.encode_prompts(model, body, limits)
+    streams = completions.submit(model, prompts, body)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return completions.stream_response(model, streams, prompts, include_usage=include_usage)
+    return await completions.complete(model, streams, prompts, request)
+
+
+async def translate(body: TranslationRequest, request: Request) -> TranslationResponse:
+    """Translate a sentence by beam search; with the decoder's cross-attention over it."""
+    from attnlab.viz.attention import display_token
+
+    model, limits = find(request, body.model, "/v1/translations"), server_limits(request)
+    beam = check_beam(body.beam, limits)
+    text = check_text(body.input, "input", limits)
+    ids = encode(model.helper.tokenizer, text.strip(), "input")  # as `attnlab translate` reads a line
+    limit = model.helper.data_config.max_len
+    if len(ids) > limit:
+        raise APIError(400, f"input: {len(ids)} tokens, but this model takes at most {limit}", param="input")
+    align = functools.partial(model.helper.align, model.run.model, ids, model.device, beam=beam)
+    found = await model.call(limits.max_queue, align)
+    return TranslationResponse(
+        model=model.name,
+        input=body.input,
+        translation=found.translation,
+        source_tokens=found.source_tokens,
+        target_tokens=found.target_tokens,
+        source_labels=[display_token(t) for t in found.source_tokens],
+        target_labels=[display_token(t) for t in found.target_tokens],
+        attention=found.weights.tolist(),
+    )
+
+
+async def classify(body: TextsRequest, request: Request) -> ClassificationResponse:
+    """The label of each text, with every label's probability."""
+    model, limits = find(request, body.model, "/v1/classifications"), server_limits(request)
+    texts = check_texts(body, limits)
+    found = await model.call(limits.max_queue, model.helper.classify, model.run.model, texts, model.device)
+    data = [
+        Classification(index=i, input=t, label=r["label"], probabilities=by_probability(r["probabilities"]))
+        for i, (t, r) in enumerate(zip(texts, found, strict=True))
+    ]
+    return ClassificationResponse(model=model.name, data=data)
+
+
+async def tag(body: TextsRequest, request: Request) -> TaggingResponse:
+    """Each word's tag (words split off as in UD English), with every tag's probability."""
+    model, limits = find(request, body.model, "/v1/tags"), server_limits(request)
+    texts = check_texts(body, limits)
+    found = await model.call(limits.max_queue, model.helper.tag_probabilities, model.run.model, texts, model.device)
+    data = [
+        Tagging(index=i, input=t, words=[tagged_word(w, p) for w, p in words])
+        for i, (t, words) in enumerate(zip(texts, found, strict=True))
+    ]
+    return TaggingResponse(model=model.name, data=data)
+
+
+async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
+    """Every layer's and head's attention weights for a text, as `attnlab attention` draws them."""
+    from attnlab.viz.html import attention_data
+    from attnlab.viz.maps import attention_maps
+
+    model, limits = find(request, body.model, ATTENTION), server_limits(request)
+    beam = check_beam(body.beam, limits)
+    text = check_text(body.input, "input", limits)
+    n = len(encode(model.run.tokenizer, text, "input"))
+    if n > limits.max_attention_tokens:
+        raise APIError(
+            400,
+            f"input: {n} tokens; this server shows attention for at most {limits.max_attention_tokens}",
+            param="input",
+        )
+    maps = await model.call(
+        limits.max_queue, functools.partial(attention_maps, model.run, text, kind=body.kind, beam=beam)
+    )
+    return JSONResponse({"object": "attention", "model": model.name, **attention_data(maps)})
 
 
 def model_card(model: ServedModel) -> ModelCard:

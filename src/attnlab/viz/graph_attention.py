@@ -129,9 +129,7 @@ def draw_node_attention(run, node: int, out: str | Path, *, data_dir: str | None
 def plot_node_attention(att: NodeAttention, path: str | Path, *, title: str = "") -> Path:
     """Save the neighbourhood panels (one per head of every layer) and the entropy histograms (one
     per layer) of `att` as one PNG; returns its path. `UserError` for a bad path."""
-    import networkx as nx
     from matplotlib.cm import ScalarMappable
-    from matplotlib.collections import LineCollection
     from matplotlib.colors import Normalize
 
     path = check_png_path(path)
@@ -141,67 +139,98 @@ def plot_node_attention(att: NodeAttention, path: str | Path, *, title: str = ""
     fig = new_figure(n_cols * PANEL_IN, n_rows * PANEL_IN + 2.4 + (0.4 if title else 0))
     grid = fig.add_gridspec(n_rows + 1, n_cols, height_ratios=[PANEL_IN] * n_rows + [2.2])
 
-    graph = nx.Graph()
-    graph.add_nodes_from(att.neighbours)
-    graph.add_edges_from(att.edges.T.tolist())
-    # The node in the middle, its neighbours around it: a layout seeded for the same picture each time.
-    pos = (
-        nx.spring_layout(graph, seed=0, pos={att.node: (0.0, 0.0)}, fixed=[att.node])
-        if len(graph) > 1
-        else {att.node: (0.0, 0.0)}
-    )
-    xy = np.array([pos[j] for j in att.neighbours])  # (K, 2)
-    centre = np.array(pos[att.node])
-    class_cmap = _cmap(CLASS_COLOURS)
-    edge_cmap = _cmap(EDGE_COLOURS)
-    colours = [class_cmap(c % 10) if c >= 0 else (0.8, 0.8, 0.8, 1.0) for c in att.classes]
-    context = [(pos[a], pos[b]) for a, b in att.edges.T.tolist() if att.node not in (a, b)]
-    others = [k for k, j in enumerate(att.neighbours) if j != att.node]
+    layout = _Layout.of(att)
     for p, (layer, head) in enumerate(panels):
-        ax = fig.add_subplot(grid[p // n_cols, p % n_cols])
-        alpha = att.weights[layer][head]  # (K,)
-        if context:  # edges among the neighbours, for where they sit; not attention
-            ax.add_collection(LineCollection(context, colors="0.85", linewidths=0.5, zorder=1))
-        segments = [(xy[k], centre) for k in others]
-        ax.add_collection(
-            LineCollection(
-                segments,
-                colors=[edge_cmap(float(alpha[k])) for k in others],
-                linewidths=[0.5 + 6.0 * float(alpha[k]) for k in others],
-                zorder=2,
-            )
-        )
-        sizes = [160 if j == att.node else 40 + 260 * float(alpha[k]) for k, j in enumerate(att.neighbours)]
-        ax.scatter(xy[:, 0], xy[:, 1], s=sizes, c=colours, edgecolors="black", linewidths=0.5, zorder=3)
-        self_weight = float(alpha[att.neighbours.index(att.node)])
-        ax.set_title(f"layer {layer}, head {head}\nα(self) {self_weight:.2f}, max {alpha.max():.2f}", fontsize=8)
-        ax.set_axis_off()
-        ax.set_aspect("equal")
-        ax.margins(0.08)
-    scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=edge_cmap)  # α on one 0..1 scale in every panel
+        _draw_panel(fig.add_subplot(grid[p // n_cols, p % n_cols]), att, layout, layer, head)
+    scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=_cmap(EDGE_COLOURS))  # α on one 0..1 scale in every panel
     bar = fig.colorbar(scale, ax=fig.axes, shrink=0.6, aspect=30, pad=0.01)
     bar.set_label("α_ij (edge j → i)", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     bottom = grid[n_rows, :].subgridspec(1, att.n_layers)  # the histograms share the last row
     for layer in range(att.n_layers):
-        ax = fig.add_subplot(bottom[0, layer])
-        entropies = att.entropies[layer].ravel()
-        uniform = np.tile(att.uniform, att.entropies[layer].shape[0])
-        # Bins 0.1 nats wide centred on multiples of 0.1: log 2, log 3, ... (the uniform entropies
-        # of small neighbourhoods) sit inside a bin, so attention a little below uniform shares it.
-        top = max(float(uniform.max()), float(entropies.max()))
-        bins = np.arange(-0.05, top + 0.15, 0.1)
-        ax.hist(uniform, bins=bins, color="0.7", label="uniform, log |N_i|")
-        ax.hist(entropies, bins=bins, histtype="step", color="C3", linewidth=1.5, label="attention")
-        ax.set_title(f"layer {layer}: entropy per node and head", fontsize=8)
-        ax.set_xlabel("nats", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7, frameon=False)
+        _draw_entropies(fig.add_subplot(bottom[0, layer]), att, layer)
     label = att.classes[att.neighbours.index(att.node)]
     heading = f"node {att.node} (class {label}, predicted {att.predicted}), {len(att.neighbours) - 1} neighbours"
     fig.suptitle(f"{title}: {heading}" if title else heading, fontsize=10)
     save_png(fig, path)
     return path
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the neighbourhood's nodes sit in every panel, and what is drawn the same in each."""
+
+    xy: np.ndarray  # (K, 2): the neighbours' positions, in att.neighbours' order
+    centre: np.ndarray  # (2,): the node's own
+    context: list  # edges among the neighbours, as pairs of positions
+    others: list[int]  # indices into att.neighbours of all but the node itself
+    colours: list  # each neighbour's class colour (grey when unlabelled)
+
+    @classmethod
+    def of(cls, att: NodeAttention) -> "_Layout":
+        import networkx as nx
+
+        graph = nx.Graph()
+        graph.add_nodes_from(att.neighbours)
+        graph.add_edges_from(att.edges.T.tolist())
+        # The node in the middle, its neighbours around it: a layout seeded for the same picture each time.
+        pos = (
+            nx.spring_layout(graph, seed=0, pos={att.node: (0.0, 0.0)}, fixed=[att.node])
+            if len(graph) > 1
+            else {att.node: (0.0, 0.0)}
+        )
+        class_cmap = _cmap(CLASS_COLOURS)
+        return cls(
+            xy=np.array([pos[j] for j in att.neighbours]),
+            centre=np.array(pos[att.node]),
+            context=[(pos[a], pos[b]) for a, b in att.edges.T.tolist() if att.node not in (a, b)],
+            others=[k for k, j in enumerate(att.neighbours) if j != att.node],
+            colours=[class_cmap(c % 10) if c >= 0 else (0.8, 0.8, 0.8, 1.0) for c in att.classes],
+        )
+
+
+def _draw_panel(ax, att: NodeAttention, layout: _Layout, layer: int, head: int) -> None:
+    """One head's attention around the node: edges to it coloured and widened by α, neighbours sized by it."""
+    from matplotlib.collections import LineCollection
+
+    edge_cmap = _cmap(EDGE_COLOURS)
+    alpha = att.weights[layer][head]  # (K,)
+    others = layout.others
+    if layout.context:  # edges among the neighbours, for where they sit; not attention
+        ax.add_collection(LineCollection(layout.context, colors="0.85", linewidths=0.5, zorder=1))
+    segments = [(layout.xy[k], layout.centre) for k in others]
+    ax.add_collection(
+        LineCollection(
+            segments,
+            colors=[edge_cmap(float(alpha[k])) for k in others],
+            linewidths=[0.5 + 6.0 * float(alpha[k]) for k in others],
+            zorder=2,
+        )
+    )
+    sizes = [160 if j == att.node else 40 + 260 * float(alpha[k]) for k, j in enumerate(att.neighbours)]
+    xy = layout.xy
+    ax.scatter(xy[:, 0], xy[:, 1], s=sizes, c=layout.colours, edgecolors="black", linewidths=0.5, zorder=3)
+    self_weight = float(alpha[att.neighbours.index(att.node)])
+    ax.set_title(f"layer {layer}, head {head}\nα(self) {self_weight:.2f}, max {alpha.max():.2f}", fontsize=8)
+    ax.set_axis_off()
+    ax.set_aspect("equal")
+    ax.margins(0.08)
+
+
+def _draw_entropies(ax, att: NodeAttention, layer: int) -> None:
+    """One layer's attention entropies per node and head, over the uniform ones (log |N_i|)."""
+    entropies = att.entropies[layer].ravel()
+    uniform = np.tile(att.uniform, att.entropies[layer].shape[0])
+    # Bins 0.1 nats wide centred on multiples of 0.1: log 2, log 3, ... (the uniform entropies
+    # of small neighbourhoods) sit inside a bin, so attention a little below uniform shares it.
+    top = max(float(uniform.max()), float(entropies.max()))
+    bins = np.arange(-0.05, top + 0.15, 0.1)
+    ax.hist(uniform, bins=bins, color="0.7", label="uniform, log |N_i|")
+    ax.hist(entropies, bins=bins, histtype="step", color="C3", linewidth=1.5, label="attention")
+    ax.set_title(f"layer {layer}: entropy per node and head", fontsize=8)
+    ax.set_xlabel("nats", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False)
 
 
 def _cmap(name: str):

@@ -56,24 +56,47 @@ def write_report(
     tagged. Raises `UserError` for a bad path or a run that cannot be loaded.
     """
     from attnlab.train.load import load_run
-    from attnlab.viz.curves import draw_run
-    from attnlab.viz.figure import png_bytes, png_data_uri
 
     path = check_html_path(path)
     run = load_run(run_dir, device=device, checkpoint=checkpoint)
-    report = Report(path)
-    parts: list[str] = []
+    page = _Page(Report(path))
+    _run_sections(page, run, checkpoint)
+    title, make = EXAMPLES[run.config.task]
+    try:
+        body = make(run, next(run.model.parameters()).device, n_examples, page.report)
+    except UserError as e:
+        body = page.note(str(e))
+    page.section(title, body)
+    _attention_section(page, run, text)
+    html_text = html_page(f"attnlab report: {run.path.name}", "\n".join(page.parts), css=ATTENTION_CSS + REPORT_CSS)
+    atomic_write_text(path, html_text)
+    return page.report
 
-    def section(title: str, body: str) -> None:
-        report.sections.append(title)
-        parts.append(f"<h2>{html.escape(title)}</h2>\n{body}")
 
-    def note(message: str) -> str:
-        report.notes.append(message)
+@dataclass
+class _Page:
+    """The report's HTML sections as they are written, and the `Report` that lists them."""
+
+    report: Report
+    parts: list[str] = field(default_factory=list)
+
+    def section(self, title: str, body: str) -> None:
+        self.report.sections.append(title)
+        self.parts.append(f"<h2>{html.escape(title)}</h2>\n{body}")
+
+    def note(self, message: str) -> str:
+        """A section's body when it cannot be made: why, in the page and in `Report.notes`."""
+        self.report.notes.append(message)
         return f'<p class="note">Not shown: {html.escape(message)}</p>'
 
+
+def _run_sections(page: _Page, run, checkpoint: str) -> None:
+    """The run's facts, its configuration and its training curves."""
+    from attnlab.viz.curves import draw_run
+    from attnlab.viz.figure import png_bytes, png_data_uri
+
     n_params = sum(p.numel() for p in run.model.parameters())
-    section(
+    page.section(
         "Run",
         _table(
             [
@@ -87,32 +110,26 @@ def write_report(
         ),
     )
     config_text = (run.path / "config.toml").read_text(encoding="utf-8")
-    section("Configuration", f"<pre>{html.escape(config_text)}</pre>")
+    page.section("Configuration", f"<pre>{html.escape(config_text)}</pre>")
     try:
         curves = draw_run(run.path)
-        section("Training curves", f'<img alt="training curves" src="{png_data_uri(png_bytes(curves.figure))}">')
+        page.section("Training curves", f'<img alt="training curves" src="{png_data_uri(png_bytes(curves.figure))}">')
     except UserError as e:
-        section("Training curves", note(str(e)))
+        page.section("Training curves", page.note(str(e)))
 
-    title, make = EXAMPLES[run.config.task]
-    try:
-        body = make(run, next(run.model.parameters()).device, n_examples, report)
-    except UserError as e:
-        body = note(str(e))
-    section(title, body)
 
+def _attention_section(page: _Page, run, text: str | None) -> None:
+    """The attention view of `text`, else of the first example shown, else of `FALLBACK_TEXT`."""
+    report = page.report
     wanted = text if text is not None else (report.examples[0][0] if report.examples else FALLBACK_TEXT)
     try:
         from attnlab.viz.maps import attention_maps
 
         maps = attention_maps(run, wanted)
         report.attention_text = wanted
-        section("Attention", attention_view(maps))
+        page.section("Attention", attention_view(maps))
     except UserError as e:
-        section("Attention", note(str(e)))
-    page = html_page(f"attnlab report: {run.path.name}", "\n".join(parts), css=ATTENTION_CSS + REPORT_CSS)
-    atomic_write_text(path, page)
-    return report
+        page.section("Attention", page.note(str(e)))
 
 
 REPORT_CSS = ".note { color: #a33; }\n"

@@ -165,18 +165,7 @@ def llama_like_config(
             f"{source}: hidden_act {activation!r} cannot be imported; attnlab's {family} feed-forward is SwiGLU, "
             f"hidden_act must be one of {list(SILU)}"
         )
-    n_embd, n_head = get("hidden_size", int), get("num_attention_heads", int)
-    n_kv_head = hf.get("num_key_value_heads")
-    if n_kv_head is None:
-        n_kv_head = n_head  # transformers' default: one key/value head per query head
-    elif not isinstance(n_kv_head, int) or isinstance(n_kv_head, bool):
-        raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_head!r}")
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim * n_head != n_embd:
-        raise CheckpointError(
-            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {n_embd} / {n_head}; "
-            "attnlab's heads split the model width evenly"
-        )
+    n_embd, n_head, n_kv_head = llama_heads(hf, get("hidden_size", int), get("num_attention_heads", int), source)
     try:
         return GPTConfig(
             vocab_size=get("vocab_size", int),
@@ -199,6 +188,23 @@ def llama_like_config(
         )
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{source}: {e}") from e
+
+
+def llama_heads(hf: Mapping[str, Any], n_embd: int, n_head: int, source: str) -> tuple[int, int, int]:
+    """(n_embd, n_head, n_kv_head) of a Llama-shaped config.json, checked: key/value heads default to
+    one per query head, and an explicit head_dim must split the model width evenly."""
+    n_kv_head = hf.get("num_key_value_heads")
+    if n_kv_head is None:
+        n_kv_head = n_head  # transformers' default: one key/value head per query head
+    elif not isinstance(n_kv_head, int) or isinstance(n_kv_head, bool):
+        raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_head!r}")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * n_head != n_embd:
+        raise CheckpointError(
+            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {n_embd} / {n_head}; "
+            "attnlab's heads split the model width evenly"
+        )
+    return n_embd, n_head, n_kv_head
 
 
 def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: str = CONFIG_FILE) -> GPTConfig:
@@ -263,33 +269,8 @@ def load_llama_like(
     with torch.device("meta"):
         model = GPT(config)  # shapes only; the checkpoint provides every value
     expected = model.state_dict()
-    state = {ours: tensors.take(hf, expected[ours]) for hf, ours in LLAMA_TOP_TENSORS.items()}
-    for i in range(config.n_layer):
-        hf, ours = f"layers.{i}.", f"blocks.{i}."
-        for hf_name, our_name in LLAMA_LAYER_TENSORS.items():
-            state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
-        qkv = [hf + name for name in LLAMA_QKV]
-        state[f"{ours}attn.in_proj.weight"] = tensors.rows(
-            qkv, expected[f"{ours}attn.in_proj.weight"], qkv_rows(config)
-        )
-        state.update(ffn(tensors, i, expected))
-
-    embedding = state["token_embedding.weight"]
-    if config.tie_weights:
-        # A tied checkpoint usually stores no head; one that does must store the embedding again.
-        if tensors.has("lm_head.weight") and not torch.equal(tensors.take("lm_head.weight", embedding), embedding):
-            raise CheckpointError(
-                f"{weights_path}: lm_head.weight differs from {tensors.stored_name('embed_tokens.weight')} but "
-                f"{config_path.name} says tie_word_embeddings=true; the weights and config.json disagree"
-            )
-        state["lm_head.weight"] = embedding
-    elif not tensors.has("lm_head.weight"):
-        raise CheckpointError(
-            f"{weights_path}: missing tensor lm_head.weight ({config_path.name} says tie_word_embeddings=false); "
-            f"save the {family}ForCausalLM, not its {family}Model"
-        )
-    else:
-        state["lm_head.weight"] = tensors.take("lm_head.weight", expected["lm_head.weight"])
+    state = llama_body_state(tensors, config, expected, ffn)
+    state["lm_head.weight"] = llama_head(tensors, config, expected, state["token_embedding.weight"], family)
     tensors.check_all_taken(family)
 
     state = {name: t.to(dtype).contiguous() for name, t in state.items()}
@@ -305,6 +286,49 @@ def load_llama_like(
     if unset:
         raise RuntimeError(f"{family} import left {unset} on the meta device: the name map is out of step with GPT")
     return model.eval()
+
+
+def llama_body_state(
+    tensors: CheckpointTensors, config: GPTConfig, expected: Mapping[str, torch.Tensor], ffn: FFNReader
+) -> dict[str, torch.Tensor]:
+    """Every parameter but the head, from the checkpoint: the embeddings, the final norm, and each
+    block's norms, attention (q, k, v stacked into in_proj) and feed-forward layer (`ffn`)."""
+    state = {ours: tensors.take(hf, expected[ours]) for hf, ours in LLAMA_TOP_TENSORS.items()}
+    for i in range(config.n_layer):
+        hf, ours = f"layers.{i}.", f"blocks.{i}."
+        for hf_name, our_name in LLAMA_LAYER_TENSORS.items():
+            state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
+        qkv = [hf + name for name in LLAMA_QKV]
+        state[f"{ours}attn.in_proj.weight"] = tensors.rows(
+            qkv, expected[f"{ours}attn.in_proj.weight"], qkv_rows(config)
+        )
+        state.update(ffn(tensors, i, expected))
+    return state
+
+
+def llama_head(
+    tensors: CheckpointTensors,
+    config: GPTConfig,
+    expected: Mapping[str, torch.Tensor],
+    embedding: torch.Tensor,
+    family: str,
+) -> torch.Tensor:
+    """lm_head.weight: the token embedding when config.json ties them, else the checkpoint's own."""
+    weights_path, config_name = tensors.source, CONFIG_FILE
+    if config.tie_weights:
+        # A tied checkpoint usually stores no head; one that does must store the embedding again.
+        if tensors.has("lm_head.weight") and not torch.equal(tensors.take("lm_head.weight", embedding), embedding):
+            raise CheckpointError(
+                f"{weights_path}: lm_head.weight differs from {tensors.stored_name('embed_tokens.weight')} but "
+                f"{config_name} says tie_word_embeddings=true; the weights and config.json disagree"
+            )
+        return embedding
+    if not tensors.has("lm_head.weight"):
+        raise CheckpointError(
+            f"{weights_path}: missing tensor lm_head.weight ({config_name} says tie_word_embeddings=false); "
+            f"save the {family}ForCausalLM, not its {family}Model"
+        )
+    return tensors.take("lm_head.weight", expected["lm_head.weight"])
 
 
 # -- export: attnlab GPT -> transformers LlamaForCausalLM -------------------------------------------

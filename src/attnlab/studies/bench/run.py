@@ -5,6 +5,7 @@ import contextlib
 import functools
 import platform
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from types import ModuleType
 
@@ -17,6 +18,7 @@ from attnlab.studies.bench.cases import (
     PEER,
     PROMPT_LEN,
     VOCAB,
+    TrainCase,
     attention_lengths,
     generate_cases,
     train_cases,
@@ -73,72 +75,16 @@ def run_benchmarks(
     bandwidth = memory_bandwidth(device, quick)
     say(f"memory bandwidth: {bandwidth / 1e9:,.1f} GB/s")
 
-    measured = []
-    for case in train_cases(device, quick):
-        _fresh_compiler(compile)
-        models = build_models(case.shape, case.block, device, hf)
-        fns = {name: train_step(name, m, case, device, compile, fused) for name, m in models.items()}
-        with _quiet(hf):
-            speed = compare(fns, case.batch * case.block, steps, repeats, device)
-        measured.append((case, flops_per_token(models["attnlab"], case.block), speed))
-        say(progress_line(case.label, speed, "tokens/s"))
-        del models, fns
+    plan = _Plan(device, quick, repeats, steps, hf, compile, fused, say)
+    measured = _measure_training(plan)
     # The peak once more, the better of the two kept: measured only before the training cases, a
     # slow spell of the machine at that moment put attnlab's MFU above what the step can reach
     # (docs/history.md, "The peak measured twice").
     again, _ = matmul_peak_flops(device, quick)
     peak = max(peak, again)
     say(f"matmul peak after the training cases: {flops_text(again, device)} (kept: {flops_text(peak, device)})")
-    train = []
-    for case, fpt, speed in measured:
-        theirs = speed.get(PEER)
-        train.append(
-            TrainRow(
-                case=case.label,
-                shape=case.shape,
-                block=case.block,
-                batch=case.batch,
-                flops_per_token=fpt,
-                attnlab_tokens_per_sec=speed["attnlab"],
-                transformers_tokens_per_sec=theirs,
-                ratio=speed_ratio(speed["attnlab"], theirs),
-                attnlab_mfu=speed["attnlab"] * fpt / peak,
-                transformers_mfu=None if theirs is None else theirs * fpt / peak,
-            )
-        )
-
-    generate = []
-    built: dict[str, dict[str, nn.Module]] = {}
-    for case in generate_cases(quick):
-        _fresh_compiler(compile)
-        if case.shape not in built:
-            built = {case.shape: build_models(case.shape, GENERATE_BLOCK, device, hf)}  # one shape held at a time
-        models = built[case.shape]
-        prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=device)
-        fns = _generate_fns(models, prompt, case.new_tokens, compile, fused)
-        with _quiet(hf):
-            check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
-            speed = compare(fns, case.batch * case.new_tokens, 1, repeats, device, check)
-        theirs = speed.get(PEER)
-        weight_bytes = decode_weight_bytes(models["attnlab"])
-        bound = case.batch * bandwidth / weight_bytes
-        generate.append(
-            GenerateRow(
-                case=case.label,
-                shape=case.shape,
-                batch=case.batch,
-                new_tokens=case.new_tokens,
-                attnlab_tokens_per_sec=speed["attnlab"],
-                transformers_tokens_per_sec=theirs,
-                ratio=speed_ratio(speed["attnlab"], theirs),
-                weight_bytes=weight_bytes,
-                bound_tokens_per_sec=bound,
-                attnlab_of_bound=speed["attnlab"] / bound,
-                transformers_of_bound=None if theirs is None else theirs / bound,
-            )
-        )
-        say(progress_line(f"{case.label}, {case.new_tokens} new", speed, "new tokens/s"))
-    del built
+    train = [_train_row(case, fpt, speed, peak) for case, fpt, speed in measured]
+    generate = _measure_generation(plan, bandwidth)
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -164,6 +110,89 @@ def run_benchmarks(
         generate=generate,
         attention_memory=memory,
     )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every case of one `run_benchmarks` call shares (its arguments, resolved)."""
+
+    device: torch.device
+    quick: bool
+    repeats: int
+    steps: int  # training steps timed per call
+    hf: ModuleType | None  # transformers, or None when it is not installed
+    compile: bool
+    fused: bool
+    say: Callable[[str], None]
+
+
+def _measure_training(plan: _Plan) -> list[tuple[TrainCase, float, dict[str, float]]]:
+    """(case, FLOPs per token, tokens/s by name) for each training case."""
+    measured = []
+    for case in train_cases(plan.device, plan.quick):
+        _fresh_compiler(plan.compile)
+        models = build_models(case.shape, case.block, plan.device, plan.hf)
+        fns = {name: train_step(name, m, case, plan.device, plan.compile, plan.fused) for name, m in models.items()}
+        with _quiet(plan.hf):
+            speed = compare(fns, case.batch * case.block, plan.steps, plan.repeats, plan.device)
+        measured.append((case, flops_per_token(models["attnlab"], case.block), speed))
+        plan.say(progress_line(case.label, speed, "tokens/s"))
+        del models, fns
+    return measured
+
+
+def _train_row(case: TrainCase, fpt: float, speed: dict[str, float], peak: float) -> TrainRow:
+    """One training case's row, its MFU against the matmul `peak`."""
+    theirs = speed.get(PEER)
+    return TrainRow(
+        case=case.label,
+        shape=case.shape,
+        block=case.block,
+        batch=case.batch,
+        flops_per_token=fpt,
+        attnlab_tokens_per_sec=speed["attnlab"],
+        transformers_tokens_per_sec=theirs,
+        ratio=speed_ratio(speed["attnlab"], theirs),
+        attnlab_mfu=speed["attnlab"] * fpt / peak,
+        transformers_mfu=None if theirs is None else theirs * fpt / peak,
+    )
+
+
+def _measure_generation(plan: _Plan, bandwidth: float) -> list[GenerateRow]:
+    """One row per generation case, its speed against the bandwidth bound (weights read once a step)."""
+    generate = []
+    built: dict[str, dict[str, nn.Module]] = {}
+    for case in generate_cases(plan.quick):
+        _fresh_compiler(plan.compile)
+        if case.shape not in built:  # one shape held at a time
+            built = {case.shape: build_models(case.shape, GENERATE_BLOCK, plan.device, plan.hf)}
+        models = built[case.shape]
+        prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=plan.device)
+        fns = _generate_fns(models, prompt, case.new_tokens, plan.compile, plan.fused)
+        with _quiet(plan.hf):
+            check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
+            speed = compare(fns, case.batch * case.new_tokens, 1, plan.repeats, plan.device, check)
+        theirs = speed.get(PEER)
+        weight_bytes = decode_weight_bytes(models["attnlab"])
+        bound = case.batch * bandwidth / weight_bytes
+        generate.append(
+            GenerateRow(
+                case=case.label,
+                shape=case.shape,
+                batch=case.batch,
+                new_tokens=case.new_tokens,
+                attnlab_tokens_per_sec=speed["attnlab"],
+                transformers_tokens_per_sec=theirs,
+                ratio=speed_ratio(speed["attnlab"], theirs),
+                weight_bytes=weight_bytes,
+                bound_tokens_per_sec=bound,
+                attnlab_of_bound=speed["attnlab"] / bound,
+                transformers_of_bound=None if theirs is None else theirs / bound,
+            )
+        )
+        plan.say(progress_line(f"{case.label}, {case.new_tokens} new", speed, "new tokens/s"))
+    del built
+    return generate
 
 
 def _fresh_compiler(compile: bool) -> None:

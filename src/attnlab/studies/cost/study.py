@@ -143,11 +143,23 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
     A case that would exceed `settings.max_memory_mib` or that dies (out of memory) is recorded as
     None, and the longer lengths of that model and kind are skipped.
     `progress` shows a tqdm bar on a terminal, one line per case on stderr otherwise (a log file)."""
-    from tqdm.auto import tqdm
-
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     cases = [(t, m, k) for t in settings.lengths for m in settings.models for k in KINDS]  # peers side by side
+    best = _measure_cases(cases, settings, threads, progress)
+    measurements = [best[(m, k, t)] for t, m, k in cases]
+    result = _cost_result(settings, threads, measurements)
+    result.table = fit_table(result)
+    return result
+
+
+def _measure_cases(
+    cases: list[tuple[int, str, str]], settings: CostSettings, threads: int, progress: bool
+) -> dict[tuple[str, str, int], Measurement]:
+    """The best measurement of each (length, model, kind) case over `settings.passes` sweeps, keyed
+    (model, kind, length); a case the first sweep could not run is not tried again."""
+    from tqdm.auto import tqdm
+
     show_bar = progress and sys.stderr.isatty()
     total = settings.passes * len(cases)
     bar = tqdm(total=total, disable=not show_bar, unit="case", dynamic_ncols=True, file=sys.stderr)
@@ -166,14 +178,7 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
                     continue  # later passes repeat what the first could run
                 else:
                     reply = server.measure(model, kind, t, settings, threads)
-                m = Measurement(model, kind, t, reply.get("seconds"), reply.get("peak_mib"))
-                if key in best and m.seconds is not None:
-                    m = Measurement(
-                        model, kind, t, min(best[key].seconds, m.seconds), min(best[key].peak_mib, m.peak_mib)
-                    )
-                best.setdefault(key, m)
-                if m.seconds is not None:
-                    best[key] = m
+                m = _keep_best(best, Measurement(model, kind, t, reply.get("seconds"), reply.get("peak_mib")))
                 if progress and not show_bar:
                     where = f"pass {sweep + 1}/{settings.passes}, " if settings.passes > 1 else ""
                     sys.stderr.write(f"cost: {where}{_case_line(m, reply.get('died'))}\n")
@@ -181,11 +186,29 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
     finally:
         bar.close()
         server.close()
-    measurements = [best[(m, k, t)] for t, m, k in cases]
+    return best
+
+
+def _keep_best(best: dict[tuple[str, str, int], Measurement], m: Measurement) -> Measurement:
+    """`m` merged into `best`: the smaller time and the smaller peak of the two passes (a case that
+    did not run keeps its earlier reading). Returns `m` as merged, for the progress line."""
+    key = (m.model, m.kind, m.length)
+    if key in best and m.seconds is not None:
+        m = Measurement(
+            m.model, m.kind, m.length, min(best[key].seconds, m.seconds), min(best[key].peak_mib, m.peak_mib)
+        )
+    best.setdefault(key, m)
+    if m.seconds is not None:
+        best[key] = m
+    return m
+
+
+def _cost_result(settings: CostSettings, threads: int, measurements: list[Measurement]) -> CostResult:
+    """The `CostResult` of `measurements`, with the counts beside them and the table still empty."""
     counts = [
         Count(m, t, *count_steps(m, t, settings.layers, settings)) for m in settings.models for t in settings.lengths
     ]
-    result = CostResult(
+    return CostResult(
         date=date.today().isoformat(),
         device="cpu",
         machine=f"{platform.machine()} {platform.processor()}".strip(),
@@ -212,8 +235,6 @@ def measure_cost(settings: CostSettings, *, threads: int = 1, progress: bool = F
         global_blocks=settings.global_blocks,
         random_blocks=settings.random_blocks,
     )
-    result.table = fit_table(result)
-    return result
 
 
 def fit_table(result: CostResult) -> list[TableRow]:
