@@ -3,6 +3,7 @@ attnlab as of 2026-11-27) still load to the logits they gave, resume, and export
 how the logits are read: tests/run_format.py; how they were made: tests/fixtures/make_run_format2.py."""
 
 import csv
+import re
 import shutil
 
 import pytest
@@ -37,13 +38,17 @@ def test_a_run_folder_of_each_family_loads_to_the_logits_it_gave(family):
 
 @pytest.mark.parametrize("family, data", [("gpt", None), ("gat", "planetoid"), ("bert-classification", "sst2")])
 def test_an_old_run_folder_resumes(family, data, tmp_path, capsys):
-    """`attnlab train RUN --resume` continues an old run folder for another step (its data from the
-    repository's fixture slice: the folder names the machine's path where it was written)."""
+    """`attnlab train RUN --resume` continues an old run folder for another step. The folder names
+    its data by the path it had on the machine that wrote it, as a user's moved run folder would:
+    the copy here names the repository's fixture slice instead."""
     run = tmp_path / family
     shutil.copytree(FOLDER / family, run)
-    more = ["--data-dir", str(FIXTURES / data)] if data else []
+    if data:
+        config = run / "config.toml"
+        text = re.sub(r'data_dir = ".*"', f'data_dir = "{(FIXTURES / data).as_posix()}"', config.read_text())
+        config.write_text(text)
     settings = ["--set", "train.max_iters=3", "--set", "train.fused_kernels=false"]  # no build where none is
-    code, out, err = cli(capsys, "train", str(run), "--resume", *settings, *more)
+    code, out, err = cli(capsys, "train", str(run), "--resume", *settings)
     assert code == 0, err
     assert _steps(run)[-1] == 3
 
