@@ -41,10 +41,10 @@ import torch
 from run_info import run_info
 
 import attnlab.nn.attention
+from attnlab.accel import kernels
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.device import autocast, cpu_description, cpu_has_bf16_matmul, keep_freed_memory
 from attnlab.models.bert import Bert, BertConfig
-from attnlab.nn import kernels
 from attnlab.tasks.mlm import masked_lm_loss
 from attnlab.train.optim import adamw
 

@@ -21,7 +21,7 @@ from run_info import run_info
 from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
 from attnlab import bench
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 from attnlab.train.optim import adamw
 
 

@@ -117,12 +117,12 @@ def test_citations_read_files_folders_patterns_and_alternatives():
 PENDING = {
     # being moved by issue 45 item 1
     "src/attnlab/nn/attention.py",
-    "src/attnlab/nn/kernels.py",
-    "src/attnlab/nn/kernels.cpp",
-    "src/attnlab/nn/projection.py",
-    "src/attnlab/nn/extensions.py",
-    "src/attnlab/decode/fused.py",
-    "src/attnlab/decode/fused_step.cpp",
+    "src/attnlab/accel/kernels.py",
+    "src/attnlab/accel/kernels.cpp",
+    "src/attnlab/accel/projection.py",
+    "src/attnlab/accel/extensions.py",
+    "src/attnlab/accel/fused.py",
+    "src/attnlab/accel/fused_step.cpp",
     "src/attnlab/decode/batching.py",
     "src/attnlab/train/optim.py",
     "src/attnlab/cli/kernels.py",

@@ -5,8 +5,8 @@ combinations that cannot work are refused by the config with a reason."""
 import pytest
 import torch
 
+from attnlab.accel import kernels
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import kernels
 
 V = 40
 CAUSAL_PATTERNS = {

@@ -7,10 +7,11 @@ import csv
 import pytest
 import torch
 
-from attnlab.decode.fused import supports, supports_decoder
+from attnlab.accel import kernels
+from attnlab.accel.fused import supports, supports_decoder
 from attnlab.decode.sampling import generate_tokens, greedy_picker
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import kernels, sinusoidal_positions
+from attnlab.nn import sinusoidal_positions
 from helpers import cli
 
 V = 40

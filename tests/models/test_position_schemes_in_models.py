@@ -4,10 +4,11 @@ training length where the scheme allows it, and the C++ fast paths stepping asid
 import pytest
 import torch
 
+from attnlab.accel import kernels
 from attnlab.decode.sampling import generate_tokens, greedy_picker, sampling_picker
 from attnlab.decode.seq2seq import beam_search
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import POSITIONS, kernels
+from attnlab.nn import POSITIONS
 
 V = 40
 SCHEMES = list(POSITIONS)
@@ -167,7 +168,7 @@ def test_cpp_training_kernels_step_aside_for_positions_inside_attention(position
 
 @pytest.mark.parametrize("positions", ["rope", "alibi", "relative"])
 def test_fused_decoding_declines_positions_inside_attention(positions):
-    from attnlab.decode.fused import supports, supports_decoder
+    from attnlab.accel.fused import supports, supports_decoder
 
     model = gpt(positions)
     assert not supports(model, model.new_cache(1))

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import load
+from attnlab.accel import kernels
 from attnlab.data.mlm import IGNORE_INDEX
-from attnlab.nn import kernels
 from attnlab.tasks import MaskedLM
 from attnlab.train import resolve
 from helpers import UD, WIKITEXT, cli, conllu_words, encoder_doc, shared

@@ -5,8 +5,8 @@ already, never builds them, and a resumed run keeps what its start chose."""
 
 import pytest
 
+from attnlab.accel import kernels
 from attnlab.config import ConfigError
-from attnlab.nn import kernels
 from attnlab.train import train
 from attnlab.train.checkpoint import read_config
 from helpers import losses, run_config

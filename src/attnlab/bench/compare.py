@@ -8,12 +8,12 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from attnlab.accel import kernels
 from attnlab.bench.cases import PEER, SHAPES, VOCAB, TrainCase
 from attnlab.bench.peaks import seconds_per_call
 from attnlab.decode import greedy
 from attnlab.device import autocast
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import kernels
 from attnlab.train.guards import grad_norm
 from attnlab.train.optim import adamw
 

@@ -181,7 +181,7 @@ class _Step:
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
         if self.fused:
-            from attnlab.decode.fused import gpt_step
+            from attnlab.accel.fused import gpt_step
 
             self.fused_step = gpt_step(self.model, cache)
             self.fused = False
@@ -209,7 +209,7 @@ def generate_tokens(
     ends when every sequence has. The model runs in eval mode without autograd. `use_cache=False`
     recomputes the whole window at every step (the reference); `compile` runs the cached
     decoding step through torch.compile (worth it for long generations; the first call compiles);
-    `fused` runs it as one C++ call (`attnlab.decode.fused`: pre-norm GPTs on the CPU; built on
+    `fused` runs it as one C++ call (`attnlab.accel.fused`: pre-norm GPTs on the CPU; built on
     first use).
     """
     if max_new_tokens < 0:

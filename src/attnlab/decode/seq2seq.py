@@ -66,7 +66,7 @@ def beam_search(
 ) -> list[list[int]]:
     """Best-scoring translation of each source sentence in src `(B, S)`, as ids without bos/eos.
 
-    `fused` runs each decoder step as one C++ call (`attnlab.decode.fused`: encoder–decoder
+    `fused` runs each decoder step as one C++ call (`attnlab.accel.fused`: encoder–decoder
     Transformers in fp32 on the CPU; built on first use), with the same results; other models
     decode eagerly, with a warning."""
     if beam_size < 1:
@@ -96,7 +96,7 @@ def _beam_search(
     max_steps = max(limits)
     fast = None
     if fused:
-        from attnlab.decode.fused import decoder_state
+        from attnlab.accel.fused import decoder_state
 
         fast = decoder_state(model, src, max_steps + 1)
     if fast is not None:

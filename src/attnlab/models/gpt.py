@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.accel import kernels
 from attnlab.nn import (
     EMBEDDING_STD,
     NORM_ORDERS,
@@ -29,7 +30,6 @@ from attnlab.nn import (
     build_stack,
     collect_aux_loss,
     context_limit,
-    kernels,
     normal_init,
 )
 

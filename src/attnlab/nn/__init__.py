@@ -1,5 +1,6 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
+from attnlab.accel.projection import Linear, linear
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.feedforward import (
@@ -40,7 +41,6 @@ from attnlab.nn.positions import (
     rope_rotate,
     sinusoidal_positions,
 )
-from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
 __all__ = [

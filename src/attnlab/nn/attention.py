@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
+from attnlab.accel.projection import Linear, linear
 from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
-from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import AttentionSpec
 
 

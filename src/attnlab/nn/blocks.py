@@ -15,7 +15,7 @@ Shape legend: B batch, T time, C model dim, H heads.
 import torch
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.parts import BlockParts

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
+from attnlab.accel.projection import Linear
 from attnlab.nn.positions import check_choice
-from attnlab.nn.projection import Linear
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:

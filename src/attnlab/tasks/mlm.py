@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.accel import kernels
 from attnlab.data.conllu import read_conllu
 from attnlab.data.mlm import IGNORE_INDEX, mask_tokens
 from attnlab.data.parallel import read_lines
@@ -28,7 +29,6 @@ from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
 from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
-from attnlab.nn import kernels
 from attnlab.tasks.checks import unknown_split
 from attnlab.tasks.encoder import load_pretrained, source_config
 from attnlab.tasks.tagging import find_split_file

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -171,7 +171,7 @@ class ClippingAdamW(torch.optim.AdamW):
             factor,
         )
         # The kernel writes through data pointers, which autograd's version counters do not see: a
-        # copy keyed on a parameter's version (the reordered weights of attnlab.nn.projection, the
+        # copy keyed on a parameter's version (the reordered weights of attnlab.accel.projection, the
         # fused steps) would otherwise go on serving the weights from before this step.
         torch.autograd.graph.increment_version([p for p, _ in pairs])
         return None

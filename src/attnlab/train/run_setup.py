@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from attnlab.accel import kernels
 from attnlab.device import keep_freed_memory, resolve_device, resolve_dtype
 from attnlab.errors import CheckpointError, ConfigError, UserError
-from attnlab.nn import kernels
 from attnlab.tasks import TASKS
 from attnlab.train.checkpoint import CONFIG, has_checkpoint, read_config, write_config
 from attnlab.train.config import RunConfig, absolute_paths

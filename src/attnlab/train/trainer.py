@@ -27,8 +27,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attnlab.accel import kernels
 from attnlab.device import autocast, slow_dtype_note
-from attnlab.nn import collect_aux_loss, kernels, moe_stats
+from attnlab.nn import collect_aux_loss, moe_stats
 from attnlab.progress import ProgressLines
 from attnlab.train.checkpointer import Checkpointer
 from attnlab.train.config import RunConfig, TrainConfig

@@ -1,4 +1,4 @@
-"""attnlab.nn.kernels: the C++ training kernels against independent references.
+"""attnlab.accel.kernels: the C++ training kernels against independent references.
 
 GELU and attention against PyTorch's operators in float64; a whole pre-norm block (forward,
 and the gradients of its input and every parameter) against the same block run through its
@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.accel import kernels
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import TransformerBlock, kernels
+from attnlab.nn import TransformerBlock
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
 from helpers import threads
@@ -382,7 +383,7 @@ def narrow_build():
     import platform
     from pathlib import Path
 
-    from attnlab.nn.extensions import build
+    from attnlab.accel.extensions import build
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("an x86-64 instruction set")
@@ -447,8 +448,8 @@ def test_this_cpus_build_takes_its_widest_branch():
     CPU has AVX-512: elsewhere this says so, as a skip."""
     import platform
 
+    from attnlab.accel.extensions import default_march
     from attnlab.device import cpu_flags
-    from attnlab.nn.extensions import default_march
 
     flags = cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not flags:

@@ -1,4 +1,4 @@
-// Decoding steps in a single call each, for the CPU: attnlab.decode.fused.
+// Decoding steps in a single call each, for the CPU: attnlab.accel.fused.
 //
 // A step of a small model is ~100 PyTorch operators of a few microseconds each, and at batch 1
 // their call overhead costs as much as the arithmetic. Here the same step is plain loops over
@@ -31,7 +31,7 @@
 #include <memory>
 #include <vector>
 
-#include "../nn/vecmath.h"
+#include "vecmath.h"
 
 namespace {
 
@@ -99,7 +99,7 @@ void linear(const float* W, const float* bias, const float* x, float* y, int64_t
   }
 }
 
-// LayerNorm of B rows of C (y may be x). The training kernels' (attnlab/nn/kernels.cpp) does the
+// LayerNorm of B rows of C (y may be x). The training kernels' (attnlab/accel/kernels.cpp) does the
 // same per row with vectorized sums; these run in order, and the tests hold this step to 1e-5 of
 // the model's own over 11 steps, which the vectorized sums miss (1.1e-5).
 void layer_norm(const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t C, float eps) {
@@ -210,7 +210,7 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
 }
 
 // x (R, in) W^T + bias through oneDNN's product over `packed`, the weight reordered once into its
-// blocked layout (attnlab.nn.projection.reordered_weight): past a few rows it runs 1.2-2x
+// blocked layout (attnlab.accel.projection.reordered_weight): past a few rows it runs 1.2-2x
 // PyTorch's matrix product here, which repacks the weight at every call.
 at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   static const c10::OperatorHandle op =

@@ -1,4 +1,4 @@
-// Training kernels for the CPU, fp32: attnlab.nn.kernels.
+// Training kernels for the CPU, fp32: attnlab.accel.kernels.
 //
 // The parts of a small Transformer's training step where PyTorch's CPU operators are far from
 // what the machine can do (a profile of a 4-layer, 128-wide GPT, block 64, batch 12: the matrix
@@ -469,7 +469,7 @@ void scale_by_slope(float* dg, const float* slope, int64_t n) {
   });
 }
 
-// GELU of x, and its backward, for attnlab.nn.kernels.gelu.
+// GELU of x, and its backward, for attnlab.accel.kernels.gelu.
 at::Tensor gelu_forward(const at::Tensor& x, bool approximate_tanh) {
   check_float_cpu(x, "x");
   at::Tensor y = at::empty_like(x);

@@ -34,11 +34,11 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from attnlab.accel.extensions import build
+from attnlab.accel.extensions import is_built as is_built_here
+from attnlab.accel.kernels import ACTIVATION_CODES
+from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.nn import KVCache
-from attnlab.nn.extensions import build
-from attnlab.nn.extensions import is_built as is_built_here
-from attnlab.nn.kernels import ACTIVATION_CODES
-from attnlab.nn.projection import MKLDNN, reordered_weight
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ q/k/v projection `(B, T, 3C)` to `(B, T, C)`.
 
 Built with PyTorch's C++ extension tools (~1 minute, cached): by `attnlab kernels build`, which
 `make` runs at installation, or on first use. Turn it on for a block of code with
-`with attnlab.nn.kernels.enabled():`; the trainer does for its steps when `train.fused_kernels`
+`with attnlab.accel.kernels.enabled():`; the trainer does for its steps when `train.fused_kernels`
 says so ("auto", the default: when the kernels are built here, so that no run waits for a
 build). Inside, `gelu` and `self_attention` take the kernels for fp32 CPU tensors outside
 torch.compile and autocast, and PyTorch's operators for everything else (including a build that
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.extensions import build
-from attnlab.nn.extensions import is_built as is_built_here
+from attnlab.accel.extensions import build
+from attnlab.accel.extensions import is_built as is_built_here
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head sizes the attention kernel is compiled for."""
@@ -167,7 +167,7 @@ class _PreNormBlock(torch.autograd.Function):
         if ctx.runner.calls != ctx.call:
             raise RuntimeError(
                 "attnlab's fused block ran forward again before the backward of an earlier forward; "
-                "run each backward before the next forward, or leave attnlab.nn.kernels off"
+                "run each backward before the next forward, or leave attnlab.accel.kernels off"
             )
         dx, *grads = ctx.runner.kernel.backward(grad.contiguous())
         return (dx, None, *[g if has else None for g, has in zip(grads, ctx.has_grad, strict=True)])
