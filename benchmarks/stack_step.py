@@ -40,7 +40,7 @@ def main() -> None:
     stack = kernels.pre_norm_stack
 
     def one_call_per_block() -> None:
-        kernels.pre_norm_stack = lambda *a, **k: None  # GPT.forward then calls its blocks one by one
+        kernels.pre_norm_stack = lambda *a, **k: None  # FusedGPT._stack then calls its blocks one by one
         try:
             block_step()
         finally:

@@ -116,15 +116,7 @@ def test_citations_read_files_folders_patterns_and_alternatives():
 
 PENDING = {
     # being moved by issue 45 item 1
-    "src/attnlab/nn/attention.py",
-    "src/attnlab/accel/kernels.py",
-    "src/attnlab/accel/kernels.cpp",
-    "src/attnlab/accel/projection.py",
-    "src/attnlab/accel/extensions.py",
-    "src/attnlab/accel/fused.py",
-    "src/attnlab/accel/fused_step.cpp",
     "src/attnlab/decode/batching.py",
-    "src/attnlab/train/optim.py",
     "src/attnlab/cli/kernels.py",
     "src/attnlab/cli/demo.py",
     "src/attnlab/train/run_setup.py",

@@ -37,14 +37,6 @@ RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 ALLOWED: dict[tuple[str, str], str] = {
     # (importing module, imported module): why it is allowed for now. Keep this list short; each
     # entry is a debt. A new upward import fails the test.
-    # Issue 45 item 1, mid-move: nn/ and models/ still ask the kernels; the next commit inverts it.
-    ("attnlab.models.gpt", "attnlab.accel"): "the stack kernel, until accel swaps it in",
-    ("attnlab.nn", "attnlab.accel.projection"): "Linear, until accel swaps it in",
-    ("attnlab.nn.attention", "attnlab.accel"): "the attention kernel, until accel swaps it in",
-    ("attnlab.nn.attention", "attnlab.accel.projection"): "Linear, until accel swaps it in",
-    ("attnlab.nn.blocks", "attnlab.accel"): "the block kernel, until accel swaps it in",
-    ("attnlab.nn.feedforward", "attnlab.accel"): "the GELU kernel, until accel swaps it in",
-    ("attnlab.nn.feedforward", "attnlab.accel.projection"): "Linear, until accel swaps it in",
 }
 
 
@@ -104,6 +96,17 @@ def test_the_allowed_upward_imports_still_exist():
     """An entry of ALLOWED that the code no longer needs is removed, so the list stays honest."""
     present = {(module, imported) for module, imported, _ in edges()}
     assert not set(ALLOWED) - present
+
+
+def test_the_reference_code_never_imports_the_tuned_code():
+    """nn/ and models/ are reference PyTorch: the tuned code (accel/) is applied to them from above
+    (`attnlab.accel.for_training`, `for_decoding`), never asked for from inside, ALLOWED or not."""
+    asked = [
+        f"{module}:{line} imports {imported}"
+        for module, imported, line in edges()
+        if part(module) in ("nn", "models") and part(imported) == "accel"
+    ]
+    assert not asked, "\n".join(asked)
 
 
 def test_no_cycle_between_the_top_level_packages():

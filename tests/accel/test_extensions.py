@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from attnlab.nn import extensions
+from attnlab.accel import extensions
 
 SOURCE = Path(extensions.__file__).with_name("kernels.cpp")
 

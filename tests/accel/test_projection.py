@@ -11,9 +11,9 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import attnlab.accel.projection as projection
+from attnlab.accel.projection import Linear, linear
 from attnlab.decode import greedy
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import Linear, linear
 from tolerance import assert_float32_close
 
 BIG = (768, 384)  # 294,912 elements: above GEMV_MIN_WEIGHT

@@ -210,8 +210,9 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
 }
 
 // x (R, in) W^T + bias through oneDNN's product over `packed`, the weight reordered once into its
-// blocked layout (attnlab.accel.projection.reordered_weight): past a few rows it runs 1.2-2x
-// PyTorch's matrix product here, which repacks the weight at every call.
+// blocked layout (attnlab.accel.projection.reordered_weight): past a few rows it runs faster than
+// PyTorch's matrix product here, which repacks the weight at every call (BENCHMARKS.md, "Tuned CPU
+// paths").
 at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
@@ -311,8 +312,8 @@ void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, c
 // lengths[g] of them; they write their keys and values at positions 0.. of cache row
 // first_row + g and attend causally among themselves. Causal attention over a whole prompt is a
 // matrix product, which PyTorch's scaled_dot_product_attention does faster than `attend`'s
-// query-by-query loop (with that loop, a 256-token prompt of a 6-layer, 384-wide GPT took 101 ms
-// to prefill, more than PyTorch's forward; with this, 67 ms). Caches (B, H, L, D).
+// query-by-query loop (with that loop a long prompt took longer to prefill than PyTorch's
+// forward; BENCHMARKS.md, "Tuned CPU paths"). Caches (B, H, L, D).
 void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache, Layout lay,
                     const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
   const int64_t C = H * D;

@@ -8,7 +8,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from attnlab.accel import kernels
+from attnlab.accel import for_training
 from attnlab.bench.cases import PEER, SHAPES, VOCAB, TrainCase
 from attnlab.bench.peaks import seconds_per_call
 from attnlab.decode import greedy
@@ -70,10 +70,12 @@ def train_step(
     y = torch.randint(0, VOCAB, (case.batch, case.block), device=device)
     precision = "bfloat16" if device.type == "cuda" else "float32"
     model.train()
+    if kernel:
+        for_training(model)  # its covered modules take the kernels in training mode, in place
     forward = torch.compile(model) if compile and name == "attnlab" else model
 
     def step() -> None:
-        with autocast(device, precision), kernels.enabled(kernel):
+        with autocast(device, precision):
             if name == "attnlab":
                 _, loss = forward(x, y)
             else:

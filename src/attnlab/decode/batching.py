@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnlab.accel import for_decoding
 from attnlab.accel.fused import gpt_step as fused_step
 from attnlab.decode.sampling import Picker, _eval_mode, pick_rows
 from attnlab.nn.attention import MultiHeadAttention
@@ -74,7 +75,7 @@ class Batcher:
     def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.model = model
+        self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.max_batch = max_batch
         self.block = model.config.block_size
         self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time

@@ -1,6 +1,5 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
-from attnlab.accel.projection import Linear, linear
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.feedforward import (
@@ -88,7 +87,6 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LearnedPositions",
-    "Linear",
     "MultiHeadAttention",
     "NoPositions",
     "SinusoidalPositions",
@@ -100,7 +98,6 @@ __all__ = [
     "embedding_scale",
     "dropout",
     "in_degree",
-    "linear",
     "normal_init",
     "padding_mask",
     "padding_mask_from_ids",

@@ -245,7 +245,7 @@ class Translation:
     ) -> list[str]:
         """Translate already-encoded source sentences (in their order) to detokenized text;
         `fused`: the C++ decoder step (`beam_search`), by default where it is built and covers the
-        model in eval mode (`decode.fused.by_default`); `progress(n)` after each batch of n sentences."""
+        model in eval mode (`attnlab.accel.fused.by_default`); `progress(n)` after each batch of n sentences."""
         if fused is None:
             fused = by_default(model)
         out: list[str] = [""] * len(sources)
