@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean
+.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean gpu-check
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
@@ -32,6 +32,11 @@ test-avx2: $(VENV)/.dev-installed
 
 serve: $(VENV)/.serve-installed
 	@echo "ready: $(BIN)/attnlab serve RUN [RUN ...]"
+
+# The first run on a GPU machine (docs/development.md): the CUDA tests (tests/gpu) and each family's
+# preset for 50 steps, a table, and runs/gpu-check.json. GPU_CHECK_ARGS adds options, e.g. --data-dir DIR.
+gpu-check: $(VENV)/.dev-installed
+	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The site from docs/ and mkdocs.yml into site/. --strict: a broken link or anchor, a page missing
 # from the nav, or a docstring mkdocstrings cannot read is an error. CI runs it (.ci/run).
@@ -61,6 +66,7 @@ $(BIN)/python:
 # attnlab's C++ kernels are compiled for this CPU here, once (a few minutes), so that no command
 # pauses for them later; where they cannot be built, attnlab says so and runs on PyTorch's operators.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "installing PyTorch (CPU build) and attnlab into $(VENV) (a few minutes, once) ..."
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/attnlab kernels build || true

@@ -5,7 +5,8 @@ training steps between runs; this times the C++ calls themselves, forward + back
 builds taking turns (the order flipped every round) on the same inputs, after checking what each
 gives. Build each source once (`python -c "from attnlab.accel.kernels import extension;
 extension()"`) and copy the module it leaves in
-`~/.cache/torch_extensions/*/attnlab_kernels/attnlab_kernels.so` aside:
+`~/.cache/torch_extensions/attnlab_kernels_*/attnlab_kernels_*.so` (`attnlab kernels status` says
+which folder) aside:
 
     python benchmarks/kernels_ab.py OLD.so NEW.so [--part block|attention|optimizer] [--shape 4x4x128] [--block 64]
         [--pairs 6] [--rounds 15] [--out FILE.json]
@@ -41,6 +42,15 @@ from train_case import add_train_case_arguments, train_case
 PARTS = ("block", "attention", "optimizer")  # optimizer: ClippingAdamW's global norm and AdamW step
 
 
+def module_name(build: Path) -> str:
+    """The name the build's module was compiled under (`attnlab_kernels`, or `attnlab_kernels_`
+    and its build's digest), read from its `PyInit_` symbol: CPython finds the module by it."""
+    import re
+
+    found = re.search(rb"PyInit_(attnlab_kernels(?:_[0-9a-f]+)?)\x00", build.read_bytes()) if build.is_file() else None
+    return found.group(1).decode() if found else "attnlab_kernels"
+
+
 def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
     """Load `build`, make the inputs (the same in every worker: fixed seed), then answer this
     process's commands on stdin: `outputs` (the outputs, torch.save'd, hex on one line) and
@@ -53,7 +63,7 @@ def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
     from attnlab import bench
     from attnlab.accel import kernels
 
-    spec = importlib.util.spec_from_file_location("attnlab_kernels", build)
+    spec = importlib.util.spec_from_file_location(module_name(build), build)
     if spec is None or spec.loader is None:
         raise SystemExit(f"kernels_ab: {build} is not a Python extension module; pass a built attnlab_kernels .so")
     module = importlib.util.module_from_spec(spec)

@@ -316,3 +316,55 @@ def threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MEDIA_SHORT = [
+    *("--set", "train.max_iters=2", "--set", "train.eval_interval=2", "--set", "train.log_interval=1"),
+    "--quiet",
+]
+MEDIA_IMAGE_DATA = [
+    "--data-dir",
+    str(FIXTURES / "fashion-mnist"),
+    "--set",
+    "data.val_size=20",
+    "--set",
+    "data.eval_images=20",
+]
+MEDIA_RUNS = {
+    "pixelcnn": ["fashion-pixelcnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=1"],
+    "gated": ["fashion-gated-pixelcnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=2"],
+    "igpt": ["fashion-igpt", *MEDIA_IMAGE_DATA, "--set", "model.n_layer=1", "--set", "model.n_embd=16"],
+    "vit": [
+        "fashion-vit",
+        *MEDIA_IMAGE_DATA,
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.d_ff=16",
+    ],
+    "hybrid": [
+        *("fashion-vit-hybrid", *MEDIA_IMAGE_DATA),
+        *("--set", "model.n_layers=1", "--set", "model.stem_channels=[4,8,8]"),
+    ],
+    "cnn": ["fashion-cnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=8"],
+    "wavenet": [
+        "fsdd-wavenet",
+        "--data-dir",
+        str(FIXTURES / "fsdd"),
+        *("--set", "data.val_size=4", "--set", "data.eval_clips=2", "--set", "data.segment=300"),
+        *("--set", "model.layers_per_block=3", "--set", "model.residual_channels=4", "--set", "model.skip_channels=4"),
+        *("--set", "data.condition_on_speaker=true"),
+    ],
+}
+
+
+def train_media_runs(root: Path, names: tuple[str, ...] | None = None) -> dict[str, Path]:
+    """Tiny image and audio runs (two training steps each, on the fixture slices), trained as a user
+    trains them, into `root`/NAME: `names` of MEDIA_RUNS, or all of them."""
+    names = tuple(MEDIA_RUNS) if names is None else names
+    for name in names:
+        assert main(["train", *MEDIA_RUNS[name], *MEDIA_SHORT, "--out", str(root / name)]) == 0
+    return {name: root / name for name in names}

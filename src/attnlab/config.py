@@ -21,6 +21,23 @@ from attnlab.errors import ConfigError
 T = TypeVar("T")
 
 
+RUN_SECTIONS = ("model", "data", "train", "log")
+"""The tables of a run's config. With `task` and `format_version` they are its top-level keys, which
+`check_run_keys` checks here, without the task modules (and PyTorch), so that the CLI can refuse a
+mistyped section at once."""
+
+
+def check_run_keys(doc: dict[str, Any]) -> None:
+    """Raise ConfigError for a top-level key of a run's config that is neither a section nor
+    `task` or `format_version`: `{"modle": {...}}` -> "unknown config key 'modle' (did you mean 'model'?)"."""
+    allowed = {"format_version", "task", *RUN_SECTIONS}
+    for key in doc:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown config key {key!r}{close_matches(key, allowed)}; top-level keys are {sorted(allowed)}"
+            )
+
+
 def presets(folder: str = "presets") -> list[str]:
     """Names of the presets shipped with attnlab (TOML files in `attnlab/presets`), or of the
     named files in another folder of the package (`"presets/ablations"`: the ablation specs)."""

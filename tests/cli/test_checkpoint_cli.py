@@ -5,7 +5,8 @@ import argparse
 
 import pytest
 
-from attnlab.cli import build_parser, checkpoint_choice
+from attnlab.cli import build_parser
+from attnlab.cli.arguments import checkpoint_choice
 from helpers import assert_user_error, cli
 
 

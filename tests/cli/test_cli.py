@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import main
+from attnlab.cli.demo import attnlab_command
 from attnlab.train.checkpoint import WEIGHTS
 from helpers import assert_user_error, cli
 
@@ -265,7 +266,7 @@ def test_a_run_that_fails_at_set_up_leaves_no_run_folder(
 
 def test_demo_trains_samples_and_reuses_its_run(capsys, tmp_path):
     """The quick start for real, on a tiny budget: train, sample, point at the next commands; run
-    again, it reuses the finished run instead of training anew."""
+    again, it says the run is trained already and goes straight to the same sample."""
     budget = ["train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32"]
     args = ["demo", "--out", tmp_path / "demo", "--quiet", "--max-new-tokens", "25"]
     args += [w for kv in budget for w in ("--set", kv)]
@@ -276,6 +277,7 @@ def test_demo_trains_samples_and_reuses_its_run(capsys, tmp_path):
     assert lines[1].startswith("Done: step 4, val loss ")
     sample = out.partition("\n\n")[2].partition("\n\nMore:")[0]
     assert sample.startswith("ROMEO:") and len(sample) == len("ROMEO:") + 25  # one character per token
-    assert f"More: attnlab sample {tmp_path / 'demo'}" in out
+    assert f"More: {attnlab_command()} sample {tmp_path / 'demo'}" in out
     code, again, _ = cli(capsys, *args)
-    assert code == 0 and "(4 steps, resuming)" in again and again.partition("\n\n")[2] == out.partition("\n\n")[2]
+    assert code == 0 and again.startswith(f"{tmp_path / 'demo'} is already trained (4 steps, val loss ")
+    assert "resuming" not in again and again.partition("\n\n")[2] == out.partition("\n\n")[2]

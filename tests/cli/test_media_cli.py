@@ -9,56 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnlab.cli import main
 from attnlab.data.audio import read_wav
 from attnlab.viz.figure import png_size
-from helpers import assert_user_error, cli
+from helpers import assert_user_error, cli, train_media_runs
 
 pytest.importorskip("matplotlib")
-
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-SHORT = ["--set", "train.max_iters=2", "--set", "train.eval_interval=2", "--set", "train.log_interval=1", "--quiet"]
-IMAGE_DATA = [
-    "--data-dir",
-    str(FIXTURES / "fashion-mnist"),
-    "--set",
-    "data.val_size=20",
-    "--set",
-    "data.eval_images=20",
-]
-RUNS = {
-    "pixelcnn": ["fashion-pixelcnn", *IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=1"],
-    "gated": ["fashion-gated-pixelcnn", *IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=2"],
-    "igpt": ["fashion-igpt", *IMAGE_DATA, "--set", "model.n_layer=1", "--set", "model.n_embd=16"],
-    "vit": [
-        "fashion-vit",
-        *IMAGE_DATA,
-        "--set",
-        "model.n_layers=1",
-        "--set",
-        "model.d_model=16",
-        "--set",
-        "model.d_ff=16",
-    ],
-    "hybrid": ["fashion-vit-hybrid", *IMAGE_DATA, "--set", "model.n_layers=1", "--set", "model.stem_channels=[4,8,8]"],
-    "cnn": ["fashion-cnn", *IMAGE_DATA, "--set", "model.hidden=8"],
-    "wavenet": [
-        "fsdd-wavenet",
-        "--data-dir",
-        str(FIXTURES / "fsdd"),
-        *("--set", "data.val_size=4", "--set", "data.eval_clips=2", "--set", "data.segment=300"),
-        *("--set", "model.layers_per_block=3", "--set", "model.residual_channels=4", "--set", "model.skip_channels=4"),
-        *("--set", "data.condition_on_speaker=true"),
-    ],
-}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("media-runs")
-    for name, args in RUNS.items():
-        assert main(["train", *args, *SHORT, "--out", str(root / name)]) == 0
-    return {name: root / name for name in RUNS}
+    return train_media_runs(tmp_path_factory.mktemp("media-runs"))
 
 
 @pytest.mark.parametrize(
@@ -163,6 +123,7 @@ def test_vit_attention_is_drawn_over_the_image(runs, capsys, tmp_path, name):
         ("pixelcnn", ["--class", "3"], ["not conditioned on the class"]),
         ("gated", ["--complete", "test:1000"], ["has 100 images"]),
         ("gated", ["--complete", "dev:3"], ["SPLIT:INDEX"]),
+        ("gated", ["--complete", "test5"], ["SPLIT:INDEX"]),
         ("gated", ["--digit", "3"], ["--digit goes with WaveNet runs"]),
         ("vit", [], ["cannot sample"]),
         ("cnn", [], ["cannot sample"]),

@@ -12,7 +12,7 @@ from attnlab.nn import (
     segment_sum,
     undirected,
 )
-from attnlab.nn.graph import sparse_product, sparse_transpose
+from attnlab.nn.graph import sparse_linear, sparse_product, sparse_transpose
 
 
 def test_segment_softmax_is_a_softmax_within_each_group():
@@ -94,3 +94,20 @@ def test_sparse_product_and_its_gradient_match_the_dense_product():
     torch.testing.assert_close(product, (2 * dense) @ w.detach())
     product.square().sum().backward()
     torch.testing.assert_close(untransposed.grad, reference.grad)
+
+
+def test_sparse_products_run_in_float32_under_bfloat16_autocast():
+    """PyTorch has no bfloat16 kernel for sparse CSR products: a mixed-precision GAT, GCN or node
+    Transformer run computes them in float32, equal to the dense float32 product."""
+    g = torch.Generator().manual_seed(0)
+    dense = torch.rand(7, 5, generator=g) * (torch.rand(7, 5, generator=g) > 0.6)
+    x = dense.to_sparse_csr()
+    w = torch.randn(5, 3, generator=g, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sparse_product(x, x.values(), sparse_transpose(x), w)
+        z = sparse_linear(x, w.T)
+    assert y.dtype == z.dtype == torch.float32
+    torch.testing.assert_close(y, dense @ w)
+    torch.testing.assert_close(z, dense @ w)
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, dense.T @ torch.ones(7, 3))

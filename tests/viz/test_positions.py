@@ -100,3 +100,21 @@ def test_positions_cli_draws_each_kind_and_refuses_bad_ones(tmp_path, capsys):
     assert_user_error(cli(capsys, "positions", "--kind", "rotary", "--out", str(tmp_path / "x.png")), "rotary", "rope")
     assert_user_error(cli(capsys, "positions", "--kind", "rope", "--d-model", "7", "--out", str(tmp_path / "y.png")))
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()
+
+
+def test_draw_positions_checks_the_request_and_takes_each_schemes_defaults(tmp_path):
+    from attnlab.viz.positions import PositionsPlot, SchemePlot, draw_positions
+
+    sinusoidal = draw_positions("sinusoidal", tmp_path / "s.png")
+    assert isinstance(sinusoidal, PositionsPlot) and sinusoidal.table.shape == (100, 128)
+    alibi = draw_positions("alibi", tmp_path / "a.png", n_heads=4)
+    assert isinstance(alibi, SchemePlot) and alibi.n_positions == 64 and alibi.path.exists()
+    for kind, kwargs, fragment in [
+        ("ropee", {}, "did you mean 'rope'"),
+        ("rope", {"d_model": 5}, "must be even"),
+        ("fourier", {"n_positions": 3}, "--shift 3 must be below --n 3"),
+        ("relative", {"n_positions": 1}, ">= 2"),
+    ]:
+        with pytest.raises(UserError, match=fragment):
+            draw_positions(kind, tmp_path / "x.png", **kwargs)
+    assert not (tmp_path / "x.png").exists()

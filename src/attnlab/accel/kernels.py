@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.accel.coverage import covers_block
+from attnlab.accel.coverage import covers_attention, covers_block, shared_blocks
 from attnlab.accel.extensions import build
 from attnlab.accel.extensions import is_built as is_built_here
+from attnlab.nn import MultiHeadAttention, TransformerBlock
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head sizes the attention kernel is compiled for."""
@@ -271,3 +272,35 @@ def cross_entropy(
         return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing, ignore_index=ignore_index)
     losses = _CrossEntropy.apply(logits.contiguous(), target.contiguous(), ignore_index, float(label_smoothing))
     return losses.sum() / (target != ignore_index).sum()
+
+
+def computed_parts(model: nn.Module) -> list[str]:
+    """What of `model` these kernels compute in its training steps when they are on (fp32 on a
+    CPU), judged from its modules alone: nothing is built or run. "Transformer blocks": pre-norm
+    blocks that `pre_norm_block` / `pre_norm_stack` take whole; "self-attention" of the other
+    blocks (`self_attention`); "GELU" of the other feed-forward layers (`gelu`); [] for none (a
+    WaveNet, a GCN). A mask given at run time (padding) still sends attention to PyTorch's path."""
+    shared = shared_blocks(model)
+
+    def fused(block: TransformerBlock) -> bool:  # `_block_setup`'s conditions that the modules decide
+        attn = block.attn
+        return (
+            block.pre_norm
+            and covers_block(block)
+            and id(block) not in shared
+            and attn.head_dim in HEAD_DIMS
+            and block.ffn.activation in ACTIVATION_CODES
+            and attn.dropout == 0 == block.dropout.p == block.ffn.dropout.p
+            and block.norm1.eps == block.norm2.eps
+        )
+
+    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock) and fused(m)]
+    inside = {id(m) for block in blocks for m in block.modules()}
+    rest = [m for m in model.modules() if id(m) not in inside]
+    attention = any(
+        isinstance(m, MultiHeadAttention) and covers_attention(m) and m.head_dim in HEAD_DIMS and m.dropout == 0
+        for m in rest
+    )
+    gelu_layers = any(getattr(m, "activation", None) in ("gelu", "gelu_tanh", "geglu") for m in rest)
+    found = (("Transformer blocks", bool(blocks)), ("self-attention", attention), ("GELU", gelu_layers))
+    return [name for name, present in found if present]

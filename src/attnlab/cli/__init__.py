@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from attnlab import __version__
-from attnlab.errors import UserError
+from attnlab.errors import CheckpointError, ConfigError, UserError
 
 SUBCOMMANDS = (
     "train",
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        check_before_imports(args)
         return args.run(args) or 0
     except UserError as e:
         sys.stderr.write(f"attnlab {args.command}: error: {e}\n")
@@ -96,6 +97,31 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"attnlab {args.command}: interrupted\n")
         return 130
+
+
+def check_before_imports(args: argparse.Namespace) -> None:
+    """The argument mistakes found before a subcommand imports PyTorch (seconds), so that they cost
+    none: a RUN folder (`run_dir`) that does not exist, and what the subcommand's own `check`
+    (registered beside its `run`) finds. The subcommand checks the rest, after its imports."""
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None and not Path(run_dir).exists():
+        raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """`--set` values in key=value form under the config's sections; their keys and values are
+    checked against the config dataclasses when the subcommand resolves the config."""
+    from attnlab.config import check_run_keys, parse_overrides
+
+    for item in overrides:
+        doc = parse_overrides([item])
+        try:
+            check_run_keys(doc)
+        except ConfigError as e:
+            raise ConfigError(f"--set {item}: {e} (a key is SECTION.NAME, e.g. train.max_iters=500)") from None
 
 
 def positive_int(text: str) -> int:
@@ -116,29 +142,7 @@ def _bounded_int(text: str, low: int) -> int:
     return value
 
 
-def checkpoint_choice(text: str) -> str | int:
-    """--checkpoint's value: "best", "last" or a step number ("1500" -> 1500)."""
-    if text in ("best", "last"):
-        return text
-    if text.isascii() and text.isdigit():
-        return int(text)
-    raise argparse.ArgumentTypeError(
-        f"expected best, last or a step number (e.g. 1500), got {text!r}{_did_you_mean(text, ['best', 'last'])}"
-    )
-
-
-def add_checkpoint_argument(p: argparse.ArgumentParser) -> None:
-    """--checkpoint, as every command that loads a run's weights takes it."""
-    p.add_argument(
-        "--checkpoint",
-        type=checkpoint_choice,
-        default="best",
-        metavar="best|last|STEP",
-        help="which weights: best, last, or the checkpoint of a step, e.g. 1500 (default best)",
-    )
-
-
-def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str | int = "best"):
+def open_task_run(run_dir: str, task_name: str, device: str = "auto", checkpoint: str | int = "best"):
     """A trained run of `task_name` and its task object, loaded for use on new text (no data read)."""
     from attnlab import load
     from attnlab.cli.kinds import require_kind
@@ -153,11 +157,13 @@ def open_task_run(run_dir: str, task_name: str, device: str, checkpoint: str | i
 
 def add_text_arguments(p: argparse.ArgumentParser, task_name: str) -> None:
     """The arguments of the commands that apply a trained encoder run to sentences."""
+    from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument
+
     p.add_argument("run_dir", metavar="RUN", help=f"a {task_name} run folder written by `attnlab train`")
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences, one per argument")
     p.add_argument("--input", help="a UTF-8 file with one sentence per line (- for stdin)")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    add_device_argument(p)
 
 
 def read_text_arguments(texts: list[str], input_path: str | Path | None, verb: str) -> list[str]:

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_data_dir_argument, add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,13 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="J",
         help="train J runs at once, in J processes with cores/J torch threads each (default 1)",
     )
-    p.add_argument(
-        "--data-dir",
-        help="where the data is: sets data.data_dir, or, for a language model, the folder its data.path is read from",
-    )
-    p.add_argument("--device", help="cpu, cuda or auto (sets train.device for every run)")
+    add_data_dir_argument(p, "for a language model, the folder its data.path is read from")
+    add_device_argument(p, sets_config=True)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    add_json_argument(p, "the table")
     p.set_defaults(run=run)
 
 

@@ -1,11 +1,21 @@
 """attnlab attention RUN --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]
 attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)
-attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)"""
+attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)
+
+--text: `attnlab.viz.attention_maps`, drawn by `attnlab.viz.plot_attention` or `write_attention_html`; --node:
+`attnlab.viz.graph_attention.draw_node_attention`; --image: `attnlab.viz.images.draw_cls_attention`."""
 
 import argparse
 from pathlib import Path
 
-from attnlab.cli import add_checkpoint_argument, non_negative_int, positive_int
+from attnlab.cli import non_negative_int, positive_int
+from attnlab.cli.arguments import (
+    add_checkpoint_argument,
+    add_data_dir_argument,
+    add_device_argument,
+    add_json_argument,
+    split_index,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,18 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument("--text", help="the text to look at (translation: the source sentence)")
     p.add_argument("--node", type=int, metavar="ID", help="a GAT run: the node whose neighbourhood to draw")
-    p.add_argument("--image", metavar="SPLIT:INDEX", help="a ViT run: the image to look at, e.g. test:5")
     p.add_argument(
-        "--data-dir", help="with --node or --image: read the data from this folder instead of the run's data.data_dir"
+        "--image", type=split_index, metavar="SPLIT:INDEX", help="a ViT run: the image to look at, e.g. test:5"
     )
+    add_data_dir_argument(p, "with --node or --image")
     p.add_argument("--layer", type=non_negative_int, help="layer to draw, from 0 (default the last)")
     p.add_argument("--head", type=non_negative_int, help="one head of the layer (default: all heads in a grid)")
     p.add_argument("--kind", choices=["self", "cross"], help="translation: cross (default) or encoder self-attention")
     p.add_argument("--beam", type=positive_int, default=5, help="translation: beam size; 1 = greedy (default 5)")
     p.add_argument("--out", type=Path, help="FILE.png or FILE.html (default attention.html; attention.png with --node)")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
+    add_device_argument(p)
+    add_json_argument(p, "what was drawn")
     p.set_defaults(run=run)
 
 
@@ -102,38 +112,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    """--node ID: a GAT run's attention around one node, as one PNG."""
-    import dataclasses
-
+    """--node ID: a GAT run's attention around one node, as one PNG
+    (`attnlab.viz.graph_attention.draw_node_attention`)."""
     from attnlab import load
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.models.gat import GAT
-    from attnlab.tasks import TASKS
     from attnlab.viz.figure import check_png_path, png_size
-    from attnlab.viz.graph_attention import node_attention, plot_node_attention
+    from attnlab.viz.graph_attention import draw_node_attention
 
     if args.layer is not None or args.head is not None or args.kind is not None:
         raise UserError("--layer, --head and --kind go with --text; --node draws every layer and head of a GAT")
     path = check_png_path(args.out if args.out is not None else Path("attention.png"))
-    device = resolve_device(args.device)
-    loaded = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    if loaded.config.task != "nodes":
-        raise UserError(
-            f"--node is for node-classification runs; {args.run_dir} is a {loaded.config.task!r} run: use --text"
-        )
-    if not isinstance(loaded.model, GAT):
-        raise UserError(
-            f"--node draws a GAT's attention over each neighbourhood; {args.run_dir} holds a "
-            f"{loaded.config.model.kind!r} model (train one with the cora-gat or citeseer-gat preset)"
-        )
-    data = loaded.config.data
-    if args.data_dir:
-        data = dataclasses.replace(data, data_dir=args.data_dir)
-    task = TASKS["nodes"](data, loaded.config.model, loaded.path, resume=True, splits=())
-    x, edges, labels = task.inputs(device)
-    att = node_attention(loaded.model, x, edges, labels, args.node)
-    plot_node_attention(att, path, title=f"GAT on {task.graph.name}")
+    loaded = load(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    att = draw_node_attention(loaded, args.node, path, data_dir=args.data_dir)
     width, height = png_size(path)
     shown = {
         "out": str(path),

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "greedy generation tokens/s (attnlab GPT beside transformers GPT-2 of the same shape, alternating "
         "within every repeat; medians) and the peak memory of explicit versus fused attention.",
     )
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto: cuda when available)")
+    add_device_argument(p)
     p.add_argument(
         "--repeats", type=positive_int, help="repeats per case; the median is reported (default 5, 1 with --quick)"
     )
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "for `attnlab train` and `attnlab sample`; --fused builds them first if need be, --no-fused measures "
         "PyTorch's path",
     )
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
+    add_json_argument(p, "the results")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
     p.set_defaults(run=run)
 

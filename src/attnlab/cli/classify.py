@@ -1,8 +1,11 @@
-"""attnlab classify RUN [TEXT ... | --input FILE] [--json]"""
+"""attnlab classify RUN [TEXT ... | --input FILE] [--json]
+
+Calls `Classification.classify` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
 
 import argparse
 
 from attnlab.cli import add_text_arguments
+from attnlab.cli.arguments import add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the most likely label of each sentence and its probability.",
     )
     add_text_arguments(p, "classification")
-    p.add_argument("--json", action="store_true", help="print labels and probabilities as JSON")
+    add_json_argument(p, "labels and probabilities")
     p.set_defaults(run=run)
 
 

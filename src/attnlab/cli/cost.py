@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_json_argument
 
 
 def lengths_list(text: str) -> tuple[int, ...]:
@@ -92,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "presets' models (PixelCNN, Gated PixelCNN, pixel Transformer, WaveNet) beside an RNN; measures nothing",
     )
     p.add_argument("--out", metavar="DIR", help="write cost.json and the PNG plots into this folder (created)")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead of a table")
+    add_json_argument(p, "the results")
     p.set_defaults(run=run)
 
 

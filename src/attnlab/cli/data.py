@@ -1,4 +1,6 @@
-"""attnlab data list | attnlab data download NAME [--to DIR] [--mirror URL]"""
+"""attnlab data list | attnlab data download NAME [--to DIR] [--mirror URL]
+
+Calls `attnlab.data.download.download`."""
 
 import argparse
 from pathlib import Path

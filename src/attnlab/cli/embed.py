@@ -1,7 +1,11 @@
-"""attnlab embed RUN_OR_FOLDER TEXT ... [--json]"""
+"""attnlab embed RUN_OR_FOLDER TEXT ... [--json]
+
+Calls `attnlab.tasks.encoder.embed_texts` on the encoder of `attnlab.tasks.encoder.load_encoder`."""
 
 import argparse
 from pathlib import Path
+
+from attnlab.cli.arguments import add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", metavar="RUN_OR_FOLDER", help="attnlab run folder or Hugging Face BERT folder")
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to embed")
     p.add_argument("--input", help="a UTF-8 file with one sentence per line (- for stdin)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help='print {"vectors": [[...], ...], "dim": C} as JSON')
+    add_device_argument(p)
+    add_json_argument(p, '{"vectors": [[...], ...], "dim": C}')
     p.set_defaults(run=run)
 
 

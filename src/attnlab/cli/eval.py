@@ -1,8 +1,10 @@
-"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]"""
+"""attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]
+
+Calls `attnlab.train.evaluate.evaluate_run`."""
 
 import argparse
 
-from attnlab.cli import add_checkpoint_argument
+from attnlab.cli.arguments import add_checkpoint_argument, add_data_dir_argument, add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,10 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the position scheme extrapolate? learned positions cannot go past their table)",
     )
     p.add_argument("--max-tokens", type=int, help="language models: only the split's first N tokens")
-    p.add_argument("--data-dir", help="read the split from this folder instead of the run's data.data_dir")
+    add_data_dir_argument(p, "the split is read from it")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    add_device_argument(p)
+    add_json_argument(p, "the metrics")
     p.set_defaults(run=run)
 
 

@@ -1,8 +1,10 @@
-"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]"""
+"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]
+
+Calls `attnlab.export.export_run`."""
 
 import argparse
 
-from attnlab.cli import add_checkpoint_argument
+from attnlab.cli.arguments import add_checkpoint_argument, add_json_argument
 
 # The transformers Auto class that loads each exported architecture, for the closing hint.
 AUTO_CLASSES = {
@@ -30,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist or be empty)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR when it exists and is not empty")
     add_checkpoint_argument(p)
-    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_json_argument(p, "what was written")
     p.set_defaults(run=run)
 
 

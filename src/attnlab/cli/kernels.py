@@ -7,8 +7,11 @@ are built, and PyTorch's operators elsewhere, so no command waits for a build it
 """
 
 import argparse
+import sys
 import time
 import warnings
+
+from attnlab.cli.arguments import add_json_argument
 
 KERNELS = {
     "training kernels": "attnlab.accel.kernels",
@@ -24,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("action", choices=["build", "status"], help="build: compile what is not built yet; status: say")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_argument(p)
     p.set_defaults(run=run)
 
 
@@ -38,6 +41,13 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "status":
         results = {what: {"built": module.is_built()} for what, module in modules.items()}
     else:
+        pending = [what for what, module in modules.items() if not module.is_built()]
+        if pending:  # minutes of a silent compiler otherwise (stderr: --json's stdout stays JSON)
+            print(
+                f"building attnlab's C++ kernels for this CPU ({', '.join(pending)}): a few minutes, once ...",
+                file=sys.stderr,
+                flush=True,
+            )
         # One compiler process each (a single source file): side by side they take the time of one.
         with ThreadPoolExecutor(len(modules)) as pool:
             results = dict(zip(modules, pool.map(_build, modules.values()), strict=True))

@@ -1,4 +1,6 @@
-"""attnlab plot RUN [--out FILE.png]"""
+"""attnlab plot RUN [--out FILE.png]
+
+Calls `attnlab.viz.plot_run`."""
 
 import argparse
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""attnlab positions [--kind KIND] [--d-model D] [--n N] [--heads H] [--shift D] [--max-distance K] [--out FILE.png]"""
+"""attnlab positions [--kind KIND] [--d-model D] [--n N] [--heads H] [--shift D] [--max-distance K] [--out FILE.png]
+
+Calls `attnlab.viz.positions.draw_positions`."""
 
 import argparse
 from pathlib import Path
@@ -29,37 +31,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.config import close_matches
-    from attnlab.errors import UserError
-    from attnlab.viz.positions import plot_positions, plot_scheme
+    from attnlab.viz.positions import PositionsPlot, draw_positions
 
-    if args.kind not in KINDS:
-        raise UserError(
-            f"unknown --kind {args.kind!r}{close_matches(args.kind, KINDS)}; choose one of {', '.join(KINDS)}"
-        )
-    sinusoidal = args.kind == "sinusoidal"
-    d_model = args.d_model or (128 if sinusoidal else 64)
-    n = args.n or (100 if sinusoidal else 64)
-    if d_model < 2 or n < 2:
-        raise UserError(f"--d-model and --n must be >= 2, got {d_model} and {n}")
-    if args.kind in ("fourier", "rope") and d_model % 2:
-        raise UserError(f"--kind {args.kind} pairs its dimensions: --d-model must be even, got {d_model}")
-    if args.kind == "fourier" and args.shift >= n:
-        raise UserError(f"--shift {args.shift} must be below --n {n}, or no query has a key that far back")
-    if sinusoidal:
-        plot = plot_positions(d_model, n, args.out)
-        width, height = plot.size
-        print(f"sinusoidal positions ({n} x {d_model}) saved to {plot.path} ({width} x {height} px)")
-        return 0
-    plot = plot_scheme(
+    plot = draw_positions(
         args.kind,
         args.out,
-        d_model=d_model,
-        n_positions=n,
+        d_model=args.d_model,
+        n_positions=args.n,
         n_heads=args.heads,
         shift=args.shift,
         max_distance=args.max_distance,
     )
     width, height = plot.size
-    print(f"{args.kind} positions ({n} positions) saved to {plot.path} ({width} x {height} px)")
+    if isinstance(plot, PositionsPlot):
+        n, d_model = plot.table.shape
+        print(f"sinusoidal positions ({n} x {d_model}) saved to {plot.path} ({width} x {height} px)")
+    else:
+        print(f"{args.kind} positions ({plot.n_positions} positions) saved to {plot.path} ({width} x {height} px)")
     return 0

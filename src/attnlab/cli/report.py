@@ -1,9 +1,12 @@
-"""attnlab report RUN [--out report.html] [--text TEXT]"""
+"""attnlab report RUN [--out report.html] [--text TEXT]
+
+Calls `attnlab.viz.write_report`."""
 
 import argparse
 from pathlib import Path
 
-from attnlab.cli import add_checkpoint_argument, positive_int
+from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", help="text of the attention view (default the first example shown)")
     p.add_argument("--examples", type=positive_int, default=4, help="sentences translated or classified (default 4)")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    add_device_argument(p)
     p.set_defaults(run=run)
 
 

@@ -1,13 +1,23 @@
 """attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 [--compile | --fused | --no-fused]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
-attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]"""
+attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]
+
+Language models: `attnlab.decode.stream_text` (from Python also `attnlab.decode.sample`); image and WaveNet
+runs: see cli/sample_media.py (`attnlab.viz.sample_image_grid`, `attnlab.tasks.media.sample_run_audio`)."""
 
 import argparse
 import sys
 from pathlib import Path
 
 from attnlab.cli import non_negative_int, positive_int
+from attnlab.cli.arguments import (
+    add_data_dir_argument,
+    add_device_argument,
+    add_json_argument,
+    add_seed_argument,
+    split_index,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with probability >= p")
-    p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
+    add_seed_argument(p)
     p.add_argument(
         "--num-samples", type=positive_int, help="independent samples (default 1; 16 images; WAVs: FILE_1.wav, ...)"
     )
@@ -56,10 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     media.add_argument("--class", dest="label", type=int, metavar="C", help="image runs: sample images of class C")
     media.add_argument(
         "--complete",
+        type=split_index,
         metavar="SPLIT:INDEX",
         help="image runs: keep the top half of that image (e.g. test:5) and sample the rest, --num-samples times",
     )
-    media.add_argument("--data-dir", help="with --complete: read the image from this folder instead of data.data_dir")
+    add_data_dir_argument(media, "with --complete: the image to complete")
     media.add_argument("--digit", type=int, help="WaveNet runs: the digit to say (0-9)")
     media.add_argument("--speaker", help="WaveNet runs conditioned on the speaker: whose voice")
     media.add_argument("--seconds", type=float, default=0.5, help="WaveNet runs: length of the sound (default 0.5)")
@@ -68,8 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="WaveNet runs: rerun the receptive field for every sample instead of the per-layer cache (the reference)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help='print {"samples": [...]} as JSON')
+    add_device_argument(p)
+    add_json_argument(p, '{"samples": [...]}')
     p.set_defaults(run=run)
 
 
@@ -107,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         if run.config.task in MEDIA_TASKS:
             from attnlab.cli.sample_media import sample_media
 
-            return sample_media(args, run, device)
+            return sample_media(args, run)
         model, tokenizer, task = run.model, run.tokenizer, run.config.task
     if media and task == "lm":
         raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="J",
         help="train J sizes at once, in J processes with cores/J torch threads each (default 1)",
     )
-    p.add_argument("--device", help="cpu, cuda or auto (sets train.device for every run)")
+    add_device_argument(p, sets_config=True)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--json", action="store_true", help="print the fits and frontier as JSON")
+    add_json_argument(p, "the fits and frontier")
     p.set_defaults(run=run)
 
 

@@ -1,10 +1,13 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
-[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]"""
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]
+
+Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 
 import argparse
 import os
 
-from attnlab.cli import add_checkpoint_argument, positive_int
+from attnlab.cli import positive_int
+from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument
 
 ENV_KEY = "ATTNLAB_API_KEY"
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
@@ -48,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "streams the tokens)",
     )
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    add_device_argument(p)
     p.set_defaults(run=run)
 
 

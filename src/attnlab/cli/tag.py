@@ -1,8 +1,11 @@
-"""attnlab tag RUN [TEXT ... | --input FILE] [--json]"""
+"""attnlab tag RUN [TEXT ... | --input FILE] [--json]
+
+Calls `Tagging.tag` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
 
 import argparse
 
 from attnlab.cli import add_text_arguments
+from attnlab.cli.arguments import add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Split each sentence into words (as UD English does) and print word/TAG for each word.",
     )
     add_text_arguments(p, "tagging")
-    p.add_argument("--json", action="store_true", help="print [[word, tag], ...] per sentence as JSON")
+    add_json_argument(p, "[[word, tag], ...] per sentence")
     p.set_defaults(run=run)
 
 

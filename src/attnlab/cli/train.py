@@ -1,4 +1,6 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]"""
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]
+
+Calls `attnlab.train.train` on the config `attnlab.train.resolve` builds (--seeds: once per seed)."""
 
 import argparse
 import shlex
@@ -6,7 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from attnlab.cli import positive_int
+from attnlab.cli import check_overrides, positive_int
+from attnlab.cli.arguments import add_data_dir_argument, add_device_argument, add_json_argument
 from attnlab.config import presets
 
 
@@ -39,14 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", type=Path, help="run folder (default: runs/<preset name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--data-dir", help="folder of the task's data files (sets data.data_dir), e.g. a Multi30k folder")
+    add_data_dir_argument(p, "e.g. a Multi30k folder")
     p.add_argument(
         "--init-from",
         metavar="FOLDER",
         help="start from a pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder "
         "(sets data.init_from; classification and tagging fine-tune it, masked-LM pre-training continues it)",
     )
-    p.add_argument("--device", help="cpu, cuda or auto (overrides train.device)")
+    add_device_argument(p, sets_config=True)
     p.add_argument(
         "--nproc",
         type=positive_int,
@@ -68,8 +71,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "split, test for node classification; none for the others)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(run=run)
+    add_json_argument(p)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before PyTorch is imported: the preset or file exists and is TOML with a run's top-level
+    keys, and each --set is key=value under one of its sections."""
+    from attnlab.config import check_run_keys, load_preset_or_file
+
+    check_run_keys(load_preset_or_file(args.config)[1])
+    check_overrides(args.overrides)
 
 
 def _default_out(config: str, name: str) -> Path:

@@ -1,10 +1,13 @@
-"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]"""
+"""attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]
+
+Calls `Translation.translate_ids` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`); --attention
+also `Translation.align` and `attnlab.viz.plot_alignment`."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from attnlab.cli import add_checkpoint_argument
+from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--attention", type=Path, metavar="PNG", help="save the first sentence's alignment heatmap")
     add_checkpoint_argument(p)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    p.add_argument("--json", action="store_true", help='print {"translations": [...]} as JSON')
+    add_device_argument(p)
+    add_json_argument(p, '{"translations": [...]}')
     p.set_defaults(run=run)
 
 

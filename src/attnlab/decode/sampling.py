@@ -113,7 +113,7 @@ def pick_rows(pickers: list[Picker | None], logits: torch.Tensor) -> list[int]:
             tokens[i] = token
     plain = [i for i, p in enumerate(pickers) if isinstance(p, Sampler) and p.plain]
     if plain:
-        temperatures = torch.tensor([[pickers[i].temperature] for i in plain], dtype=torch.float32)
+        temperatures = logits.new_tensor([[pickers[i].temperature] for i in plain], dtype=torch.float32)
         probs = torch.softmax(logits[plain].float() / temperatures, dim=-1)
         noise = torch.empty_like(probs)
         for row, i in enumerate(plain):

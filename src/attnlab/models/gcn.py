@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_sum
+from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_sum, sparse_linear
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class GraphConvolution(nn.Module):
         nn.init.xavier_uniform_(self.proj.weight)  # Glorot, as the paper (§5.2)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)  # (N, out): X W first, the narrower product (F_out < F_in)
+        h = sparse_linear(x, self.proj.weight)  # (N, out): X W first, the narrower product (F_out < F_in)
         source, target = edge_index
         return segment_sum(weights.unsqueeze(-1) * h[source], target, x.size(0)) + self.bias  # Â (X W)
 

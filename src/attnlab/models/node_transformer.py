@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import ACTIVATIONS, NORM_ORDERS, TransformerBlock, normal_init
-from attnlab.nn.graph import dropout
+from attnlab.nn.graph import dropout, sparse_linear
 from attnlab.nn.masks import adjacency_mask
 
 ATTENTION = ("full", "neighbours")
@@ -125,7 +125,8 @@ class NodeTransformer(nn.Module):
         n = x.size(0)
         # (1, 1, N, N): one sequence, the same mask for every head; None = every node sees every node.
         mask = adjacency_mask(edge_index, n)[None, None] if self.config.attention == "neighbours" else None
-        h = self.input_norm(self.input(dropout(x, self.config.dropout, self.training))).unsqueeze(0)  # (1, N, C)
+        h = sparse_linear(dropout(x, self.config.dropout, self.training), self.input.weight)
+        h = self.input_norm(h).unsqueeze(0)  # (1, N, C)
         for block in self.blocks:
             h, _ = block(h, mask=mask)
         h = self.final_norm(h).squeeze(0)  # (N, C)

@@ -13,7 +13,10 @@ References:
 - PyTorch Geometric, `torch_geometric.utils.softmax` and `scatter`: the same segment operations.
 """
 
+import contextlib
+
 import torch
+import torch.nn.functional as F
 
 
 def undirected(edges: torch.Tensor) -> torch.Tensor:
@@ -129,11 +132,32 @@ def sparse_product(
     be taken (evaluation: the product alone, without the cost of a transpose). Differentiable in
     `w` (in, out) only: x' is data. Returns dense `(N, out)`."""
     shape = tuple(x.shape)
-    rows = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, shape, check_invariants=False)
-    if transpose is None:
-        return rows @ w  # (PyTorch's own backward, should a gradient be taken after all)
-    crow_t, col_t, order = transpose
-    # index_select, not values[order]: the same gather at a fraction of advanced indexing's time
-    # (one per head and step with GAT's per-head dropout).
-    cols = torch.sparse_csr_tensor(crow_t, col_t, values.index_select(0, order), shape[::-1], check_invariants=False)
-    return _SparseProduct.apply(rows, cols, w)
+    with _in_float32(w) as (w,):
+        values = values.float()
+        rows = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, shape, check_invariants=False)
+        if transpose is None:
+            return rows @ w  # (PyTorch's own backward, should a gradient be taken after all)
+        crow_t, col_t, order = transpose
+        # index_select, not values[order]: the same gather at a fraction of advanced indexing's time
+        # (one per head and step with GAT's per-head dropout).
+        values_t = values.index_select(0, order)
+        cols = torch.sparse_csr_tensor(crow_t, col_t, values_t, shape[::-1], check_invariants=False)
+        return _SparseProduct.apply(rows, cols, w)
+
+
+def sparse_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ for x `(N, in)` dense or sparse CSR and weight `(out, in)` -> `(N, out)`: `F.linear`,
+    in float32 for a sparse x whatever the autocast (see `_in_float32`)."""
+    if x.layout != torch.sparse_csr:
+        return F.linear(x, weight)
+    with _in_float32(weight) as (weight,):
+        return F.linear(x.float(), weight)
+
+
+@contextlib.contextmanager
+def _in_float32(*tensors: torch.Tensor):
+    """Autocast off and `tensors` in float32 inside the block: PyTorch's sparse CSR products have no
+    bfloat16 or float16 kernels, so a mixed-precision run computes them in float32 (their output
+    then goes on in the run's precision)."""
+    with torch.autocast(tensors[0].device.type, enabled=False):
+        yield tuple(t.float() for t in tensors)

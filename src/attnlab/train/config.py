@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnlab.config import as_dict, build, close_matches, dump_toml, merge
+from attnlab.config import as_dict, build, check_run_keys, close_matches, dump_toml, merge
 from attnlab.errors import ConfigError
 from attnlab.tasks import TASKS
 
@@ -172,17 +172,9 @@ class RunConfig:
         return dump_toml(self.to_doc())
 
 
-SECTIONS = ("model", "data", "train", "log")
-
-
 def resolve(doc: dict[str, Any]) -> RunConfig:
     """Check a TOML document and build its RunConfig. Unknown sections or keys are errors."""
-    allowed = {"format_version", "task", *SECTIONS}
-    for key in doc:
-        if key not in allowed:
-            raise ConfigError(
-                f"unknown config key {key!r}{close_matches(key, allowed)}; top-level keys are {sorted(allowed)}"
-            )
+    check_run_keys(doc)
     version = doc.get("format_version", CONFIG_FORMAT_VERSION)
     if version != CONFIG_FORMAT_VERSION:
         raise ConfigError(

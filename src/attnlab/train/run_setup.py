@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from attnlab.accel import kernels
 from attnlab.device import keep_freed_memory, resolve_device, resolve_dtype
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import CONFIG, has_checkpoint, read_config, write_config
+from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint, read_config, write_config
 from attnlab.train.config import RunConfig, absolute_paths
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.precision import Precision
@@ -42,8 +43,28 @@ class RunSetup:
     """Why train.dtype = "auto" chose `dtype`."""
     precision: Precision
     task: Any
-    kernels_line: str | None = None
-    """What the run says of attnlab's C++ kernels (`choose_kernels`), if anything."""
+    kernels_choice: str | None = None
+    """What `choose_kernels` said of attnlab's C++ kernels, if anything: `kernels_line` says it
+    for the model."""
+    finished: bool = False
+    """A resumed run whose checkpoint is at train.max_iters already: nothing left to train."""
+
+    def kernels_line(self, model: nn.Module) -> str | None:
+        """The log's line on attnlab's C++ kernels for this run's `model`: "on" only where they
+        compute its blocks; what they do compute where that is less; nothing for a finished run,
+        or where they compute nothing of it (and a build would not help it)."""
+        if self.kernels_choice is None or self.finished:
+            return None
+        parts = kernels.computed_parts(model)
+        if not self.config.train.fused_kernels:  # not built: worth saying where they would compute
+            return self.kernels_choice if parts else None
+        if "Transformer blocks" in parts:
+            return self.kernels_choice  # "on"
+        if self.config.train.optimizer == "adamw":
+            parts.append("the AdamW step")  # ClippingAdamW's kernel, whatever the model
+        if not parts:
+            return None
+        return f"attnlab's C++ kernels: {' and '.join(parts)} only; the rest of the model on PyTorch's operators"
 
 
 def set_up_run(config: RunConfig, run_dir: Path, resume: bool) -> RunSetup:
@@ -72,7 +93,9 @@ def set_up_run(config: RunConfig, run_dir: Path, resume: bool) -> RunSetup:
     )  # saved with the run
     task = _open_task(config, run_dir, resume, restart, ddp)
     config = dataclasses.replace(config, model=task.model_config)
-    return RunSetup(config, run_dir, resume and not restart, ddp, device, dtype, why, precision, task, kernels_line)
+    resumed = resume and not restart
+    finished = resumed and latest_checkpoint(run_dir).step >= tc.max_iters
+    return RunSetup(config, run_dir, resumed, ddp, device, dtype, why, precision, task, kernels_line, finished)
 
 
 def choose_kernels(setting: bool | str, device: torch.device, resumed: Path | None) -> tuple[bool, str | None]:
@@ -81,9 +104,12 @@ def choose_kernels(setting: bool | str, device: torch.device, resumed: Path | No
     build); a resumed run (`resumed`: its folder) keeps what it chose when it started."""
     if resumed is not None and setting == "auto" and (resumed / CONFIG).exists():
         setting = read_config(resumed).train.fused_kernels  # a bool, or "auto" in a run from before it was saved
+    if device.type != "cpu":  # CPU kernels: on another device they would compute nothing
+        return False, None if setting in (
+            "auto",
+            False,
+        ) else f"attnlab's C++ kernels are for the CPU; on {device.type}, PyTorch's operators"
     if setting == "auto":
-        if device.type != "cpu":
-            return False, None
         if not kernels.is_built():
             return False, (
                 "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; "

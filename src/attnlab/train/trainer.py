@@ -113,7 +113,7 @@ def train(
         results = evaluate(0)
         metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
         console.log(f"step 0: {describe(results)}")
-    fused_kernels = _say_accelerations(run, tuned, step_loss, console.log)
+    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log)
     model.train()
     clock = Clock(state.get("elapsed_sec", 0.0))
     one_step = TrainingStep(run, model, step_loss, optimizer, batches, guard, fused_kernels, clock, console.log)
@@ -456,13 +456,15 @@ def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch
     )
 
 
-def _say_accelerations(run: RunSetup, tuned: Applied | None, step_loss: StepLoss, log: Callable[[str], None]) -> bool:
+def _say_accelerations(
+    run: RunSetup, model: nn.Module, tuned: Applied | None, step_loss: StepLoss, log: Callable[[str], None]
+) -> bool:
     """Log whether torch.compile and attnlab's C++ kernels are on; returns whether the kernels are."""
     tc = run.config.train
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
-    if run.kernels_line:
-        log(run.kernels_line)
+    if line := run.kernels_line(model):
+        log(line)
     if tuned is not None and tuned.uncovered:
         log(f"attnlab's C++ kernels: {tuned.uncovered}: those blocks run on PyTorch's path")
     return tc.fused_kernels

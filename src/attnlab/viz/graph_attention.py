@@ -101,6 +101,31 @@ def node_attention(
     )
 
 
+def draw_node_attention(run, node: int, out: str | Path, *, data_dir: str | None = None) -> NodeAttention:
+    """`attnlab attention GAT_RUN --node ID`: the attention of a node-classification run's GAT around
+    `node` (`node_attention`), drawn as the PNG `out` (`plot_node_attention`); the graph is read
+    from `data_dir` when given, else the run's data.data_dir."""
+    import dataclasses
+
+    from attnlab.models.gat import GAT
+    from attnlab.tasks import TASKS
+
+    path = check_png_path(out)
+    if run.config.task != "nodes":
+        raise UserError(f"--node is for node-classification runs; {run.path} is a {run.config.task!r} run: use --text")
+    if not isinstance(run.model, GAT):
+        raise UserError(
+            f"--node draws a GAT's attention over each neighbourhood; {run.path} holds a "
+            f"{run.config.model.kind!r} model (train one with the cora-gat or citeseer-gat preset)"
+        )
+    data = dataclasses.replace(run.config.data, data_dir=data_dir) if data_dir else run.config.data
+    task = TASKS["nodes"](data, run.config.model, run.path, resume=True, splits=())
+    x, edges, labels = task.inputs(next(run.model.parameters()).device)
+    att = node_attention(run.model, x, edges, labels, node)
+    plot_node_attention(att, path, title=f"GAT on {task.graph.name}")
+    return att
+
+
 def plot_node_attention(att: NodeAttention, path: str | Path, *, title: str = "") -> Path:
     """Save the neighbourhood panels (one per head of every layer) and the entropy histograms (one
     per layer) of `att` as one PNG; returns its path. `UserError` for a bad path."""

@@ -88,6 +88,7 @@ class SchemePlot:
     offsets: np.ndarray
     curves: dict[str, np.ndarray]
     size: tuple[int, int]
+    n_positions: int
 
 
 @dataclass(frozen=True)
@@ -227,4 +228,39 @@ def plot_scheme(
     right.grid(alpha=0.3)
     right.legend(fontsize=7, ncol=2 if len(panels.curves) > 4 else 1)
     save_png(fig, path, tight=False)
-    return SchemePlot(path, kind, panels.heatmap, panels.offsets, panels.curves, png_size(path))
+    return SchemePlot(path, kind, panels.heatmap, panels.offsets, panels.curves, png_size(path), n_positions)
+
+
+def draw_positions(
+    kind: str,
+    path: str | Path,
+    *,
+    d_model: int | None = None,
+    n_positions: int | None = None,
+    n_heads: int = 8,
+    shift: int = 3,
+    max_distance: int = 8,
+) -> PositionsPlot | SchemePlot:
+    """`attnlab positions`: any scheme of SCHEMES_DRAWN as a two-panel PNG at `path`, the arguments
+    checked first (`UserError`). The defaults: sinusoidal 128 wide over 100 positions (its
+    picture, `plot_positions`), the others 64 wide over 64 positions (`plot_scheme`)."""
+    from attnlab.config import close_matches
+    from attnlab.errors import UserError
+
+    if kind not in SCHEMES_DRAWN:
+        choices = ", ".join(SCHEMES_DRAWN)
+        raise UserError(f"unknown --kind {kind!r}{close_matches(kind, SCHEMES_DRAWN)}; choose one of {choices}")
+    sinusoidal = kind == "sinusoidal"
+    d_model = d_model or (128 if sinusoidal else 64)
+    n = n_positions or (100 if sinusoidal else 64)
+    if d_model < 2 or n < 2:
+        raise UserError(f"--d-model and --n must be >= 2, got {d_model} and {n}")
+    if kind in ("fourier", "rope") and d_model % 2:
+        raise UserError(f"--kind {kind} pairs its dimensions: --d-model must be even, got {d_model}")
+    if kind == "fourier" and shift >= n:
+        raise UserError(f"--shift {shift} must be below --n {n}, or no query has a key that far back")
+    if sinusoidal:
+        return plot_positions(d_model, n, path)
+    return plot_scheme(
+        kind, path, d_model=d_model, n_positions=n, n_heads=n_heads, shift=shift, max_distance=max_distance
+    )

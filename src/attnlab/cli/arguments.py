@@ -1,0 +1,71 @@
+"""The options many subcommands share, declared once: one default and one help text each, so that
+`--device` means the same in `sample` as in `eval`. A subcommand adds them with these functions and
+never declares them itself (tests/cli/test_arguments.py checks it).
+
+Nothing here imports PyTorch: the parsers are built before a mistake is reported, in well under a
+second."""
+
+import argparse
+
+DEVICE_CHOICES = "cpu, cuda, cuda:N, or auto: cuda when available, else cpu"
+SEED = 1337
+
+
+def add_device_argument(p: argparse.ArgumentParser, *, sets_config: bool = False) -> None:
+    """--device, resolved by `attnlab.device.resolve_device`. `sets_config`: the command trains, so
+    the option overrides the config's train.device, and leaving it out keeps the config's (auto
+    unless the config says otherwise) rather than forcing "auto" over it."""
+    if sets_config:
+        p.add_argument("--device", help=f"{DEVICE_CHOICES}; sets train.device (default: the config's, auto unless set)")
+    else:
+        p.add_argument("--device", default="auto", help=f"{DEVICE_CHOICES} (default auto)")
+
+
+def checkpoint_choice(text: str) -> str | int:
+    """--checkpoint's value: "best", "last" or a step number ("1500" -> 1500)."""
+    from attnlab.cli import _did_you_mean
+
+    if text in ("best", "last"):
+        return text
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(
+        f"expected best, last or a step number (e.g. 1500), got {text!r}{_did_you_mean(text, ['best', 'last'])}"
+    )
+
+
+def add_checkpoint_argument(p: argparse.ArgumentParser) -> None:
+    """--checkpoint, as every command that loads a run's weights takes it."""
+    p.add_argument(
+        "--checkpoint",
+        type=checkpoint_choice,
+        default="best",
+        metavar="best|last|STEP",
+        help="which weights: best, last, or the checkpoint of a step, e.g. 1500 (default best)",
+    )
+
+
+def add_json_argument(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    """--json: the command prints `what` (e.g. '{"samples": [...]}') as JSON instead of text."""
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON instead of text")
+
+
+def add_seed_argument(p: argparse.ArgumentParser) -> None:
+    """--seed of the sampling generator: the same seed, the same samples on the same device."""
+    p.add_argument("--seed", type=int, default=SEED, help=f"random seed of the sampling (default {SEED})")
+
+
+def add_data_dir_argument(p: argparse.ArgumentParser, use: str = "") -> None:
+    """--data-dir, which sets data.data_dir (a run's, or every run's); `use` says when the command
+    reads data at all, e.g. "with --complete: the image to complete"."""
+    help = "the folder of the data files, instead of the config's data.data_dir"
+    p.add_argument("--data-dir", metavar="DIR", help=f"{help}; {use}" if use else help)
+
+
+def split_index(text: str) -> tuple[str, int]:
+    """An argparse type: "SPLIT:INDEX" -> (split, index), e.g. "test:5" -> ("test", 5). Which
+    splits exist is the task's to say, once the run is loaded."""
+    split, sep, index = text.partition(":")
+    if not sep or not split or not (index.isascii() and index.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected SPLIT:INDEX, e.g. test:5, got {text!r}")
+    return split, int(index)
