@@ -212,9 +212,7 @@ def generate_tokens(
     recomputes the whole window at every step (the reference); `compile` runs the cached
     decoding step through torch.compile (worth it for long generations; the first call compiles);
     `fused` runs it as one C++ call (`attnlab.accel.fused`: pre-norm GPTs on the CPU; built on
-    first use). Eagerly, the model's projections take the decoding routes
-    (`attnlab.accel.for_decoding`, applied to the model in place).
-    """
+    first use). The projections take the decoding routes (`attnlab.accel.for_decoding`, in place)."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
