@@ -106,10 +106,10 @@ def run_case(pattern: str, t: int, causal: bool, repeats: int, threads: int | No
 
 
 def fits_of(rows: list[dict], patterns: list[str], fit_from: int) -> dict[str, dict]:
-    """Each pattern's exponents of time and memory in T (`attnlab.cost.fit_exponent`), fitted on
+    """Each pattern's exponents of time and memory in T (`attnlab.studies.cost.fit_exponent`), fitted on
     the lengths >= fit_from that ran: the fixed costs (Python, ~30 MiB of process) flatten the
     short ones."""
-    from attnlab.cost import fit_exponent
+    from attnlab.studies.cost import fit_exponent
 
     fits = {}
     for pattern in patterns:

@@ -1,6 +1,6 @@
 """attnlab GPT versus `transformers` GPT-2 of the same shape, measured side by side in one run.
 
-The measurements now live in `attnlab.bench` and run as `attnlab bench`; this script is that command,
+The measurements now live in `attnlab.studies.bench` and run as `attnlab bench`; this script is that command,
 kept so that the invocations written down earlier still work (same flags: --repeats, --out, --quick,
 and --device, --json).
 

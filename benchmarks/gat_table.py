@@ -42,9 +42,9 @@ from attnlab.config import load_preset_or_file
 from attnlab.data.graphs import Graph, read_graph
 from attnlab.models import GAT, GATConfig
 from attnlab.nn import dropout
+from attnlab.studies.seeds import mean_sd, train_seeds
 from attnlab.train import resolve
 from attnlab.train.config import TrainConfig, apply_overrides
-from attnlab.train.seeds import mean_sd, train_seeds
 from attnlab.train.selection import Selection
 
 PAPER = {  # test accuracy, %: Veličković et al. 2018, Table 2 (GCN as reported there)

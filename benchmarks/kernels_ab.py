@@ -60,8 +60,8 @@ def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
 
     answers, sys.stdout = sys.stdout, sys.stderr  # stdout carries the answers alone
 
-    from attnlab import bench
     from attnlab.accel import kernels
+    from attnlab.studies import bench
 
     spec = importlib.util.spec_from_file_location(module_name(build), build)
     if spec is None or spec.loader is None:

@@ -20,8 +20,8 @@ import torch
 from run_info import run_info
 from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
-from attnlab import bench
 from attnlab.accel import for_training
+from attnlab.studies import bench
 from attnlab.train.optim import adamw
 
 

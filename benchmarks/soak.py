@@ -28,8 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
-from attnlab.data.text import bundled_shakespeare
-from attnlab.train.checkpoint import (
+from attnlab.checkpoints import (
     CHECKPOINTS,
     MANIFEST,
     PAUSE_HOOK,
@@ -42,6 +41,7 @@ from attnlab.train.checkpoint import (
     read_manifest,
     step_dir,
 )
+from attnlab.data.text import bundled_shakespeare
 
 INTERVAL = 10  # steps between checkpoints (train.eval_interval)
 

@@ -19,8 +19,8 @@ import torch
 from run_info import run_info
 from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
-from attnlab import bench
 from attnlab.accel import kernels
+from attnlab.studies import bench
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import transformers
 from run_info import run_info
 from train_case import add_train_case_arguments, train_case
 
-from attnlab import bench
+from attnlab.studies import bench
 
 TARGETS = (1.3, 1.5)
 

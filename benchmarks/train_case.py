@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab import bench
+from attnlab.studies import bench
 
 
 def add_train_case_arguments(p: argparse.ArgumentParser, shape: str = "4x4x128", block: int = 64) -> None:

@@ -18,7 +18,7 @@ import torch
 from run_info import run_info
 from train_case import add_train_case_arguments, train_case
 
-from attnlab import bench
+from attnlab.studies import bench
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")
 BLOCK_KERNELS = ("_PreNormBlock", "_PreNormBlockBackward")

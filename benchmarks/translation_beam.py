@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from attnlab import load
-from attnlab.bench import compare
 from attnlab.decode.seq2seq import beam_search
 from attnlab.eval.bleu import bleu
 from attnlab.models.hf import to_marian
+from attnlab.studies.bench import compare
 from attnlab.tasks import Translation
 
 MAX_LEN_RATIO, MAX_LEN_EXTRA = 1.5, 10  # attnlab's per-sentence limit: ceil(1.5 · source) + 10

@@ -24,11 +24,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("decode", "eval"),  # decoding and metrics: pure functions of models, tensors and token ids
     ("tasks",),  # which model, which data, which loss, which metric
     ("train",),  # the loop
-    ("bench", "cost", "export", "receptive", "viz"),  # measurements, pictures and exports built on the verbs
+    ("studies", "export", "viz"),  # measurements, pictures and exports built on the verbs
     ("cli", "serve", "__main__", "__init__"),  # the faces (`attnlab.load` is the public API)
 ]
 """Bottom to top, as DESIGN.md draws them, with three refinements: the shared helpers at the
-bottom and the studies and exports (bench, cost, export, receptive, viz) under the faces, rows
+bottom and the studies, exports and pictures (studies, export, viz) under the faces, rows
 DESIGN.md leaves implicit; and decode and eval under the tasks rather than beside train, since a
 task scores with them (perplexity, BLEU by beam search) while they import nothing above models."""
 
@@ -64,7 +64,7 @@ def imports(path: Path) -> list[tuple[str, int]]:
 
 
 def part(module: str) -> str:
-    """The layer-bearing part of a module: attnlab.train.checkpoint -> "train"; attnlab -> "__init__"."""
+    """The layer-bearing part of a module: attnlab.train.load -> "train"; attnlab -> "__init__"."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -130,7 +130,7 @@ def test_no_cycle_between_the_top_level_packages():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("from attnlab.train.checkpoint import load_run", ["attnlab.train.checkpoint"]),
+        ("from attnlab.train.load import load_run", ["attnlab.train.load"]),
         ("def f():\n    import attnlab.tasks\n", ["attnlab.tasks"]),
         ("from . import kernels", ["attnlab.nn"]),
         ("from .masks import causal_mask", ["attnlab.nn.masks"]),

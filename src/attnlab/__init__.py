@@ -18,7 +18,7 @@ def load(path: str | Path, *, device: str = "cpu", checkpoint: str = "best"):
 
     checkpoint: "best" (best validation score; the last checkpoint when the run has no best) or "last".
     """
-    from attnlab.train.checkpoint import load_run
+    from attnlab.train.load import load_run
 
     return load_run(path, device=device, checkpoint=checkpoint)
 

@@ -1,7 +1,10 @@
 """The files of a run folder and its checkpoints, written crash-safely and read back checked.
 
-The task-agnostic half of the run folder (`attnlab.train.checkpoint` adds the config and
-`load_run`); it imports nothing above the ground floor, so every layer may read a checkpoint.
+The one module for a run folder's files: it imports nothing above the ground floor, so every
+layer may read a checkpoint. What the files mean is said above it: the config by
+`attnlab.train.config` (`read_config`, `write_config`), the model by `attnlab.tasks.trained`, the
+training state by `attnlab.train.checkpointer`, and a run loaded for use by `attnlab.train.load`
+(`load_run`, what `attnlab.load` returns).
 
     config.toml          resolved configuration (TOML, with a format version)
     tokenizer.json       the tokenizer
@@ -47,6 +50,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from attnlab.config import read_toml
 from attnlab.errors import CheckpointError
 from attnlab.fileio import atomic_link, atomic_write, atomic_write_text, fsync_dir
 
@@ -185,6 +189,23 @@ def runs_inside(folder: Path, *, depth: int = 2) -> list[Path]:
     a study folder holds (`attnlab ablate`: OUT/VARIANT/seedK; `attnlab scale`: OUT/LxC)."""
     found = [p.parent for level in range(1, depth + 1) for p in folder.glob("*/" * level + CONFIG)]
     return sorted(found)
+
+
+def read_config_toml(run_dir: Path) -> dict[str, Any]:
+    """A run folder's config.toml as a TOML document, its sections not yet checked: the one reader
+    of a run's config (`attnlab.train.config.read_config` builds the whole `RunConfig` from it,
+    `attnlab.tasks.trained.saved_model_config` the model alone). A folder without one is a
+    `CheckpointError`, which names the runs inside a study folder; unreadable TOML a `ConfigError`."""
+    if (run_dir / CONFIG).exists():
+        return read_toml(run_dir / CONFIG)
+    runs = runs_inside(run_dir) if run_dir.is_dir() else []
+    if runs:  # an ablation or scaling study: the runs are one or two levels down
+        shown = ", ".join(str(r) for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+        raise CheckpointError(
+            f"{run_dir} is not a run folder but holds {len(runs)} runs ({shown}), as `attnlab ablate` and "
+            "`attnlab scale` write them; pass one of them"
+        )
+    raise CheckpointError(f"{run_dir} is not a run folder: it has no {CONFIG}")
 
 
 def has_checkpoint(run_dir: Path) -> bool:

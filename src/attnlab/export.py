@@ -12,7 +12,7 @@ naming the part. The folder holds config.json, model.safetensors and the tokeniz
 (`attnlab.models.hf.tokenizer_export`): `from_pretrained(OUT_DIR)` loads it offline, and attnlab's own
 importers (`load_causal_lm`, `load_bert`, `load_marian`) read it back.
 
-Layer: beside train/ (it reads a run folder through `train.checkpoint.load_run`); the `export`
+Layer: beside train/ (it reads a run folder through `train.load.load_run`); the `export`
 command calls `export_run`. The conversions themselves live in `attnlab.models.hf`.
 
 Writes are atomic: the folder is built under a temporary name beside OUT_DIR and renamed into place,
@@ -35,7 +35,7 @@ from attnlab.models.hf.marian import marian_export
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.encoder import read_labels
-from attnlab.train.checkpoint import Run, load_run
+from attnlab.train.load import Run, load_run
 
 EXPORT_FORMATS = ("hf",)
 """What `export_run` writes: "hf", a Hugging Face transformers folder."""

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from attnlab.bench import attention_memory_case, cpu_attention_memory
-from attnlab.bench import run as bench_run
 from attnlab.models import GPT, GPTConfig
+from attnlab.studies.bench import attention_memory_case, cpu_attention_memory
+from attnlab.studies.bench import run as bench_run
 from helpers import assert_user_error, cli
 
 QUICK_LENGTHS = [64, 128, 256]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.checkpoints import WEIGHTS
 from attnlab.cli import main
 from attnlab.cli.demo import attnlab_command
-from attnlab.train.checkpoint import WEIGHTS
 from helpers import assert_user_error, cli
 
 

@@ -11,7 +11,7 @@ from importlib.util import find_spec
 import pytest
 
 from attnlab.cli import main
-from attnlab.cost import MODELS, QUANTITIES, QUICK_LENGTHS, THEORY, CostSettings, count_steps
+from attnlab.studies.cost import MODELS, QUANTITIES, QUICK_LENGTHS, THEORY, CostSettings, count_steps
 from helpers import assert_user_error, cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

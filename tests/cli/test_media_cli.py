@@ -59,7 +59,7 @@ def test_completion_keeps_the_top_half_of_the_real_image(runs, capsys, tmp_path,
 
     from attnlab.decode.pixels import sample_images
     from attnlab.decode.sampling import sampling_picker
-    from attnlab.train.checkpoint import load_run
+    from attnlab.train.load import load_run
 
     path = tmp_path / "completion.png"
     code, out, err = cli(capsys, "sample", runs[name], "--out", path, "--num-samples", "2", "--complete", "test:5")

@@ -107,7 +107,7 @@ def test_report_of_a_language_model(lm_run, capsys, tmp_path):
 
 def test_report_of_a_translation_model(mt_run, capsys, tmp_path):
     from attnlab.data.parallel import load_multi30k
-    from attnlab.train.checkpoint import read_config
+    from attnlab.train.config import read_config
 
     path = tmp_path / "report.html"
     code, out, _ = cli(capsys, "report", mt_run, "--out", path, "--examples", "2")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from attnlab import load
+from attnlab.checkpoints import complete_steps
 from attnlab.data.graphs import read_graph
-from attnlab.train.checkpoint import complete_steps
 from attnlab.viz.figure import png_size
 from helpers import FIXTURES, assert_user_error, cli
 

@@ -16,11 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
-from attnlab.config import dump_toml, merge, parse_overrides, read_toml
-from attnlab.data.text import bundled_shakespeare
-from attnlab.errors import CheckpointError, ConfigError
-from attnlab.train import resolve, train
-from attnlab.train.checkpoint import (
+from attnlab.checkpoints import (
     BEST_MANIFEST,
     BEST_WEIGHTS,
     CHECKPOINTS,
@@ -33,6 +29,12 @@ from attnlab.train.checkpoint import (
     read_manifest,
     step_dir,
 )
+from attnlab.config import dump_toml, merge, parse_overrides, read_toml
+from attnlab.data.text import bundled_shakespeare
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.tasks.trained import saved_model_config
+from attnlab.train import resolve, train
+from attnlab.train.config import read_config
 from helpers import SST2, assert_user_error, cli, encoder_doc, run_config
 
 FORMAT1 = Path(__file__).parents[1] / "fixtures" / "run-format1"
@@ -120,6 +122,20 @@ class Payload:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
+
+
+def test_every_reader_of_a_run_config_names_the_runs_in_a_study_folder(tmp_path):
+    """One reader of config.toml (`checkpoints.read_config_toml`) under the full config, the model
+    alone and `attnlab.load`: a study folder passed for a run gets the same pointer from each."""
+    study = tmp_path / "study"
+    shutil.copytree(FORMAT1 / "classification", study / "bilstm" / "seed0")
+    messages = set()
+    for read in (load, read_config, saved_model_config):
+        with pytest.raises(CheckpointError, match=r"is not a run folder but holds 1 runs \(.*bilstm/seed0\)") as e:
+            read(study)
+        messages.add(str(e.value))
+    assert len(messages) == 1
+    assert read_config(study / "bilstm" / "seed0").model == saved_model_config(study / "bilstm" / "seed0")[1]
 
 
 @pytest.mark.parametrize("container", ["torch.save", "raw pickle"])

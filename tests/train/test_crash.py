@@ -19,9 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
-from attnlab.config import merge, parse_overrides, read_toml
-from attnlab.train import resolve, train
-from attnlab.train.checkpoint import (
+from attnlab.checkpoints import (
     CHECKPOINTS,
     MANIFEST,
     PAUSE_HOOK,
@@ -31,6 +29,8 @@ from attnlab.train.checkpoint import (
     read_manifest,
     step_dir,
 )
+from attnlab.config import merge, parse_overrides, read_toml
+from attnlab.train import resolve, train
 
 SETTINGS = ("model.dropout=0.1", "train.max_iters=10", "train.eval_interval=2", "train.lr_decay_iters=10")
 

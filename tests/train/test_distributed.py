@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from attnlab.checkpoints import WEIGHTS
 from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.data.parallel import TranslationBatch
 from attnlab.errors import ConfigError, UserError
 from attnlab.train import resolve, train
-from attnlab.train.checkpoint import WEIGHTS
 from attnlab.train.distributed import Distributed, Ranks, shard
 from helpers import assert_user_error, cli
 
@@ -133,7 +133,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves(tiny_tom
     job exits 0 with one line naming the resume command (no torchrun traceback)."""
     import signal
 
-    from attnlab.train.checkpoint import has_checkpoint, load_train_state
+    from attnlab.checkpoints import has_checkpoint, load_train_state
 
     out = tmp_path / "job"
     command = [sys.executable, "-m", "attnlab", "train", str(tiny_toml), "--out", str(out), "--nproc", "2"]

@@ -10,7 +10,7 @@ from attnlab.accel import kernels
 from attnlab.config import ConfigError
 from attnlab.models import GPT
 from attnlab.train import train
-from attnlab.train.checkpoint import read_config
+from attnlab.train.config import read_config
 from helpers import losses, run_config
 
 NOT_BUILT_LINE = "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; `attnlab kernels build`"

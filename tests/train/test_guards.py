@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
+from attnlab.checkpoints import TRAIN_STATE, WEIGHTS, complete_steps
 from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.tasks import TASKS, LanguageModeling
 from attnlab.train import resolve, train
-from attnlab.train.checkpoint import TRAIN_STATE, WEIGHTS, complete_steps
 from attnlab.train.guards import StepGuard, TrainingDiverged
 from attnlab.train.signals import StopRequest
 from helpers import cli
@@ -183,7 +183,7 @@ def fp16_on_cpu(monkeypatch):
 
 
 def test_fp16_overflow_is_the_scalers_to_skip_not_a_bad_step(faulty, fp16_on_cpu, tiny_toml, tmp_path):
-    from attnlab.train.checkpoint import load_train_state
+    from attnlab.checkpoints import load_train_state
 
     faulty({3: "inf_grad"})
     fp16 = ("train.dtype=float16", "train.device=cpu", "train.max_bad_steps=1", "train.eval_interval=6")

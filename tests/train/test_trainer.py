@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab import load
+from attnlab.checkpoints import BEST_WEIGHTS, TRAIN_STATE, WEIGHTS
 from attnlab.errors import CheckpointError, UserError
 from attnlab.models import GPT, GPTConfig
 from attnlab.train import train
-from attnlab.train.checkpoint import BEST_WEIGHTS, TRAIN_STATE, WEIGHTS
 from attnlab.train.optim import param_groups
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from helpers import losses, run_config

@@ -632,7 +632,7 @@ Scratch& scratch() {
 const float* ptr_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 float* mutable_or_null(at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 
-// The parameters of a block, in the order of attnlab/nn/kernels.py: LN1 weight and bias, q/k/v
+// The parameters of a block, in the order of attnlab/accel/kernels.py: LN1 weight and bias, q/k/v
 // weight and bias, output weight and bias, LN2 weight and bias, FFN weights and biases. A bias
 // is an empty tensor when the block has none.
 enum Param { kLn1W, kLn1B, kQkvW, kQkvB, kOutW, kOutB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B, kParams };

@@ -1,7 +1,7 @@
 // Elementwise functions written so that a `#pragma omp simd` loop calling them vectorizes (the
 // C library's tanhf, erff and expf are one scalar call per element), and the activation loops
 // built on them. Shared by the training kernels (attnlab/accel/kernels.cpp) and the fused decoding
-// steps (attnlab/decode/fused_step.cpp).
+// steps (attnlab/accel/fused_step.cpp).
 #pragma once
 
 #include <algorithm>

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import sys
 
-    from attnlab.train.ablation import format_table, load_spec, run_ablation
+    from attnlab.studies.ablation import format_table, load_spec, run_ablation
 
     spec = load_spec(args.spec)
     out = args.out if args.out is not None else Path("runs") / f"ablate-{spec.name}"

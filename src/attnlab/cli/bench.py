@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from attnlab.bench import format_table, run_benchmarks
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.fileio import atomic_write_text
+    from attnlab.studies.bench import format_table, run_benchmarks
 
     device = resolve_device(args.device)
     if device.type not in ("cpu", "cuda"):

@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from attnlab.cost import QUICK_LENGTHS, CostSettings, format_table, measure_cost
     from attnlab.errors import UserError
     from attnlab.fileio import atomic_write_text
+    from attnlab.studies.cost import QUICK_LENGTHS, CostSettings, format_table, measure_cost
 
     if args.autoregressive:
         return _autoregressive(args)
@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _autoregressive(args: argparse.Namespace) -> int:
-    """--autoregressive: the counted table of `attnlab.receptive`, alone."""
+    """--autoregressive: the counted table of `attnlab.studies.receptive`, alone."""
     from attnlab.errors import UserError
-    from attnlab.receptive import autoregressive_rows, format_rows
+    from attnlab.studies.receptive import autoregressive_rows, format_rows
 
     measuring = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k in MEASURING and v not in (None, False)]
     if measuring:

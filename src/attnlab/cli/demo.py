@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _steps_done(out: Path) -> int | None:
     """The step of the run in `out` (its latest checkpoint); None where there is no run to resume."""
-    from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint
+    from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
 
     if not ((out / CONFIG).exists() and has_checkpoint(out)):
         return None

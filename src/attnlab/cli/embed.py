@@ -24,12 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.checkpoints import CONFIG
     from attnlab.cli import print_json, read_text_arguments
     from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
     from attnlab.tasks.encoder import embed_texts, load_encoder
-    from attnlab.train.checkpoint import CONFIG, read_config
+    from attnlab.train.config import read_config
 
     texts = read_text_arguments(args.text, args.input, "embed")
     if any(not t.strip() for t in texts):

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "OUT/scale_fit.json and OUT/scale.png. Resumable like `attnlab ablate`.",
     )
     p.add_argument("--data", default="", metavar="FILE", help="a UTF-8 text file (default: bundled Tiny Shakespeare)")
-    # The defaults live in attnlab.train.scaling (DEFAULT_SIZES, DEFAULT_TOKENS), which imports torch:
+    # The defaults live in attnlab.studies.scaling (DEFAULT_SIZES, DEFAULT_TOKENS), which imports torch:
     # not at parser time.
     p.add_argument(
         "--sizes",
@@ -56,7 +56,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from attnlab.config import flatten, parse_overrides
-    from attnlab.train.scaling import DEFAULT_SIZES, DEFAULT_TOKENS, fit_summary, format_report, parse_sizes, run_scale
+    from attnlab.studies.scaling import (
+        DEFAULT_SIZES,
+        DEFAULT_TOKENS,
+        fit_summary,
+        format_report,
+        parse_sizes,
+        run_scale,
+    )
 
     sizes = parse_sizes(args.sizes or DEFAULT_SIZES)
     tokens = args.tokens or DEFAULT_TOKENS

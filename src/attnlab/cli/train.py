@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
     """--seeds N: the runs one after another, then their scores as mean ± sd."""
+    from attnlab.studies.seeds import mean_sd, seed_folder, train_seeds
     from attnlab.tasks import TASKS
-    from attnlab.train.seeds import mean_sd, seed_folder, train_seeds
     from attnlab.train.signals import StopRequest
 
     task = TASKS[config.task]

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.config import build, read_toml
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.data.parallel import EpochBatches, pad_rows, token_batches
 from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
@@ -288,14 +287,10 @@ def source_config(pretrained: Pretrained | None, init_from: str, run_dir: Path) 
     if pretrained is not None:
         return pretrained.config
     if init_from and (run_dir / "config.toml").exists():
-        return _saved_model_config(run_dir)
+        from attnlab.tasks.trained import saved_model_config  # it imports the task registry, which imports this
+
+        return saved_model_config(run_dir)[1]
     return None
-
-
-def _saved_model_config(run_dir: Path) -> BertConfig:
-    """The encoder shape a fine-tuning run took from its pre-trained model, as its config.toml says."""
-    doc = read_toml(run_dir / "config.toml")
-    return build(BertConfig, doc.get("model", {}), "model")
 
 
 def _tokenizer_file(path: str) -> Path:

@@ -1,9 +1,10 @@
 """A trained model from a run folder: the task's model built from the config the run saved, with
 its checked weights (`attnlab.checkpoints`), and the run's tokenizer.
 
-`attnlab.train.checkpoint.load_run` (what `attnlab.load` returns) and a fine-tuning run that
-starts from another run (`tasks.encoder`, `--init-from`) both load through here. The task
-registry lives in this layer, so the tasks need nothing from the layers above them.
+`attnlab.train.load.load_run` (what `attnlab.load` returns) and a fine-tuning run that starts
+from another run (`tasks.encoder`, `--init-from`) both load through `load_trained`. The task
+registry lives in this layer, so the tasks need nothing from the layers above them: where they
+need a run's model config they read it with `saved_model_config`.
 """
 
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from attnlab.checkpoints import CONFIG, TOKENIZER, load_weights
-from attnlab.config import build, read_toml
+from attnlab.checkpoints import CONFIG, TOKENIZER, load_weights, read_config_toml
+from attnlab.config import build
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.tasks import TASKS
@@ -43,9 +44,7 @@ def saved_model_config(run_dir: Path) -> tuple[str, Any]:
     """(task name, model config) as the run in `run_dir` saved them in its config.toml (the
     training sections, which only `attnlab.train` reads, are left unread)."""
     path = run_dir / CONFIG
-    if not path.exists():
-        raise CheckpointError(f"{run_dir} is not a run folder: it has no {CONFIG}")
-    doc = read_toml(path)
+    doc = read_config_toml(run_dir)
     task = doc.get("task", "lm")
     if not isinstance(task, str) or task not in TASKS:
         raise CheckpointError(f"{path}: unknown task {task!r}; tasks are {sorted(TASKS)}")

@@ -1,7 +1,7 @@
 """The training state a checkpoint holds beside the weights, saved and restored as one: the step
 and training time, the optimizer, every random generator (batches, torch, CUDA, each rank's), the
 fp16 gradient scaler, the step guard's counts and the best-checkpoint selection. Restoring all of
-it is what makes a resumed run continue bit for bit (`train.checkpoint` writes the files)."""
+it is what makes a resumed run continue bit for bit (`attnlab.checkpoints` writes the files)."""
 
 from pathlib import Path
 from typing import Any

@@ -1,16 +1,20 @@
 """The resolved configuration of a run: task, model, data, train.
 
 A TOML document (a preset, a file, or a run folder's config.toml) plus `--set` overrides becomes
-a `RunConfig`; the model and data sections are the task's own dataclasses.
+a `RunConfig`; the model and data sections are the task's own dataclasses. A run folder's config
+is written and read back here (`write_config`, `read_config`).
 """
 
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from attnlab.checkpoints import CONFIG, read_config_toml
 from attnlab.config import as_dict, build, check_run_keys, close_matches, dump_toml, merge
-from attnlab.errors import ConfigError
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.fileio import atomic_write_text
 from attnlab.tasks import TASKS
 
 CONFIG_FORMAT_VERSION = 1
@@ -193,6 +197,20 @@ def resolve(doc: dict[str, Any]) -> RunConfig:
         train=build(TrainConfig, doc.get("train", {}), "train"),
         log=build(LogConfig, doc.get("log", {}), "log"),
     )
+
+
+def write_config(run_dir: Path, config: RunConfig) -> None:
+    """Save `config` as the run folder's config.toml (atomically)."""
+    atomic_write_text(run_dir / CONFIG, config.to_toml())
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    """The `RunConfig` a run folder saved, checked as `resolve` checks any config; a
+    `CheckpointError` where the folder holds no run or its config.toml is not a valid one."""
+    try:
+        return resolve(read_config_toml(run_dir))
+    except ConfigError as e:
+        raise CheckpointError(f"{run_dir / CONFIG}: {e}") from None
 
 
 def absolute_paths(data: Any) -> Any:

@@ -8,7 +8,7 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import Run, load_run
+from attnlab.train.load import Run, load_run
 
 
 def evaluate_run(

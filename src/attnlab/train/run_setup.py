@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from attnlab.accel import kernels
+from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
 from attnlab.device import keep_freed_memory, resolve_device, resolve_dtype
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint, read_config, write_config
-from attnlab.train.config import RunConfig, absolute_paths
+from attnlab.train.config import RunConfig, absolute_paths, read_config, write_config
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment
 from attnlab.train.precision import Precision
 

@@ -4,7 +4,7 @@ longest measured point, and the lengths the fit used shaded."""
 
 from pathlib import Path
 
-from attnlab.cost import MODEL_LABELS, QUANTITY_LABELS, CostResult
+from attnlab.studies.cost import MODEL_LABELS, QUANTITY_LABELS, CostResult
 from attnlab.viz.figure import DPI, check_png_path, new_figure, save_png
 
 PANEL_IN = (4.6, 3.4)

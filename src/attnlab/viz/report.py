@@ -55,7 +55,7 @@ def write_report(
     or the start of the language model's sample). n_examples: sentences translated, classified or
     tagged. Raises `UserError` for a bad path or a run that cannot be loaded.
     """
-    from attnlab.train.checkpoint import load_run
+    from attnlab.train.load import load_run
     from attnlab.viz.curves import draw_run
     from attnlab.viz.figure import png_bytes, png_data_uri
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.train.scaling import KAPLAN_ALPHA_N, ScaleResult
+from attnlab.studies.scaling import KAPLAN_ALPHA_N, ScaleResult
 from attnlab.viz.figure import check_png_path, new_figure, save_png
 
 

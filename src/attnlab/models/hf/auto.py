@@ -47,7 +47,7 @@ class LoadedCausalLM:
 def is_hf_folder(path: str | Path) -> bool:
     """Whether `path` is a Hugging Face checkpoint folder (a config.json) rather than an attnlab run."""
     path = Path(path)
-    # An attnlab run folder's config is config.toml (attnlab.train.checkpoint.CONFIG, a layer above).
+    # An attnlab run folder's config is config.toml (attnlab.checkpoints.CONFIG).
     return (path / CONFIG_FILE).is_file() and not (path / "config.toml").is_file()
 
 

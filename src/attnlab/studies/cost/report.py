@@ -2,10 +2,10 @@
 
 from collections.abc import Sequence
 
-from attnlab.bench.report import optional_number
-from attnlab.cost.settings import MODEL_LABELS, MODELS, SHORT_LABELS
-from attnlab.cost.study import CostResult
-from attnlab.cost.theory import COUNTED, QUANTITIES, QUANTITY_LABELS
+from attnlab.studies.bench.report import optional_number
+from attnlab.studies.cost.settings import MODEL_LABELS, MODELS, SHORT_LABELS
+from attnlab.studies.cost.study import CostResult
+from attnlab.studies.cost.theory import COUNTED, QUANTITIES, QUANTITY_LABELS
 
 
 def model_groups(models: Sequence[str]) -> list[tuple[str, ...]]:
@@ -104,7 +104,7 @@ def format_table(result: CostResult) -> str:
     notes: list[str] = []
     for i, group in enumerate(groups):
         lines += ([""] if i else []) + _theory_lines(result, group, notes)
-    lines.append("* not in the lectures' table: derived for these models (see attnlab.cost.THEORY)")
+    lines.append("* not in the lectures' table: derived for these models (see attnlab.studies.cost.THEORY)")
     if notes:
         lines.append("† fitted on the lengths that ran: " + "; ".join(notes))
     last = result.lengths[-1]

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from attnlab.accel import for_training
-from attnlab.bench.cases import PEER, SHAPES, VOCAB, TrainCase
-from attnlab.bench.peaks import seconds_per_call
 from attnlab.decode import greedy
 from attnlab.device import autocast
 from attnlab.models import GPT, GPTConfig
+from attnlab.studies.bench.cases import PEER, SHAPES, VOCAB, TrainCase
+from attnlab.studies.bench.peaks import seconds_per_call
 from attnlab.train.guards import grad_norm
 from attnlab.train.optim import adamw
 

@@ -20,11 +20,11 @@ and bandwidth, a model's FLOPs per token), `compare` (attnlab beside `transforme
 
 Legend: B batch, T time (block), H heads, D head dim, C model width, L layers, N parameters.
 
-    from attnlab.bench import run_benchmarks, format_table
+    from attnlab.studies.bench import run_benchmarks, format_table
     print(format_table(run_benchmarks(torch.device("cpu"), quick=True)))
 """
 
-from attnlab.bench.cases import (
+from attnlab.studies.bench.cases import (
     ATTENTION_HEAD_DIM,
     ATTENTION_HEADS,
     ATTENTION_PATHS,
@@ -39,11 +39,11 @@ from attnlab.bench.cases import (
     generate_cases,
     train_cases,
 )
-from attnlab.bench.compare import (
+from attnlab.studies.bench.compare import (
     build_models,
     compare,
 )
-from attnlab.bench.memory import (
+from attnlab.studies.bench.memory import (
     attention_memory,
     attention_memory_case,
     child_env,
@@ -52,15 +52,15 @@ from attnlab.bench.memory import (
     peak_rss_bytes,
     reset_peak_rss,
 )
-from attnlab.bench.peaks import (
+from attnlab.studies.bench.peaks import (
     decode_weight_bytes,
     flops_per_token,
     matmul_peak_flops,
     memory_bandwidth,
 )
-from attnlab.bench.report import format_table, optional_number
-from attnlab.bench.results import BenchResult, GenerateRow, MemoryRow, TrainRow
-from attnlab.bench.run import run_benchmarks
+from attnlab.studies.bench.report import format_table, optional_number
+from attnlab.studies.bench.results import BenchResult, GenerateRow, MemoryRow, TrainRow
+from attnlab.studies.bench.run import run_benchmarks
 
 __all__ = [
     "ATTENTION_HEAD_DIM",

@@ -14,8 +14,7 @@ import pytest
 from attnlab.cli import main
 from attnlab.data.text import bundled_shakespeare
 from attnlab.errors import UserError
-from attnlab.train.checkpoint import read_config
-from attnlab.train.scaling import (
+from attnlab.studies.scaling import (
     KAPLAN_ALPHA_N,
     better_fit,
     compute_frontier,
@@ -25,6 +24,7 @@ from attnlab.train.scaling import (
     parse_sizes,
     plan,
 )
+from attnlab.train.config import read_config
 from helpers import assert_user_error, cli
 
 N = np.geomspace(1e4, 3e6, 7)
@@ -99,7 +99,7 @@ def test_the_ladder_owns_sizes_and_steps(tmp_path, capsys):
 
 
 def test_the_help_states_the_librarys_defaults(capsys):
-    from attnlab.train.scaling import DEFAULT_SIZES, DEFAULT_TOKENS
+    from attnlab.studies.scaling import DEFAULT_SIZES, DEFAULT_TOKENS
 
     code, out, _ = cli(capsys, "scale", "--help")
     text = " ".join(out.split())

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.checkpoints import latest_checkpoint
 from attnlab.cli import main
 from attnlab.data.text import bundled_shakespeare
 from attnlab.models import GPT
+from attnlab.studies.ablation import ablation_specs, load_spec, plan, run_ablation
 from attnlab.train import train
-from attnlab.train.ablation import ablation_specs, load_spec, plan, run_ablation
-from attnlab.train.checkpoint import latest_checkpoint, read_config
+from attnlab.train.config import read_config
 from helpers import WIKITEXT, assert_user_error, cli
 
 BASE = """

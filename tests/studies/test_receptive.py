@@ -4,7 +4,7 @@ and audio presets' models, against the masks' Minkowski sum and the configs."""
 import json
 
 from attnlab.nn.conv import raster_mask
-from attnlab.receptive import autoregressive_rows
+from attnlab.studies.receptive import autoregressive_rows
 from helpers import assert_user_error, cli
 
 

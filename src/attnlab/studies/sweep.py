@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
 from attnlab.config import flatten
 from attnlab.errors import UserError
 from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import CONFIG, has_checkpoint, latest_checkpoint, load_weights, read_config
-from attnlab.train.config import RunConfig
+from attnlab.train.config import RunConfig, read_config
+from attnlab.train.load import load_run
 from attnlab.train.signals import StopRequest
 from attnlab.train.trainer import train
 
@@ -255,8 +256,7 @@ def validation_loss(run_dir: Path, *, max_tokens: int | None = None) -> float:
     """A language model run's loss over every block of its validation split (its last weights, on
     the CPU), or over the split's first `max_tokens` tokens: the same text for every run, where
     metrics.csv holds the trainer's estimate from a few random batches."""
-    config = read_config(run_dir)
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=config.train.batch_size)
-    model = task.build_model()
-    load_weights(run_dir, model)
-    return task.evaluate(model.eval(), torch.device("cpu"), split="val", max_tokens=max_tokens)["val_loss"]
+    run = load_run(run_dir, checkpoint="last")
+    config = run.config
+    task = TASKS[config.task](config.data, config.model, run.path, resume=True, batch_size=config.train.batch_size)
+    return task.evaluate(run.model, torch.device("cpu"), split="val", max_tokens=max_tokens)["val_loss"]

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from attnlab.cost.models import build_model
-from attnlab.cost.settings import CostSettings
+from attnlab.studies.cost.models import build_model
+from attnlab.studies.cost.settings import CostSettings
 
 SUBLAYERS = {
     "rnn": ("recurrent",),

@@ -1,6 +1,6 @@
 """Peak memory of one causal attention forward + backward, the explicit path (which materialises the
 (T, T) weights) against the fused kernel, each in a fresh process; and the resident-set readings
-(`peak_rss_bytes`, `reset_peak_rss`) that `attnlab.cost` shares.
+(`peak_rss_bytes`, `reset_peak_rss`) that `attnlab.studies.cost` shares.
 
 Legend: B batch, T time, H heads, D head dim.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.cases import ATTENTION_HEAD_DIM, ATTENTION_HEADS, ATTENTION_PATHS
-from attnlab.bench.results import MemoryRow
 from attnlab.nn import causal_mask, scaled_dot_product_attention
+from attnlab.studies.bench.cases import ATTENTION_HEAD_DIM, ATTENTION_HEADS, ATTENTION_PATHS
+from attnlab.studies.bench.results import MemoryRow
 
 
 def _attention_inputs(seq_len: int, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -78,7 +78,7 @@ def attention_memory_case(path: str, seq_len: int, *, threads: int | None = None
 
 
 _MEMORY_CHILD = (
-    "import sys; from attnlab.bench.memory import attention_memory_case; "
+    "import sys; from attnlab.studies.bench.memory import attention_memory_case; "
     "print(attention_memory_case(sys.argv[1], int(sys.argv[2]), threads=int(sys.argv[3])))"
 )
 

@@ -67,9 +67,9 @@ References:
   §2 and App. D (window + global + random blocks).
 """
 
-from attnlab.cost.counting import SUBLAYERS, count_on_key_masks, count_steps
-from attnlab.cost.measure import _Server, measure_case, serve_cases
-from attnlab.cost.models import (
+from attnlab.studies.cost.counting import SUBLAYERS, count_on_key_masks, count_steps
+from attnlab.studies.cost.measure import _Server, measure_case, serve_cases
+from attnlab.studies.cost.models import (
     RNNLM,
     AttentionCarry,
     AttentionRNNLayer,
@@ -78,8 +78,8 @@ from attnlab.cost.models import (
     RNNLMConfig,
     build_model,
 )
-from attnlab.cost.report import format_table, model_groups
-from attnlab.cost.settings import (
+from attnlab.studies.cost.report import format_table, model_groups
+from attnlab.studies.cost.settings import (
     ALL_MODELS,
     ATTENTION_CHUNK,
     ATTENTION_MODELS,
@@ -96,7 +96,7 @@ from attnlab.cost.settings import (
     WARMUP_TOKENS,
     CostSettings,
 )
-from attnlab.cost.study import (
+from attnlab.studies.cost.study import (
     MEMORY_METHOD,
     TIMING_METHOD,
     CostResult,
@@ -106,7 +106,7 @@ from attnlab.cost.study import (
     fit_table,
     measure_cost,
 )
-from attnlab.cost.theory import COUNTED, QUANTITIES, QUANTITY_LABELS, THEORY, Theory, fit_exponent
+from attnlab.studies.cost.theory import COUNTED, QUANTITIES, QUANTITY_LABELS, THEORY, Theory, fit_exponent
 
 __all__ = [
     "ALL_MODELS",

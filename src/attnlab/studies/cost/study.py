@@ -9,10 +9,10 @@ from datetime import date
 
 import torch
 
-from attnlab.cost.counting import count_steps
-from attnlab.cost.measure import _Server
-from attnlab.cost.settings import CASE_BUDGET_S, KINDS, MODEL_LABELS, MODELS, VOCAB, CostSettings
-from attnlab.cost.theory import COUNTED, QUANTITIES, THEORY, fit_exponent
+from attnlab.studies.cost.counting import count_steps
+from attnlab.studies.cost.measure import _Server
+from attnlab.studies.cost.settings import CASE_BUDGET_S, KINDS, MODEL_LABELS, MODELS, VOCAB, CostSettings
+from attnlab.studies.cost.theory import COUNTED, QUANTITIES, THEORY, fit_exponent
 
 
 @dataclass

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlab.cost.settings import ALL_MODELS, ATTENTION_CHUNK, TRANSFORMERS, VOCAB, CostSettings
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.rnn import AdditiveAttention
+from attnlab.studies.cost.settings import ALL_MODELS, ATTENTION_CHUNK, TRANSFORMERS, VOCAB, CostSettings
 
 
 @dataclass(frozen=True)

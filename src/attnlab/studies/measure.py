@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.tasks import TASKS
-from attnlab.train.checkpoint import load_weights, read_config
+from attnlab.train.load import load_run
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -45,13 +45,10 @@ class ModelMeasure:
 def measure_run(run_dir: str | Path) -> ModelMeasure:
     """Parameters and counted training FLOPs per token of the model in a run folder, on the first
     training batch its seed draws (weights as trained, on the CPU)."""
-    run_dir = Path(run_dir)
-    config = read_config(run_dir)
-    tc = config.train
-    task = TASKS[config.task](config.data, config.model, run_dir, resume=True, batch_size=tc.batch_size)
-    model = task.build_model()
-    load_weights(run_dir, model)
-    model.train()
+    run = load_run(run_dir, checkpoint="last")
+    config, tc = run.config, run.config.train
+    task = TASKS[config.task](config.data, config.model, run.path, resume=True, batch_size=tc.batch_size)
+    model = run.model.train()
     batch = task.train_batch(0, torch.Generator().manual_seed(tc.seed))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         task.loss(model, batch, torch.device("cpu"), tc.label_smoothing).backward()

@@ -11,8 +11,17 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from attnlab.bench.cases import GENERATE_BLOCK, PEER, PROMPT_LEN, VOCAB, attention_lengths, generate_cases, train_cases
-from attnlab.bench.compare import (
+from attnlab.device import cpu_description
+from attnlab.studies.bench.cases import (
+    GENERATE_BLOCK,
+    PEER,
+    PROMPT_LEN,
+    VOCAB,
+    attention_lengths,
+    generate_cases,
+    train_cases,
+)
+from attnlab.studies.bench.compare import (
     attnlab_generate,
     build_models,
     compare,
@@ -21,11 +30,10 @@ from attnlab.bench.compare import (
     train_step,
     transformers_generate,
 )
-from attnlab.bench.memory import attention_memory
-from attnlab.bench.peaks import decode_weight_bytes, flops_per_token, matmul_peak_flops, memory_bandwidth
-from attnlab.bench.report import flops_text, progress_line
-from attnlab.bench.results import BenchResult, GenerateRow, TrainRow
-from attnlab.device import cpu_description
+from attnlab.studies.bench.memory import attention_memory
+from attnlab.studies.bench.peaks import decode_weight_bytes, flops_per_token, matmul_peak_flops, memory_bandwidth
+from attnlab.studies.bench.report import flops_text, progress_line
+from attnlab.studies.bench.results import BenchResult, GenerateRow, TrainRow
 
 
 def _machine(device: torch.device) -> str:

@@ -36,9 +36,8 @@ from attnlab.config import flatten, load_preset_or_file, merge, nest
 from attnlab.errors import UserError
 from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
-from attnlab.train.config import apply_overrides, resolve
-from attnlab.train.measure import measure_run, non_embedding_parameters
-from attnlab.train.sweep import (
+from attnlab.studies.measure import measure_run, non_embedding_parameters
+from attnlab.studies.sweep import (
     PlannedRun,
     RunOutcome,
     eval_rows,
@@ -48,6 +47,7 @@ from attnlab.train.sweep import (
     text_table,
     validation_loss,
 )
+from attnlab.train.config import apply_overrides, resolve
 
 KAPLAN_ALPHA_N = 0.076
 """Kaplan et al. 2020 Eq. 1.1: L(N) = (N_c / N)^0.076, N_c = 8.8e13, for models trained to convergence on WebText2."""

@@ -2,8 +2,8 @@
 
 import torch
 
-from attnlab.bench.cases import ATTENTION_HEAD_DIM, ATTENTION_HEADS, PEER
-from attnlab.bench.results import BenchResult
+from attnlab.studies.bench.cases import ATTENTION_HEAD_DIM, ATTENTION_HEADS, PEER
+from attnlab.studies.bench.results import BenchResult
 
 
 def flops_text(flops: float, device: torch.device) -> str:

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.bench.memory import child_env, peak_rss_bytes, reset_peak_rss
-from attnlab.cost.models import build_model
-from attnlab.cost.settings import CASE_BUDGET_S, KINDS, PAGE, VOCAB, WARMUP_TOKENS, CostSettings
 from attnlab.decode import generate_tokens, greedy_picker
+from attnlab.studies.bench.memory import child_env, peak_rss_bytes, reset_peak_rss
+from attnlab.studies.cost.models import build_model
+from attnlab.studies.cost.settings import CASE_BUDGET_S, KINDS, PAGE, VOCAB, WARMUP_TOKENS, CostSettings
 from attnlab.train.optim import adamw
 
 
@@ -80,7 +80,7 @@ def measure_case(model_name: str, kind: str, t: int, settings: CostSettings, thr
     return min(times), peak / 2**20
 
 
-_SERVER = "from attnlab.cost.measure import serve_cases; serve_cases()"
+_SERVER = "from attnlab.studies.cost.measure import serve_cases; serve_cases()"
 
 
 def serve_cases() -> None:

@@ -1,4 +1,4 @@
-"""attnlab.cost: the counted steps against a brute-force graph search, the fits against exact power
+"""attnlab.studies.cost: the counted steps against a brute-force graph search, the fits against exact power
 laws, the cost models' two forward paths against each other, and the memory reading of a real
 case in a fresh process against the tensors it must hold."""
 
@@ -12,7 +12,8 @@ from collections import deque
 import pytest
 import torch
 
-from attnlab.cost import (
+from attnlab.nn.sparse import BigBirdAttention
+from attnlab.studies.cost import (
     ATTENTION_CHUNK,
     ATTENTION_MODELS,
     MODELS,
@@ -35,7 +36,6 @@ from attnlab.cost import (
     measure_cost,
     model_groups,
 )
-from attnlab.nn.sparse import BigBirdAttention
 
 
 # -- counting -------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ Modifications Transfer Across Implementations and Applications?")
 A spec names a base configuration (a preset or a TOML file), overrides for every run, and named
 variants, each a few overrides of the model. Every variant is trained the same way (data, steps,
 batch, schedule, evaluation), with S seeds each, and the table reports the paper's columns:
-parameters, training FLOPs per token (counted on a real step, `train.measure`), steps per second,
+parameters, training FLOPs per token (counted on a real step, `studies.measure`), steps per second,
 the validation loss early (at a quarter of training) and at the end (mean ± sd over seeds), and
 the task's downstream metric. The runs are ordinary run folders, trained resumably by
-`train.sweep`.
+`studies.sweep`.
 
     # shakespeare.toml
     base = "shakespeare-char-cpu"
@@ -34,10 +34,8 @@ from typing import Any
 from attnlab.config import close_matches, flatten, load_preset_or_file, nest, presets
 from attnlab.errors import ConfigError, UserError
 from attnlab.fileio import atomic_write_text
-from attnlab.train.checkpoint import read_config
-from attnlab.train.config import RunConfig, apply_overrides, resolve
-from attnlab.train.measure import measure_run
-from attnlab.train.sweep import (
+from attnlab.studies.measure import measure_run
+from attnlab.studies.sweep import (
     PlannedRun,
     RunOutcome,
     eval_rows,
@@ -47,6 +45,7 @@ from attnlab.train.sweep import (
     text_table,
     validation_loss,
 )
+from attnlab.train.config import RunConfig, apply_overrides, read_config, resolve
 
 SPECS_FOLDER = "presets/ablations"
 SPEC_KEYS = ("base", "description", "seeds", "set", "variants")

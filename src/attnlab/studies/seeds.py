@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnlab.checkpoints import CONFIG
 from attnlab.device import resolve_device
-from attnlab.train.checkpoint import CONFIG
 from attnlab.train.config import RunConfig
 from attnlab.train.evaluate import evaluate_run
 from attnlab.train.signals import StopRequest

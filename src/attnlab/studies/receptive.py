@@ -12,7 +12,7 @@ cache and reruns the whole image, naive WaveNet its receptive field, cached Wave
 Counted, not assumed: the receptive fields of the PixelCNNs come from the gradient of one output
 pixel of the preset's architecture (narrowed to 8 channels: the width does not change which pixels
 connect), WaveNet's from its config (equal to the gradient's, tests/models/test_wavenet.py), and
-the RNN's and the Transformer's sequential steps from `attnlab.cost.count_steps`.
+the RNN's and the Transformer's sequential steps from `attnlab.studies.cost.count_steps`.
 
 Legend: t sequence length, d layers.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.config import load_preset_or_file
-from attnlab.cost import count_steps
+from attnlab.studies.cost import count_steps
 from attnlab.train.config import resolve
 
 IMAGE_SIDE = 28
