@@ -9,7 +9,7 @@
 - `operators`: compiled greedy decoding with the weight products as attnlab's operators (what
   attnlab does) or left to the compiler (both decoding routes switched off).
 - `beam`: beam search (beam 5, one sentence per call) of a trained translation run with the
-  reordered-weight threshold of `attnlab.nn.projection`, with the one-row threshold, and with
+  reordered-weight threshold of `attnlab.accel.projection`, with the one-row threshold, and with
   neither decoding route.
 
     python benchmarks/decode_ab.py reset attention wrapper operators [--rounds 4]
@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import attnlab.accel.projection as projection
 import attnlab.decode.sampling as sampling
 import attnlab.nn.attention as attention
-import attnlab.nn.projection as projection
 from attnlab.decode import greedy
 from attnlab.models import GPT, GPTConfig
 

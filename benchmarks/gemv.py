@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn import Linear, linear
+from attnlab.accel.projection import Linear, linear
 
 OUT_FEATURES, IN_FEATURES, MATRICES = 1536, 384, 40
 

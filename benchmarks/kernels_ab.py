@@ -1,9 +1,9 @@
 """Two builds of attnlab's training kernels side by side: one pre-norm block, its attention, or the optimizer.
 
-A change to `src/attnlab/nn/kernels.cpp` worth a percent or two is below the spread of whole
+A change to `src/attnlab/accel/kernels.cpp` worth a percent or two is below the spread of whole
 training steps between runs; this times the C++ calls themselves, forward + backward, the two
 builds taking turns (the order flipped every round) on the same inputs, after checking what each
-gives. Build each source once (`python -c "from attnlab.nn.kernels import extension;
+gives. Build each source once (`python -c "from attnlab.accel.kernels import extension;
 extension()"`) and copy the module it leaves in
 `~/.cache/torch_extensions/attnlab_kernels_*/attnlab_kernels_*.so` (`attnlab kernels status` says
 which folder) aside:
@@ -60,7 +60,7 @@ def worker(build: Path, part: str, shape: str, block: int, batch: int) -> None:
 
     answers, sys.stdout = sys.stdout, sys.stderr  # stdout carries the answers alone
 
-    from attnlab.nn import kernels
+    from attnlab.accel import kernels
     from attnlab.studies import bench
 
     spec = importlib.util.spec_from_file_location(module_name(build), build)

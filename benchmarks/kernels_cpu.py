@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from run_info import run_info
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 
 # (batch, block, width, heads) of the bench's two training cases
 CASES = {"4x4x128": (12, 64, 128, 4), "6x6x384": (12, 256, 384, 6)}

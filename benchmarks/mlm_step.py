@@ -31,6 +31,7 @@ Medians over repeats. No data files: the step's cost does not depend on which id
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import time
@@ -41,10 +42,10 @@ import torch
 from run_info import run_info
 
 import attnlab.nn.attention
+from attnlab.accel import for_training, kernels, reference_cross_entropy
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.device import autocast, cpu_description, cpu_has_bf16_matmul, keep_freed_memory
 from attnlab.models.bert import Bert, BertConfig
-from attnlab.nn import kernels
 from attnlab.tasks.mlm import masked_lm_loss
 from attnlab.train.optim import adamw
 
@@ -77,19 +78,23 @@ def main() -> None:
     cpu = torch.device("cpu")
     ids = torch.randint(5, args.vocab, (BATCH, BLOCK))
     labels = torch.where(torch.rand(BATCH, BLOCK) < CHOSEN, ids, IGNORE_INDEX)
-    compiled = torch.compile(model) if args.compile else model  # shares the parameters
+    # Training mode throughout (the kernels run in training mode), dropout 0 unless a variant asks.
+    models = {False: model, True: for_training(copy.deepcopy(model)).model}  # the trainer's two paths
+    compiled = {on: torch.compile(m) for on, m in models.items()} if args.compile else models
     optimizers = {  # the trainer's: ClippingAdamW where the kernels are on
-        on: adamw(model, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu, kernel=on) for on in (False, True)
+        on: adamw(m, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, device=cpu, kernel=on) for on, m in models.items()
     }
 
     def step(v: Variant) -> None:
-        model.train(v.dropout)
+        model = models[v.kernels].train()
+        _set_dropout(model, 0.1 if v.dropout else 0.0)
+        cross_entropy = kernels.cross_entropy if v.kernels else reference_cross_entropy
         with contextlib.ExitStack() as stack:
-            stack.enter_context(kernels.enabled(v.kernels))
             if v.fused_attention:
                 stack.enter_context(_fused_attention())
             with autocast(cpu, "bfloat16" if v.bf16 else "float32"):  # as the trainer's train.dtype
-                loss = masked_lm_loss(compiled if v.compiled else model, ids, labels)  # the trainer's loss
+                forward = compiled[v.kernels] if v.compiled else model
+                loss = masked_lm_loss(forward, ids, labels, cross_entropy=cross_entropy)  # the trainer's loss
             loss.backward()
         optimizer = optimizers[v.kernels]
         if hasattr(optimizer, "clip_grad_norm_"):
@@ -157,6 +162,15 @@ def main() -> None:
             )
             + "\n"
         )
+
+
+def _set_dropout(model: torch.nn.Module, p: float) -> None:
+    """Every dropout of the model at rate p (0: as in eval mode, the modules still training)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = p
+        elif isinstance(m, attnlab.nn.attention.MultiHeadAttention):
+            m.dropout = p
 
 
 @contextlib.contextmanager

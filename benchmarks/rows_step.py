@@ -1,6 +1,6 @@
 """What one continuous-batching step costs: the C++ rows step (`FusedStep.rows`) of a GPT run at
 1, 8 and 32 cache rows, and, at 32 rows, the four weight products of one block alone, as PyTorch's
-matrix product and as oneDNN's over the reordered weight (`attnlab.nn.projection.reordered_weight`).
+matrix product and as oneDNN's over the reordered weight (`attnlab.accel.projection.reordered_weight`).
 The 32-row step is also timed with PyTorch's products in place of the reordered weights it takes
 past 8 rows, the two ways alternating three times.
 
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
+from attnlab.accel.projection import reordered_weight
 from attnlab.decode.batching import Batcher, Sequence
-from attnlab.nn.projection import reordered_weight
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run_info import run_info  # noqa: E402

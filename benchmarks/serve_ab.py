@@ -29,7 +29,7 @@ from serve_load import Server, drive  # noqa: E402
 def base_env(base: Path) -> dict[str, str]:
     """The environment that makes `python -m attnlab` the base checkout's, its extensions built."""
     env = {**os.environ, "PYTHONPATH": str(base / "src"), "TORCH_EXTENSIONS_DIR": str(base / ".torch_extensions")}
-    build = "from attnlab.decode.fused import extension; assert extension() is not None"
+    build = "from attnlab.accel.fused import extension; assert extension() is not None"
     subprocess.run([sys.executable, "-c", build], env=env, check=True)
     return env
 

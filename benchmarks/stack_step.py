@@ -5,7 +5,7 @@ as `attnlab bench --fused` does, alternating within every round (which goes firs
 too): one as the code stands, its blocks through `kernels.pre_norm_stack` (the whole stack one
 call forward and one backward), the other with that declined, so that each block is a call of its
 own (`kernels.pre_norm_block`, as before the stack). The same build of the kernels serves both;
-their losses and gradients are equal to the bit (tests/nn/test_kernels.py). Prints the median ms
+their losses and gradients are equal to the bit (tests/accel/test_kernels.py). Prints the median ms
 per step of each and the median of the per-round ratios.
 
     python benchmarks/stack_step.py [--shape 4x4x128] [--rounds 30] [--out FILE.json]
@@ -19,7 +19,7 @@ import torch
 from run_info import run_info
 from train_case import add_rounds_arguments, add_train_case_arguments, alternate, train_case
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 from attnlab.studies import bench
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     stack = kernels.pre_norm_stack
 
     def one_call_per_block() -> None:
-        kernels.pre_norm_stack = lambda *a, **k: None  # GPT.forward then calls its blocks one by one
+        kernels.pre_norm_stack = lambda *a, **k: None  # FusedGPT._stack then calls its blocks one by one
         try:
             block_step()
         finally:

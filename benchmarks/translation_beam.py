@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--fused", action="store_true", help="attnlab's fused C++ decoder step (attnlab.decode.fused)")
+    p.add_argument("--fused", action="store_true", help="attnlab's fused C++ decoder step (attnlab.accel.fused)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 

@@ -116,15 +116,7 @@ def test_citations_read_files_folders_patterns_and_alternatives():
 
 PENDING = {
     # being moved by issue 45 item 1
-    "src/attnlab/nn/attention.py",
-    "src/attnlab/nn/kernels.py",
-    "src/attnlab/nn/kernels.cpp",
-    "src/attnlab/nn/projection.py",
-    "src/attnlab/nn/extensions.py",
-    "src/attnlab/decode/fused.py",
-    "src/attnlab/decode/fused_step.cpp",
     "src/attnlab/decode/batching.py",
-    "src/attnlab/train/optim.py",
     "src/attnlab/cli/kernels.py",
     "src/attnlab/cli/demo.py",
     "src/attnlab/train/run_setup.py",

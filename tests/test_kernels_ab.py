@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nn",),  # building blocks
     ("data",),  # tokenizers, data sets, batching (data/graphs.py uses nn's edge-index helpers)
     ("models",),  # the families
+    ("accel",),  # the tuned code, applied to models by one explicit call
     ("decode", "eval"),  # decoding and metrics: pure functions of models, tensors and token ids
     ("tasks",),  # which model, which data, which loss, which metric
     ("train",),  # the loop
@@ -95,6 +96,17 @@ def test_the_allowed_upward_imports_still_exist():
     """An entry of ALLOWED that the code no longer needs is removed, so the list stays honest."""
     present = {(module, imported) for module, imported, _ in edges()}
     assert not set(ALLOWED) - present
+
+
+def test_the_reference_code_never_imports_the_tuned_code():
+    """nn/ and models/ are reference PyTorch: the tuned code (accel/) is applied to them from above
+    (`attnlab.accel.for_training`, `for_decoding`), never asked for from inside, ALLOWED or not."""
+    asked = [
+        f"{module}:{line} imports {imported}"
+        for module, imported, line in edges()
+        if part(module) in ("nn", "models") and part(imported) == "accel"
+    ]
+    assert not asked, "\n".join(asked)
 
 
 def test_no_cycle_between_the_top_level_packages():

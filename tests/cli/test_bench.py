@@ -77,8 +77,7 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
     assert TOP_KEYS <= result.keys()
     assert result["device"] == "cpu" and result["quick"] is True and result["repeats"] >= 1
     # The defaults' paths: attnlab's C++ kernels exactly where they are built (make builds them).
-    from attnlab.decode import fused
-    from attnlab.nn import kernels
+    from attnlab.accel import fused, kernels
 
     assert result["compiled"] is False and result["fused"] is (kernels.is_built() and fused.is_built())
     assert result["torch"] == torch.__version__
@@ -205,7 +204,7 @@ def test_an_unknown_attention_path_is_refused():
 
 def test_quick_fused_trains_with_the_kernels_and_decodes_with_the_fused_step(capsys, recwarn, monkeypatch):
     pytest.importorskip("transformers")
-    from attnlab.nn import kernels
+    from attnlab.accel import kernels
 
     calls = []
     apply = kernels._PreNormBlock.apply

@@ -84,7 +84,7 @@ def test_compiled_and_fused_greedy_samples_print_the_eager_text(trained_run, cap
 def test_sample_takes_the_fused_step_by_default_where_it_is_built_and_never_builds_it(
     trained_run, capsys, monkeypatch, built
 ):
-    from attnlab.decode import fused
+    from attnlab.accel import fused
 
     steps = []
     gpt_step = fused.gpt_step

@@ -6,9 +6,8 @@ import warnings
 
 import pytest
 
-from attnlab.decode import fused
-from attnlab.nn import kernels
-from attnlab.nn.extensions import build_folder
+from attnlab.accel import fused, kernels
+from attnlab.accel.extensions import build_folder
 from helpers import cli
 
 

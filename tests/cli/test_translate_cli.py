@@ -55,7 +55,7 @@ def test_beam_one_equals_greedy_through_the_cli(mt_run, capsys):
 
 
 def test_fused_translate_writes_what_the_eager_one_does(mt_run, capsys, tmp_path):
-    from attnlab.decode.fused import extension
+    from attnlab.accel.fused import extension
 
     if extension() is None:
         pytest.skip("the fused step could not be built here")
@@ -84,7 +84,7 @@ def test_eval_reports_both_bleus_and_the_signature(mt_run, capsys):
 
 @pytest.mark.parametrize("built", [True, False])
 def test_eval_decodes_with_the_fused_step_where_it_is_built_and_scores_the_same(mt_run, capsys, monkeypatch, built):
-    from attnlab.decode import fused
+    from attnlab.accel import fused
 
     if built and fused.extension() is None:
         pytest.skip("the fused step could not be built here")

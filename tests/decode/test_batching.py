@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from attnlab.accel.fused import extension
 from attnlab.decode import greedy, sample, sampling_picker
 from attnlab.decode.batching import Batcher, Sequence, takes_row_positions
-from attnlab.decode.fused import extension
 from attnlab.nn.attention import KVCache
 from decode.conftest import tiny_gpt
 from tolerance import assert_float32_close, gpt_sums

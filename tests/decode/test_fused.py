@@ -1,4 +1,4 @@
-"""attnlab.decode.fused: the C++ decoding step against the model's own forward.
+"""attnlab.accel.fused: the C++ decoding step against the model's own forward.
 
 The reference is the eager decoding loop (itself tested against recomputing every window): the
 fused step must give the same greedy tokens, and logits equal to float rounding, for every
@@ -9,9 +9,10 @@ The extension is built once per machine (about a minute; cached by torch.utils.c
 import pytest
 import torch
 
-from attnlab.decode import fused, greedy, sample
-from attnlab.decode.fused import FusedStep, extension, supports
-from attnlab.nn.projection import MKLDNN, has_reordered_weight
+from attnlab.accel import fused
+from attnlab.accel.fused import FusedStep, extension, supports
+from attnlab.accel.projection import MKLDNN, has_reordered_weight
+from attnlab.decode import greedy, sample
 from tolerance import assert_float32_close, gpt_sums
 
 pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")

@@ -1,4 +1,4 @@
-"""attnlab.decode.fused: the encoder–decoder's C++ decoder step against the model's own `step`.
+"""attnlab.accel.fused: the encoder–decoder's C++ decoder step against the model's own `step`.
 
 The reference is the eager beam search (itself tested against brute force in test_beam.py): with
 `fused=True` it must return the same translations, and the fused state must give the model's
@@ -9,7 +9,7 @@ search does it. The extension is built once per machine (cached by torch.utils.c
 import pytest
 import torch
 
-from attnlab.decode.fused import FusedDecoderState, extension, supports_decoder
+from attnlab.accel.fused import FusedDecoderState, extension, supports_decoder
 from attnlab.decode.seq2seq import beam_search, greedy_translate
 from attnlab.models.rnn import RNNConfig, build_rnn
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
@@ -158,7 +158,7 @@ def test_under_cpu_autocast_beam_search_decodes_eagerly_in_the_precision_asked()
 def test_without_onednn_the_many_row_products_take_the_matrix_product(monkeypatch):
     """Where PyTorch has no oneDNN, the state passes no reordered weights and the C++ step
     multiplies with PyTorch's matrix product instead: the same translations."""
-    import attnlab.decode.fused as fused_module
+    import attnlab.accel.fused as fused_module
 
     model = random_transformer(2, norm="pre")
     src = sources(4, 6, seed=5)

@@ -5,8 +5,8 @@ combinations that cannot work are refused by the config with a reason."""
 import pytest
 import torch
 
+from attnlab.accel import uncovered_parts
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import kernels
 
 V = 40
 CAUSAL_PATTERNS = {
@@ -126,4 +126,4 @@ def test_linformer_bert_stops_at_max_len_and_kernels_step_aside():
     model = bert(attention="linformer", linformer_k=8)
     with pytest.raises(ValueError, match="max_len"):
         model(torch.randint(1, V, (1, 17)))
-    assert "attention=linformer" in kernels.unsupported_parts(model)
+    assert "attention=linformer" in uncovered_parts(model)

@@ -7,10 +7,11 @@ import csv
 import pytest
 import torch
 
-from attnlab.decode.fused import supports, supports_decoder
+from attnlab.accel import for_training, kernels, uncovered_parts
+from attnlab.accel.fused import supports, supports_decoder
 from attnlab.decode.sampling import generate_tokens, greedy_picker
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import kernels, sinusoidal_positions
+from attnlab.nn import sinusoidal_positions
 from helpers import cli
 
 V = 40
@@ -119,12 +120,15 @@ def test_moe_auxiliary_loss_is_added_in_training_only():
 @pytest.mark.parametrize("name", ["llama", "rezero+layernorm", "moe", "albert", "factorized", "geglu"])
 def test_cpp_kernels_and_fused_decoding_step_aside(name):
     model = gpt(**PARTS[name])
-    assert kernels.unsupported_parts(model) is not None
+    assert uncovered_parts(model) is not None
     assert not supports(model, model.new_cache(1))
-    assert supports(gpt(), gpt().new_cache(1)) and kernels.unsupported_parts(gpt()) is None
+    assert supports(gpt(), gpt().new_cache(1)) and uncovered_parts(gpt()) is None
     idx = torch.randint(0, V, (2, 8))
-    with torch.no_grad(), kernels.enabled():  # whatever builds here, the result is PyTorch's
-        torch.testing.assert_close(model(idx), gpt(**PARTS[name])(idx), rtol=0, atol=0)
+    other = gpt(**PARTS[name])
+    if kernels.is_built():  # whatever builds here, the same result each time, in training too
+        for_training(model), for_training(other)
+    with torch.no_grad():
+        torch.testing.assert_close(model.train()(idx), other.train()(idx), rtol=0, atol=0)
 
 
 def seq2seq(**overrides) -> Seq2SeqTransformer:

@@ -4,10 +4,11 @@ training length where the scheme allows it, and the C++ fast paths stepping asid
 import pytest
 import torch
 
+from attnlab.accel import for_training, kernels, uncovered_parts
 from attnlab.decode.sampling import generate_tokens, greedy_picker, sampling_picker
 from attnlab.decode.seq2seq import beam_search
 from attnlab.models import GPT, Bert, BertConfig, GPTConfig, Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.nn import POSITIONS, kernels
+from attnlab.nn import POSITIONS
 
 V = 40
 SCHEMES = list(POSITIONS)
@@ -158,16 +159,18 @@ def test_cpp_training_kernels_step_aside_for_positions_inside_attention(position
     model = gpt(positions)
     x = torch.randn(2, 8, 16)
     assert kernels._block_setup(model.blocks[0], x, True) is None
-    assert "positions=" + positions in kernels.unsupported_parts(model)
-    assert kernels.unsupported_parts(gpt("learned")) is None
-    with kernels.enabled():  # whether or not the extension builds here, the result is PyTorch's
-        idx = torch.randint(0, V, (2, 8))
-        torch.testing.assert_close(model(idx), gpt(positions)(idx), rtol=0, atol=0)
+    assert "positions=" + positions in uncovered_parts(model)
+    assert uncovered_parts(gpt("learned")) is None
+    other = gpt(positions)
+    if kernels.is_built():  # whatever builds here, the same result each time, in training too
+        for_training(model), for_training(other)
+    idx = torch.randint(0, V, (2, 8))
+    torch.testing.assert_close(model.train()(idx), other.train()(idx), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("positions", ["rope", "alibi", "relative"])
 def test_fused_decoding_declines_positions_inside_attention(positions):
-    from attnlab.decode.fused import supports, supports_decoder
+    from attnlab.accel.fused import supports, supports_decoder
 
     model = gpt(positions)
     assert not supports(model, model.new_cache(1))

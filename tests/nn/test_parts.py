@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.accel.coverage import covers_attention, covers_block
 from attnlab.nn import (
     GATED_UNITS,
     BlockParts,
@@ -86,7 +87,7 @@ def test_rezero_block_equals_formula():
     h = x + block.gate1.alpha * block.attn(x, causal=True)[0]
     expected = h + block.gate2.alpha * block.ffn(h)
     torch.testing.assert_close(block(x, causal=True)[0], expected)
-    assert isinstance(block.gate1, ReZero) and not block.plain
+    assert isinstance(block.gate1, ReZero) and not covers_block(block)  # the C++ kernels step aside
 
 
 # ---- feed-forward ------------------------------------------------------------------------------
@@ -314,7 +315,7 @@ def test_grouped_query_attention_equals_formula(n_kv):
     y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, T, C)
     expected = y @ attn.out_proj.weight.T + attn.out_proj.bias
     torch.testing.assert_close(attn(x, causal=True)[0], expected, rtol=1e-5, atol=1e-5)
-    assert attn.in_proj.weight.shape == (C + 2 * n_kv * d, C) and not attn.plain
+    assert attn.in_proj.weight.shape == (C + 2 * n_kv * d, C) and not covers_attention(attn)
 
 
 def test_grouped_query_equals_multi_head_when_every_head_has_its_own():
@@ -322,7 +323,7 @@ def test_grouped_query_equals_multi_head_when_every_head_has_its_own():
     b = MultiHeadAttention(C, H, n_kv_heads=H)
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, T, C)
-    assert torch.equal(a(x, causal=True)[0], b(x, causal=True)[0]) and b.plain
+    assert torch.equal(a(x, causal=True)[0], b(x, causal=True)[0]) and covers_attention(b)
 
 
 def test_grouped_query_rejects_a_count_that_does_not_divide():
@@ -333,7 +334,7 @@ def test_grouped_query_rejects_a_count_that_does_not_divide():
 def test_ffn_in_block_through_parts():
     block = TransformerBlock(C, H, 24, activation="swiglu", parts=BlockParts(normalization="rmsnorm", n_kv_heads=2))
     assert isinstance(block.ffn, GatedFeedForward) and isinstance(block.norm1, RMSNorm)
-    assert block.attn.n_kv_heads == 2 and not block.plain
+    assert block.attn.n_kv_heads == 2 and not covers_block(block)  # the C++ kernels step aside
     x = torch.randn(2, T, C)
     assert block(x, causal=True)[0].shape == x.shape
     assert F.mse_loss(block(x)[0], x) > 0

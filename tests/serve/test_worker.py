@@ -6,9 +6,9 @@ import asyncio
 import pytest
 import torch
 
+from attnlab.accel.fused import by_default, extension
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
 from attnlab.decode import complete, greedy_picker, sampling_picker
-from attnlab.decode.fused import by_default, extension
 from attnlab.serve.worker import ModelWorker, QueueFull, Sampling
 from decode.conftest import tiny_gpt
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import kernels
-from attnlab.nn.projection import MKLDNN, Linear
+from attnlab.accel import kernels
+from attnlab.accel.projection import MKLDNN, Linear
 from attnlab.train.guards import grad_norm
 from attnlab.train.optim import ClippingAdamW, adamw
 from helpers import threads

@@ -5,8 +5,10 @@ already, never builds them, and a resumed run keeps what its start chose."""
 
 import pytest
 
+from attnlab import load
+from attnlab.accel import kernels
 from attnlab.config import ConfigError
-from attnlab.nn import kernels
+from attnlab.models import GPT
 from attnlab.train import train
 from attnlab.train.config import read_config
 from helpers import losses, run_config
@@ -33,7 +35,8 @@ def test_fused_kernels_train_like_pytorchs_operators(tiny_toml, tmp_path, monkey
     for got, want in zip(losses(tmp_path / "fused"), losses(tmp_path / "eager"), strict=True):
         for g, w in zip(got, want, strict=True):
             assert (g == w == "") or float(g) == pytest.approx(float(w), abs=1e-3)
-    assert not kernels.is_enabled()  # only inside the training steps
+    # The kernels stay with the trainer's model: the run folder loads as nn/'s reference GPT.
+    assert type(load(tmp_path / "fused").model) is GPT
 
 
 def test_without_a_build_the_trainer_says_so_and_uses_pytorch(tiny_toml, tmp_path, monkeypatch, capsys):

@@ -6,8 +6,8 @@ stand-in where a run asks for them, and no step runs through it."""
 import pytest
 import torch
 
+from attnlab.accel import kernels
 from attnlab.models import GPT, GPTConfig, WaveNet, WaveNetConfig
-from attnlab.nn import kernels
 from attnlab.train import train
 from attnlab.train.run_setup import choose_kernels, set_up_run
 from helpers import run_config

@@ -68,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fused and device.type != "cpu":
         raise UserError("--fused runs attnlab's CPU kernels; use --device cpu")
     if args.fused is None:  # the defaults' paths, which the other commands take
-        from attnlab.decode import fused
-        from attnlab.nn import kernels
+        from attnlab.accel import fused, kernels
 
         args.fused = device.type == "cpu" and not args.compile and kernels.is_built() and fused.is_built()
         if device.type == "cpu" and not args.compile:

@@ -1,7 +1,7 @@
 """attnlab kernels build|status [--json]
 
-attnlab's C++ kernels (the training blocks and AdamW step of `attnlab.nn.kernels`, the decoding
-step of `attnlab.decode.fused`) are compiled for this machine's CPU. `make` builds them when it
+attnlab's C++ kernels (the training blocks and AdamW step of `attnlab.accel.kernels`, the decoding
+step of `attnlab.accel.fused`) are compiled for this machine's CPU. `make` builds them when it
 installs attnlab; the defaults of `attnlab train`, `sample` and `bench` take them wherever they
 are built, and PyTorch's operators elsewhere, so no command waits for a build it was not asked for.
 """
@@ -14,8 +14,8 @@ import warnings
 from attnlab.cli.arguments import add_json_argument
 
 KERNELS = {
-    "training kernels": "attnlab.nn.kernels",
-    "fused decoding step": "attnlab.decode.fused",
+    "training kernels": "attnlab.accel.kernels",
+    "fused decoding step": "attnlab.accel.fused",
 }
 """What is built, by name: the module whose `extension()` builds it and `is_built()` checks it."""
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
     from importlib import import_module
 
-    from attnlab.nn.extensions import build_folder
+    from attnlab.accel.extensions import build_folder
 
     modules = {what: import_module(name) for what, name in KERNELS.items()}
     if args.action == "status":

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_causal_lm(args.run_dir)
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
     if args.fused is None:  # the default: the C++ step where it is built and covers the model
-        from attnlab.decode.fused import by_default
+        from attnlab.accel.fused import by_default
 
         args.fused = not args.compile and by_default(model)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     require_kind(args.run_dir, run.config, "translate")
     task = open_task(run)
     if args.fused is None:  # the default: the C++ step where it is built and covers the model
-        from attnlab.decode.fused import by_default
+        from attnlab.accel.fused import by_default
 
         args.fused = by_default(run.model)
     sources, cut = task.encode_sources(lines)

@@ -10,7 +10,7 @@ last row moves into its place so that the rows in use stay 0 … A−1. Each ste
 over those rows, every row writing its key and value at its own position (`KVCache.write` with
 per-row positions) and attending to its own filled slots.
 
-With `fused=True`, a GPT that `attnlab.decode.fused` covers takes the cached rows' step in one C++
+With `fused=True`, a GPT that `attnlab.accel.fused` covers takes the cached rows' step in one C++
 call (`FusedStep.rows`) instead of ~100 PyTorch operators: the step's fixed cost, which batching
 shares among the rows, mostly goes. The prompts that join together are prefilled in one C++ call
 too (`FusedStep.prefill`), whatever their lengths, each prompt's tokens in its own row: none is
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from attnlab.decode.fused import gpt_step as fused_step
+from attnlab.accel import for_decoding
+from attnlab.accel.fused import gpt_step as fused_step
 from attnlab.decode.sampling import Picker, _eval_mode, pick_rows
 from attnlab.nn.attention import MultiHeadAttention
 
@@ -67,14 +68,14 @@ class Batcher:
     `join` prefills a sequence and picks its first token (`join_all`: several, prompts of similar
     lengths in one forward); `step` gives every sequence its next token; sequences that finish
     leave by themselves, `leave` takes one out early (a client gone, a stop string). `fused`: the
-    cached rows' step in C++ where `attnlab.decode.fused` covers the model (a warning and
+    cached rows' step in C++ where `attnlab.accel.fused` covers the model (a warning and
     PyTorch's path where it does not). Not thread-safe: one thread drives it.
     """
 
     def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.model = model
+        self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.max_batch = max_batch
         self.block = model.config.block_size
         self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time

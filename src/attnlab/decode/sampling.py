@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.accel import for_decoding
+
 Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B,)
 
 CPU_COMPILE_OPTIONS: dict[str, object] = {}
@@ -181,7 +183,7 @@ class _Step:
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
         if self.fused:
-            from attnlab.decode.fused import gpt_step
+            from attnlab.accel.fused import gpt_step  # a build only where asked for
 
             self.fused_step = gpt_step(self.model, cache)
             self.fused = False
@@ -209,13 +211,13 @@ def generate_tokens(
     ends when every sequence has. The model runs in eval mode without autograd. `use_cache=False`
     recomputes the whole window at every step (the reference); `compile` runs the cached
     decoding step through torch.compile (worth it for long generations; the first call compiles);
-    `fused` runs it as one C++ call (`attnlab.decode.fused`: pre-norm GPTs on the CPU; built on
-    first use).
-    """
+    `fused` runs it as one C++ call (`attnlab.accel.fused`: pre-norm GPTs on the CPU; built on
+    first use). The projections take the decoding routes (`attnlab.accel.for_decoding`, in place)."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"prompt must be a (B, T) tensor with T >= 1, got shape {tuple(idx.shape)}")
+    for_decoding(model)
     block = model.config.block_size
     # Eval and inference mode are entered around each model call, never across a `yield`: the
     # caller's code runs between steps and must not inherit them (nor lose them when another

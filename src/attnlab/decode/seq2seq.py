@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.accel import for_decoding
+
 
 def length_limits(src: torch.Tensor, pad_id: int, max_len_ratio: float, max_len_extra: int, cap: int) -> torch.Tensor:
     """Per-sentence target length limits `(B,)` from the source lengths of src `(B, S)`."""
@@ -66,11 +68,13 @@ def beam_search(
 ) -> list[list[int]]:
     """Best-scoring translation of each source sentence in src `(B, S)`, as ids without bos/eos.
 
-    `fused` runs each decoder step as one C++ call (`attnlab.decode.fused`: encoder–decoder
+    `fused` runs each decoder step as one C++ call (`attnlab.accel.fused`: encoder–decoder
     Transformers in fp32 on the CPU; built on first use), with the same results; other models
-    decode eagerly, with a warning."""
+    decode eagerly, with a warning, their projections through the decoding routes
+    (`attnlab.accel.for_decoding`, applied to the model in place)."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    for_decoding(model)
     was_training = model.training
     model.eval()
     try:
@@ -96,7 +100,7 @@ def _beam_search(
     max_steps = max(limits)
     fast = None
     if fused:
-        from attnlab.decode.fused import decoder_state
+        from attnlab.accel.fused import decoder_state
 
         fast = decoder_state(model, src, max_steps + 1)
     if fast is not None:

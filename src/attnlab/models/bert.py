@@ -28,7 +28,6 @@ from attnlab.nn import (
     EMBEDDING_STD,
     AttentionOptions,
     BlockOptions,
-    Linear,
     StepSignal,
     TransformerBlock,
     build_norm,
@@ -150,7 +149,7 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         e = config.embedding_size
         self.token = nn.Embedding(config.vocab_size, e)
-        self.token_proj = Linear(e, config.d_model, bias=False) if e != config.d_model else nn.Identity()
+        self.token_proj = nn.Linear(e, config.d_model, bias=False) if e != config.d_model else nn.Identity()
         # BERT's own table stays an nn.Embedding (its checkpoints name it so); other schemes by name.
         self.position = (
             nn.Embedding(config.max_len, config.d_model)

@@ -21,7 +21,6 @@ from attnlab.nn import (
     AttentionOptions,
     BlockOptions,
     KVCache,
-    Linear,
     StepSignal,
     TransformerBlock,
     build_norm,
@@ -29,7 +28,6 @@ from attnlab.nn import (
     build_stack,
     collect_aux_loss,
     context_limit,
-    kernels,
     normal_init,
 )
 
@@ -113,7 +111,7 @@ class GPT(nn.Module):
         # model width, and the head projects back down before the (tied) output matrix.
         e = c.embedding_dim or c.n_embd
         self.token_embedding = nn.Embedding(c.vocab_size, e)
-        self.embedding_proj = Linear(e, c.n_embd, bias=False) if e != c.n_embd else nn.Identity()
+        self.embedding_proj = nn.Linear(e, c.n_embd, bias=False) if e != c.n_embd else nn.Identity()
         self.positions = build_positions(c.positions, c.block_size, c.n_embd)
         self.dropout = nn.Dropout(c.dropout)
         spec = c.attention_spec(c.positions, c.block_size)
@@ -141,8 +139,8 @@ class GPT(nn.Module):
             if c.norm == "pre"
             else nn.Identity()
         )
-        self.head_proj = Linear(c.n_embd, e, bias=False) if e != c.n_embd else nn.Identity()
-        self.lm_head = Linear(e, c.vocab_size, bias=False)
+        self.head_proj = nn.Linear(c.n_embd, e, bias=False) if e != c.n_embd else nn.Identity()
+        self.lm_head = nn.Linear(e, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.token_embedding.weight
         self.apply(normal_init)
@@ -150,15 +148,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @property
-    def plain(self) -> bool:
-        """GPT-2's parts throughout: what attnlab's fused decoding step computes."""
-        return (
-            all(block.plain and not block.shared for block in self.blocks)
-            and isinstance(self.embedding_proj, nn.Identity)
-            and self.step_signal is None
-        )
 
     @property
     def max_context(self) -> int | None:
@@ -215,10 +204,6 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x `(B, T, C)` through the blocks (the Universal Transformer's signal before each step);
         returns the output and, when asked for, each block's attention weights."""
-        if cache is None and not need_weights:
-            stacked = kernels.pre_norm_stack(self.blocks, x, causal=True)
-            if stacked is not None:  # the whole stack in one C++ call: attnlab's training kernels are on
-                return stacked, []
         weights = []
         for i, block in enumerate(self.blocks):
             if self.step_signal is not None:

@@ -26,7 +26,6 @@ from attnlab.nn import (
     BlockOptions,
     DecoderBlock,
     KVCache,
-    Linear,
     TransformerBlock,
     build_norm,
     build_positions,
@@ -142,7 +141,7 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.block_sharing)
         self.encoder_norm = self._final_norm()
         self.decoder_norm = self._final_norm()
-        self.output = Linear(c.d_model, c.vocab_size, bias=False)
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:
             self.output.weight = self.tgt_embedding.weight

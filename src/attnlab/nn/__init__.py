@@ -40,7 +40,6 @@ from attnlab.nn.positions import (
     rope_rotate,
     sinusoidal_positions,
 )
-from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
 __all__ = [
@@ -88,7 +87,6 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LearnedPositions",
-    "Linear",
     "MultiHeadAttention",
     "NoPositions",
     "SinusoidalPositions",
@@ -100,7 +98,6 @@ __all__ = [
     "embedding_scale",
     "dropout",
     "in_degree",
-    "linear",
     "normal_init",
     "padding_mask",
     "padding_mask_from_ids",

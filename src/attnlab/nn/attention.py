@@ -12,10 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import kernels
 from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
-from attnlab.nn.projection import Linear, linear
 from attnlab.nn.variants import AttentionSpec
 
 
@@ -47,9 +45,8 @@ def _formula_trains_faster(q: torch.Tensor, t_k: int) -> bool:
     """Whether the formula's three products beat PyTorch's fused kernel for this step: in bf16 on
     a CPU, with gradients, at most FORMULA_MAX_KEYS keys. There the fused (flash) kernel's
     backward walks small blocks in plain loops while the formula's products run on the CPU's
-    bf16 matrix units: forward and backward 2.6x faster at B 32, H 4, T 128, D 64, and 1.7x with
-    the causal mask; even at T 256, slower from 512 (benchmarks/attention_cpu.py). Forward alone
-    (no gradients) the fused kernel is the faster, as it is in fp32."""
+    bf16 matrix units (benchmarks/attention_cpu.py; the figures in BENCHMARKS.md, "Tuned CPU
+    paths"). Forward alone (no gradients) the fused kernel is the faster, as it is in fp32."""
     return (
         q.device.type == "cpu"
         and q.dtype == torch.bfloat16
@@ -138,9 +135,9 @@ class KVCache:
         step cost O(max_len) instead of O(length). Without a count (the `write` path) the whole
         buffers are moved."""
         n = self.length or self.max_len
-        # Select into other buffers rather than select and copy back (2-3x faster for beam
-        # search's 160 rows). Their slots past n are never read: `append` returns the filled
-        # ones, and without a count n is the whole buffer.
+        # Select into other buffers rather than select and copy back (the faster for beam
+        # search's many rows, docs/history.md). Their slots past n are never read: `append`
+        # returns the filled ones, and without a count n is the whole buffer.
         if index.numel() == self.k.size(0):  # same number of rows: swap with a spare pair
             if self._spare is None:
                 self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
@@ -198,16 +195,11 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // n_heads
         self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
-        self.in_proj = Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
-        self.out_proj = Linear(d_model, d_model, bias=bias)
+        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         spec = spec or AttentionSpec()
         self.positions = spec.build_positions(n_heads, self.head_dim)
         self.pattern = spec.build_pattern(n_heads, self.head_dim)
-
-    @property
-    def plain(self) -> bool:
-        """Full attention with positions only at the input: what attnlab's C++ kernels compute."""
-        return self.positions is None and self.pattern is None and self.n_kv_heads == self.n_heads
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, width = x.shape
@@ -221,11 +213,31 @@ class MultiHeadAttention(nn.Module):
         b, h, t, d = kv.shape
         return kv[:, :, None].expand(b, h, group, t, d).reshape(b, h * group, t, d)
 
+    def project(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries `(B, H, Tq, D)` of x `(B, Tq, C)`, and the keys and values `(B, Hkv, Tk, D)`:
+        of x itself (self-attention, one product by the stacked `in_proj`), or of the memory."""
+        if memory is None and memory_kv is None:
+            q, k, v = self.in_proj(x).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
+            return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
+        return self._split_heads(self.project_query(x)), k, v
+
+    def project_query(self, x: torch.Tensor) -> torch.Tensor:
+        """Cross-attention's queries `(B, Tq, C)` of x `(B, Tq, C)`: the first C rows of `in_proj`."""
+        c = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
+        return F.linear(x, self.in_proj.weight[:c], bias)
+
     def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values `(B, Hkv, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
         c = self.d_model
         bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
-        k, v = linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
+        k, v = F.linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
     def forward(
@@ -240,7 +252,8 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention).
+        """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention), in
+        three steps: project, update the cache, attend.
 
         memory_kv: the memory's keys and values `(B, H, Tk, D)` from `project_memory`, computed once
             per source sentence when decoding step by step; replaces `memory`.
@@ -255,71 +268,89 @@ class MultiHeadAttention(nn.Module):
             act on the scores (ALiBi, relative) and sparse patterns take `(Tq,)` only.
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
-        b, t_q, c = x.shape
-        self_attention = memory is None and memory_kv is None
-        if self_attention:
-            qkv = self.in_proj(x)  # (B, T, 3C)
-            if (
-                self.plain
-                and cache is None
-                and mask is None
-                and not need_weights
-                and not (self.training and self.dropout > 0)
-            ):
-                y = kernels.self_attention(qkv, self.n_heads, causal)  # inside kernels.enabled() only
-                if y is not None:
-                    return self.out_proj(y), None
-            q, k, v = qkv.split((c, self.kv_dim, self.kv_dim), dim=-1)
-            k, v = self._split_heads(k), self._split_heads(v)
-        else:
-            bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
-            q = linear(x, self.in_proj.weight[:c], bias)
-            k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
-        q = self._split_heads(q)  # (B, H, Tq, D)
-        q_pos = None
-        if self_attention and not self.plain:
-            q_pos = self._query_positions(t_q, cache, positions, x.device)
-            if q_pos.dim() == 2:
-                self._check_row_positions()
-            if self.positions is not None:  # rotary: the keys enter the cache rotated
-                # Per-row positions (B, T) rotate as (B, 1, T): every head of a row alike.
-                q, k = self.positions.rotate(q, k, q_pos if q_pos.dim() == 1 else q_pos[:, None])
-                q_pos = None if q_pos.dim() == 2 else q_pos  # nothing below reads them then
+        q, k, v = self.project(x, memory, memory_kv)
+        q_pos = None  # the queries' positions, where a scheme or pattern inside attention needs them
+        if memory is None and memory_kv is None and (self.positions is not None or self.pattern is not None):
+            q, k, q_pos = self._place(q, k, cache, positions)
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead
         # masks added below always keep each query's own position.
         may_empty_rows = mask is not None
-        if cache is not None and positions is not None:
-            k, v = cache.write(k, v, positions)
-            slots = torch.arange(cache.max_len, device=x.device)
-            visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len): the past and itself
-            if visible.dim() == 3:
-                visible = visible[:, None]  # (B, 1, Tq, max_len): every head alike
-            mask = visible if mask is None else mask & visible
-            causal = False  # the visibility mask already is the look-ahead rule
-        elif cache is not None:
-            k, v = cache.append(k, v)
+        if cache is not None:
+            k, v, mask, causal = self._update_cache(cache, k, v, positions, mask, causal)
         k, v = self._share(k), self._share(v)
-        t_k = k.size(2)
-        dropout_p = self.dropout if self.training else 0.0
-
         if self.pattern is not None and q_pos is not None:
             if cache is None and not need_weights:  # the whole sequence: the pattern's blocked computation
-                padding = _key_padding(mask, b, t_k)
+                padding = _key_padding(mask, q.size(0), k.size(2))
+                dropout_p = self.dropout if self.training else 0.0
                 y = self.pattern(q, k, v, causal=causal, key_padding=padding, terms=self.positions, dropout_p=dropout_p)
                 return self.out_proj(self._merge_heads(y)), None
             # A few queries against a cache, or the weights asked for: the pattern as a mask.
-            sees = self.pattern.key_mask(q_pos, t_k, causal=causal or cache is not None)  # (Tq, Tk)
+            sees = self.pattern.key_mask(q_pos, k.size(2), causal=causal or cache is not None)  # (Tq, Tk)
             mask = sees if mask is None else mask & sees
+        y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights)
+        return self.out_proj(self._merge_heads(y)), weights
+
+    def _place(
+        self, q: torch.Tensor, k: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The queries' positions in their sequence, and q and k rotated by them (rotary positions).
+        Returns the positions the score terms and patterns still need: None once per-row positions
+        `(B, Tq)` have rotated q and k, which is all they may do."""
+        q_pos = self._query_positions(q.size(2), cache, positions, q.device)
+        if q_pos.dim() == 2:
+            self._check_row_positions()
+        if self.positions is not None:  # rotary: the keys enter the cache rotated
+            # Per-row positions (B, T) rotate as (B, 1, T): every head of a row alike.
+            q, k = self.positions.rotate(q, k, q_pos if q_pos.dim() == 1 else q_pos[:, None])
+            q_pos = None if q_pos.dim() == 2 else q_pos
+        return q, k, q_pos
+
+    @staticmethod
+    def _update_cache(
+        cache: KVCache,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+        """Write the new keys and values to the cache; return every key and value to attend to,
+        and the mask and causal flag that attending then takes. With `positions` (the static
+        path) the keys are the whole buffer, and a visibility mask (the past and itself) replaces
+        the look-ahead rule."""
+        if positions is None:
+            k, v = cache.append(k, v)
+            return k, v, mask, causal
+        k, v = cache.write(k, v, positions)
+        slots = torch.arange(cache.max_len, device=k.device)
+        visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len)
+        if visible.dim() == 3:
+            visible = visible[:, None]  # (B, 1, Tq, max_len): every head alike
+        return k, v, (visible if mask is None else mask & visible), False
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        causal: bool,
+        may_empty_rows: bool,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """softmax(q kᵀ / √D + bias) v for q `(B, H, Tq, D)`, k and v `(B, H, Tk, D)`: the formula,
+        or PyTorch's fused kernel (the same function) where no weights and no value term are
+        needed. Returns `(y (B, H, Tq, D), weights (B, H, Tq, Tk) or None)`."""
+        t_q, t_k = q.size(2), k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
         score_bias, value_bias = None, False
         if self.positions is not None and q_pos is not None:
-            q_pos, k_pos = q_pos[:, None], torch.arange(t_k, device=x.device)[None, :]  # (Tq, 1), (1, Tk)
+            q_pos, k_pos = q_pos[:, None], torch.arange(t_k, device=q.device)[None, :]  # (Tq, 1), (1, Tk)
             score_bias = self.positions.score_bias(q, q_pos, k_pos)
             value_bias = not self.positions.fused  # a term from the weights: the formula's path
-
         # In a compiled one-query step the formula's few operators fuse into the kernels around
-        # them, where the fused kernel is one more call with its fixed cost: compiled greedy
-        # decoding 1.17-1.36x faster at 4x4x128; at 6x6x384, 0.85-0.96x, within that machine's
-        # noise (benchmarks/decode_ab.py attention).
+        # them, where the fused kernel is one more call with its fixed cost (docs/history.md).
         formula = (
             need_weights or value_bias or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
         )
@@ -327,28 +358,23 @@ class MultiHeadAttention(nn.Module):
         # the mask written out.
         fused_causal = causal and mask is None and score_bias is None and t_q == t_k and not formula
         if causal and not fused_causal and t_q > 1:
-            look_ahead = causal_mask(t_q, t_k, device=x.device)
+            look_ahead = causal_mask(t_q, t_k, device=q.device)
             mask = look_ahead if mask is None else mask & look_ahead
-
         if formula:
             weights = attention_weights(q, k, mask, score_bias)
             applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
             y = applied @ v
             if value_bias:
                 y = y + self.positions.value_bias(applied, q_pos, k_pos)
-            weights = weights if need_weights else None
-        else:
-            attn_mask = mask
-            if score_bias is not None:  # a float mask: the bias, and -inf where a key is hidden
-                attn_mask = score_bias if mask is None else score_bias.masked_fill(~mask, float("-inf"))
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal
-            )
-            if may_empty_rows:
-                # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
-                y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-            weights = None
-        return self.out_proj(self._merge_heads(y)), weights
+            return y, (weights if need_weights else None)
+        attn_mask = mask
+        if score_bias is not None:  # a float mask: the bias, and -inf where a key is hidden
+            attn_mask = score_bias if mask is None else score_bias.masked_fill(~mask, float("-inf"))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal)
+        if may_empty_rows:
+            # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
+            y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return y, None
 
     def _check_row_positions(self) -> None:
         """Per-row query positions reach rotary positions only: the score terms of ALiBi and

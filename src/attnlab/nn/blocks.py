@@ -15,9 +15,7 @@ Shape legend: B batch, T time, C model dim, H heads.
 import torch
 from torch import nn
 
-from attnlab.nn import kernels
 from attnlab.nn.attention import KVCache, MultiHeadAttention
-from attnlab.nn.feedforward import FeedForward
 from attnlab.nn.parts import BlockParts
 from attnlab.nn.variants import AttentionSpec
 
@@ -51,9 +49,6 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
         parts = parts or BlockParts()
         self.pre_norm = norm == "pre"
-        self.shared = False
-        """Set by a model that applies this block in several layers (its C++ kernel keeps one
-        layer's activations, so it then runs on PyTorch)."""
         self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate1 = parts.build_gate()
         self.attn = MultiHeadAttention(
@@ -63,16 +58,6 @@ class TransformerBlock(nn.Module):
         self.gate2 = parts.build_gate()
         self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.dropout = nn.Dropout(dropout)
-
-    @property
-    def plain(self) -> bool:
-        """LayerNorms, plain attention and a dense feed-forward layer: what the C++ kernels compute."""
-        return (
-            isinstance(self.norm1, nn.LayerNorm)
-            and isinstance(self.gate1, nn.Identity)
-            and self.attn.plain
-            and type(self.ffn) is FeedForward
-        )
 
     def forward(
         self,
@@ -86,10 +71,6 @@ class TransformerBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x `(B, T, C)` -> `(B, T, C)`, and the attention weights `(B, H, T, Tk)` when asked for.
         `cache` and `positions` as in `MultiHeadAttention.forward`."""
-        if self.pre_norm and mask is None and cache is None and positions is None and not need_weights:
-            y = kernels.pre_norm_block(self, x, causal)  # inside kernels.enabled() only
-            if y is not None:
-                return y, None
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         if self.pre_norm:
             a, weights = self.attn(self.norm1(x), **kw)
@@ -142,17 +123,6 @@ class DecoderBlock(nn.Module):
         self.gate3 = parts.build_gate()
         self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.dropout = nn.Dropout(dropout)
-
-    @property
-    def plain(self) -> bool:
-        """LayerNorms, plain attention and a dense feed-forward layer: what the fused decoder step computes."""
-        return (
-            isinstance(self.norm1, nn.LayerNorm)
-            and isinstance(self.gate1, nn.Identity)
-            and self.self_attn.plain
-            and self.cross_attn.plain
-            and type(self.ffn) is FeedForward
-        )
 
     def forward(
         self,

@@ -13,19 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn import kernels
 from attnlab.nn.positions import check_choice
-from attnlab.nn.projection import Linear
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
-    """GELU, x Φ(x) (Hendrycks & Gimpel 2016); attnlab's kernel inside `kernels.enabled()`."""
-    return kernels.gelu(x)
+    """GELU, x Φ(x) (Hendrycks & Gimpel 2016)."""
+    return F.gelu(x)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation, as in the original BERT and GPT-2 code."""
-    return kernels.gelu(x, approximate="tanh")
+    return F.gelu(x, approximate="tanh")
 
 
 ACTIVATIONS = {
@@ -93,9 +91,9 @@ class FeedForward(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         self.activation = activation
-        self.fc1 = Linear(d_model, d_ff, bias=bias)
+        self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
         self.act = ACTIVATIONS[activation]
-        self.fc2 = Linear(d_ff, d_model, bias=bias)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +111,8 @@ class GatedFeedForward(nn.Module):
         if activation not in GATED_UNITS:
             raise ValueError(f"unknown gated unit {activation!r}; choose one of {sorted(GATED_UNITS)}")
         self.activation = activation
-        self.fc1 = Linear(d_model, 2 * d_ff, bias=bias)
-        self.fc2 = Linear(d_ff, d_model, bias=bias)
+        self.fc1 = nn.Linear(d_model, 2 * d_ff, bias=bias)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

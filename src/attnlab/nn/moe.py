@@ -50,8 +50,6 @@ class Experts(nn.Module):
 class MixtureOfExperts(nn.Module):
     """A top-k routed mixture of `experts` feed-forward layers: x `(B, T, C)` -> `(B, T, C)`."""
 
-    plain = False  # not what attnlab's C++ block kernels compute
-
     def __init__(
         self,
         d_model: int,

@@ -163,9 +163,7 @@ class StepSignal(nn.Module):
 
 def build_stack(make_block: Callable[[int], nn.Module], n_layers: int, sharing: str) -> nn.ModuleList:
     """n_layers blocks, `make_block(i)` for layer i; with sharing, the first block in every layer
-    (its parameters counted and trained once, marked `shared` for the C++ kernels)."""
+    (its parameters counted and trained once: the same module at every position of the list)."""
     if sharing == "none":
         return nn.ModuleList(make_block(i) for i in range(n_layers))
-    block = make_block(0)
-    block.shared = True
-    return nn.ModuleList([block] * n_layers)
+    return nn.ModuleList([make_block(0)] * n_layers)

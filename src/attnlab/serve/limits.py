@@ -33,7 +33,7 @@ class Limits:
     batched: bool = True
     """False decodes one request at a time (the baseline of the batching benchmark)."""
     fused: bool | None = None
-    """The language models' decoding step as one C++ call (`attnlab.decode.fused`); None: where it
+    """The language models' decoding step as one C++ call (`attnlab.accel.fused`); None: where it
     is built and covers the model, as `attnlab sample` does."""
 
     def __post_init__(self) -> None:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.accel.fused import by_default
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.batching import Batcher, Sequence
-from attnlab.decode.fused import by_default
 from attnlab.decode.sampling import Picker, sampling_picker
 from attnlab.decode.text import TextPieces
 

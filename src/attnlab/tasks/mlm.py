@@ -12,7 +12,7 @@ accuracy and perplexity on validation blocks masked the same way every time.
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.accel import reference_cross_entropy
 from attnlab.data.conllu import read_conllu
 from attnlab.data.mlm import IGNORE_INDEX, mask_tokens
 from attnlab.data.parallel import read_lines
@@ -28,7 +29,6 @@ from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
 from attnlab.errors import ConfigError, UserError
 from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
-from attnlab.nn import kernels
 from attnlab.tasks.checks import unknown_split
 from attnlab.tasks.encoder import load_pretrained, source_config
 from attnlab.tasks.tagging import find_split_file
@@ -77,6 +77,9 @@ class MaskedLM:
     name = "masked-lm"
     data_config_class = MLMDataConfig
     selection = ("val_loss", "min")
+    cross_entropy: Callable[..., torch.Tensor] = staticmethod(reference_cross_entropy)
+    """The training loss's cross-entropy: PyTorch's, or the C++ kernel's that the trainer sets
+    where attnlab's kernels are on (`attnlab.accel.for_training`)."""
 
     @staticmethod
     def model_config_class(values: dict[str, Any]) -> type:
@@ -207,7 +210,7 @@ class MaskedLM:
 
     def loss(self, model: Bert, batch, device: torch.device, label_smoothing: float = 0.0) -> torch.Tensor:
         inputs, labels = (t.to(device, non_blocking=True) for t in batch)
-        return masked_lm_loss(model, inputs, labels, label_smoothing)
+        return masked_lm_loss(model, inputs, labels, label_smoothing, self.cross_entropy)
 
     @torch.no_grad()
     def _metrics(self, model: Bert, device: torch.device, split: str, n_blocks: int | None) -> dict[str, float]:
@@ -250,11 +253,16 @@ def continued_config(source: BertConfig, wanted: BertConfig) -> BertConfig:
 
 
 def masked_lm_loss(
-    model: Bert, inputs: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+    model: Bert,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    cross_entropy: Callable[..., torch.Tensor] = reference_cross_entropy,
 ) -> torch.Tensor:
     """The pre-training loss: mean cross-entropy at the chosen positions of inputs `(B, T)`, those
-    whose labels `(B, T)` are not IGNORE_INDEX (the vocabulary projection at those alone)."""
+    whose labels `(B, T)` are not IGNORE_INDEX (the vocabulary projection at those alone), through
+    `cross_entropy` (PyTorch's; `attnlab.accel.kernels.cross_entropy` computes the same)."""
     chosen = labels != IGNORE_INDEX
     logits = MaskedLM._logits(model, inputs, chosen)  # (N, V), bf16 under autocast
     # fp32 arithmetic either way; attnlab's kernel (train.fused_kernels) never writes fp32 copies.
-    return kernels.cross_entropy(logits, labels[chosen], label_smoothing=label_smoothing)
+    return cross_entropy(logits, labels[chosen], label_smoothing=label_smoothing)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.accel.fused import by_default
 from attnlab.data.parallel import (
     MULTI30K_SPLITS,
     EpochBatches,
@@ -29,7 +30,6 @@ from attnlab.data.parallel import (
     train_joint_bpe,
 )
 from attnlab.data.tokenizers import BPETokenizer, load_tokenizer
-from attnlab.decode.fused import by_default
 from attnlab.decode.seq2seq import beam_search
 from attnlab.errors import ConfigError, UserError
 from attnlab.eval import bleu, bleu_lc_tok
@@ -245,7 +245,7 @@ class Translation:
     ) -> list[str]:
         """Translate already-encoded source sentences (in their order) to detokenized text;
         `fused`: the C++ decoder step (`beam_search`), by default where it is built and covers the
-        model in eval mode (`decode.fused.by_default`); `progress(n)` after each batch of n sentences."""
+        model in eval mode (`attnlab.accel.fused.by_default`); `progress(n)` after each batch of n sentences."""
         if fused is None:
             fused = by_default(model)
         out: list[str] = [""] * len(sources)

@@ -77,7 +77,7 @@ class TrainConfig:
     fused_kernels: bool | str = "auto"
     """Run the training steps' Transformer blocks, and the gradient clipping with the AdamW step
     (`attnlab.train.optim.ClippingAdamW`), through attnlab's C++ kernels (fp32 on a CPU:
-    `attnlab.nn.kernels`); what they do not cover, and every step where they cannot be built, uses
+    `attnlab.accel.kernels`); what they do not cover, and every step where they cannot be built, uses
     PyTorch's operators. "auto": on a CPU where `attnlab kernels build` (which `make` runs) has built
     them, so that no run waits a minute for a build; true: built on first use if need be; false:
     PyTorch's operators. A new run records what "auto" chose, so that a resumed run computes as the

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.accel import kernels
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -88,8 +88,7 @@ class ClippingAdamW(torch.optim.AdamW):
     min(1, max_norm / (norm + 1e-6)); the next `step()` multiplies each gradient by it as it reads
     it. PyTorch's clipping and fused AdamW take the parameters one tensor at a time, a parallel
     region each for the norm, the scaling and the update; the kernel shares the chunks of all
-    tensors between the threads. For the 52 tensors of a 4-layer, 128-wide GPT: 1.9 ms against
-    0.6 ms (`benchmarks/optimizer_step.py`, BENCHMARKS.md).
+    tensors between the threads (`benchmarks/optimizer_step.py`; BENCHMARKS.md, "Tuned CPU paths").
 
     The arithmetic and the state (exp_avg, exp_avg_sq and a float32 step per parameter) are
     torch's AdamW's, so a run resumes with or without the kernel. Where the kernel does not apply
@@ -171,7 +170,7 @@ class ClippingAdamW(torch.optim.AdamW):
             factor,
         )
         # The kernel writes through data pointers, which autograd's version counters do not see: a
-        # copy keyed on a parameter's version (the reordered weights of attnlab.nn.projection, the
+        # copy keyed on a parameter's version (the reordered weights of attnlab.accel.projection, the
         # fused steps) would otherwise go on serving the weights from before this step.
         torch.autograd.graph.increment_version([p for p, _ in pairs])
         return None

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.accel import kernels
 from attnlab.checkpoints import CONFIG, has_checkpoint, latest_checkpoint
 from attnlab.device import keep_freed_memory, resolve_device, resolve_dtype
 from attnlab.errors import CheckpointError, ConfigError, UserError
-from attnlab.nn import kernels
 from attnlab.tasks import TASKS
 from attnlab.train.config import RunConfig, absolute_paths, read_config, write_config
 from attnlab.train.distributed import Distributed, preflight, ranks_from_environment

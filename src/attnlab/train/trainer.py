@@ -27,8 +27,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attnlab.accel import Applied, for_training
 from attnlab.device import autocast, slow_dtype_note
-from attnlab.nn import collect_aux_loss, kernels, moe_stats
+from attnlab.nn import collect_aux_loss, moe_stats
 from attnlab.progress import ProgressLines
 from attnlab.train.checkpointer import Checkpointer
 from attnlab.train.config import RunConfig, TrainConfig
@@ -92,7 +93,7 @@ def train(
     every rank returns the same result; rank 0 alone writes the run folder."""
     run = set_up_run(config, Path(run_dir), resume)  # the folder, the ranks, device and precision, the task
     tc, ddp, schedule = run.config.train, run.ddp, Schedule(run.config.train)
-    model, step_loss = _build_model(run)
+    model, step_loss, tuned = _build_model(run)
     optimizer = _optimizer(model, tc, run.device)
     batches = torch.Generator().manual_seed(tc.seed)  # every rank draws the same global batches
     checkpointer = Checkpointer(run.run_dir, model, optimizer, batches, run.precision, ddp, run.device, tc.keep_last)
@@ -112,7 +113,7 @@ def train(
         results = evaluate(0)
         metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
         console.log(f"step 0: {describe(results)}")
-    fused_kernels = _say_accelerations(run, model, step_loss, console.log)
+    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log)
     model.train()
     clock = Clock(state.get("elapsed_sec", 0.0))
     one_step = TrainingStep(run, model, step_loss, optimizer, batches, guard, fused_kernels, clock, console.log)
@@ -206,7 +207,7 @@ class TrainingStep:
             if run.device.type == "cuda":
                 batch = _pinned(batch)  # so the task's non_blocking copy overlaps the GPU's work
             last = micro == tc.gradient_accumulation_steps - 1
-            with self.step_loss.accumulating(last=last), kernels.enabled(self.fused_kernels):
+            with self.step_loss.accumulating(last=last):
                 with precision.autocast():
                     loss = self._loss(batch) / tc.gradient_accumulation_steps
                 precision.backward(loss)
@@ -412,9 +413,10 @@ class TrainingLoss:
         return loss if aux is None else loss + aux
 
 
-def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss]:
+def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss, Applied | None]:
     """The task's model on the run's device (a new run's initialised by the task, e.g. with a
-    pre-trained encoder), and the training loss through it (compiled, DDP-synchronised)."""
+    pre-trained encoder), the training loss through it (compiled, DDP-synchronised), and what
+    attnlab's C++ kernels cover of it where `train.fused_kernels` resolved on (`_tuned`)."""
     tc, device = run.config.train, run.device
     model = run.task.build_model()
     if not run.resume and hasattr(run.task, "initialize"):
@@ -424,8 +426,21 @@ def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss]:
         # TF32 tensor cores for the float32 matmuls that autocast leaves (and all of them in fp32 runs).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    tuned = _tuned(run, model)
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
-    return model, run.ddp.wrap(TrainingLoss(run.task, device, tc.label_smoothing), model, step_model)
+    return model, run.ddp.wrap(TrainingLoss(run.task, device, tc.label_smoothing), model, step_model), tuned
+
+
+def _tuned(run: RunSetup, model: nn.Module) -> Applied | None:
+    """attnlab's C++ kernels on the model's covered modules (they take their kernels in training
+    mode; evaluation runs the reference code), and on the loss of a task that computes its own
+    cross-entropy (a `cross_entropy` attribute: the masked LM's); None where they are off."""
+    if not run.config.train.fused_kernels:
+        return None
+    applied = for_training(model)
+    if hasattr(run.task, "cross_entropy"):
+        run.task.cross_entropy = applied.cross_entropy
+    return applied
 
 
 def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -441,16 +456,17 @@ def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch
     )
 
 
-def _say_accelerations(run: RunSetup, model: nn.Module, step_loss: StepLoss, log: Callable[[str], None]) -> bool:
+def _say_accelerations(
+    run: RunSetup, model: nn.Module, tuned: Applied | None, step_loss: StepLoss, log: Callable[[str], None]
+) -> bool:
     """Log whether torch.compile and attnlab's C++ kernels are on; returns whether the kernels are."""
     tc = run.config.train
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
     if line := run.kernels_line(model):
         log(line)
-    uncovered = kernels.unsupported_parts(model) if tc.fused_kernels else None
-    if uncovered:
-        log(f"attnlab's C++ kernels: {uncovered}: those blocks run on PyTorch's path")
+    if tuned is not None and tuned.uncovered:
+        log(f"attnlab's C++ kernels: {tuned.uncovered}: those blocks run on PyTorch's path")
     return tc.fused_kernels
 
 

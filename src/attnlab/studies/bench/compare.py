@@ -8,10 +8,10 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from attnlab.accel import for_training
 from attnlab.decode import greedy
 from attnlab.device import autocast
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import kernels
 from attnlab.studies.bench.cases import PEER, SHAPES, VOCAB, TrainCase
 from attnlab.studies.bench.peaks import seconds_per_call
 from attnlab.train.guards import grad_norm
@@ -70,10 +70,12 @@ def train_step(
     y = torch.randint(0, VOCAB, (case.batch, case.block), device=device)
     precision = "bfloat16" if device.type == "cuda" else "float32"
     model.train()
+    if kernel:
+        for_training(model)  # its covered modules take the kernels in training mode, in place
     forward = torch.compile(model) if compile and name == "attnlab" else model
 
     def step() -> None:
-        with autocast(device, precision), kernels.enabled(kernel):
+        with autocast(device, precision):
             if name == "attnlab":
                 _, loss = forward(x, y)
             else:

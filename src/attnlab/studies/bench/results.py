@@ -66,8 +66,8 @@ class BenchResult:
     compiled: bool
     """Whether attnlab's training forward and decoding step ran through torch.compile."""
     fused: bool
-    """Whether attnlab's decoding step ran as one C++ call (`attnlab.decode.fused`) and its training
-    blocks through its C++ kernels (`attnlab.nn.kernels`)."""
+    """Whether attnlab's decoding step ran as one C++ call (`attnlab.accel.fused`) and its training
+    blocks through its C++ kernels (`attnlab.accel.kernels`)."""
     repeats: int
     transformers: str | None
     """The version of `transformers` measured, None when it is not installed (no peer columns)."""

@@ -57,8 +57,8 @@ def run_benchmarks(
     `quick`, which uses tiny step counts and sizes: a check that everything runs, not a
     measurement). `progress` receives one line per finished case. `compile` runs attnlab's training
     forward and decoding step through torch.compile (the warm-up call compiles, untimed); `fused`
-    runs attnlab's training blocks through its C++ kernels (`attnlab.nn.kernels`) and its decoding
-    step as one C++ call (`attnlab.decode.fused`), both built at the warm-up call when not before."""
+    runs attnlab's training blocks through its C++ kernels (`attnlab.accel.kernels`) and its decoding
+    step as one C++ call (`attnlab.accel.fused`), both built at the warm-up call when not before."""
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device}")
     repeats = (1 if quick else 5) if repeats is None else repeats

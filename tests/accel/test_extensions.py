@@ -1,4 +1,4 @@
-"""attnlab.nn.extensions: where C++ builds are cached, and under which flags."""
+"""attnlab.accel.extensions: where C++ builds are cached, and under which flags."""
 
 import contextlib
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from attnlab.nn import extensions
+from attnlab.accel import extensions
 
 SOURCE = Path(extensions.__file__).with_name("kernels.cpp")
 
@@ -132,7 +132,7 @@ TINY = (
     '#include <pybind11/pybind11.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", [] { return 42; }); }\n'
 )
 BUILD = (
-    "import sys; from pathlib import Path; from attnlab.nn.extensions import build; "
+    "import sys; from pathlib import Path; from attnlab.accel.extensions import build; "
     "print(build('attnlab_probe', Path(sys.argv[1]), what='probe', fallback='none').answer())"
 )
 

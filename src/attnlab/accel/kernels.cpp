@@ -1,10 +1,10 @@
-// Training kernels for the CPU, fp32: attnlab.nn.kernels.
+// Training kernels for the CPU, fp32: attnlab.accel.kernels.
 //
 // The parts of a small Transformer's training step where PyTorch's CPU operators are far from
 // what the machine can do (a profile of a 4-layer, 128-wide GPT, block 64, batch 12: the matrix
 // products near the fp32 peak, everything around them as long again):
-// - GELU and its derivative, elementwise: PyTorch's tanh-GELU runs at ~1 ns an element; here
-//   tanh, erf and exp are polynomials that vectorize (vecmath.h).
+// - GELU and its derivative, elementwise: PyTorch's tanh-GELU does not vectorize well (BENCHMARKS.md, "Tuned CPU paths");
+//   here tanh, erf and exp are polynomials that vectorize (vecmath.h).
 // - Self-attention forward and backward straight from the fused q/k/v projection's output
 //   (B, T, 3C), head h the columns [h*D, (h+1)*D) of each third, to (B, T, C) with the heads
 //   side by side: no head split, no transposes, no copies. Per (sequence, head), tiles of queries
@@ -44,7 +44,7 @@ void check_float_cpu(const at::Tensor& t, const char* name) {
 // One vector of the widest registers the build's CPU has (-march=native): 16 floats with AVX-512,
 // 8 with AVX2, 4 on SSE or NEON. A wider vector type than the registers is no help: on AVX2 GCC
 // keeps a 16-float one on the stack and assembles it from 64-bit pieces, which made attention
-// 10x slower than PyTorch's kernel there (BENCHMARKS.md).
+// many times slower than PyTorch's kernel there (BENCHMARKS.md, "Tuned CPU paths").
 #if defined(__AVX512F__)
 constexpr int kLane = 16;
 #elif defined(__AVX__)
@@ -55,12 +55,11 @@ constexpr int kLane = 4;
 // The vector registers the build has: 32 with AVX-512, 16 with AVX2 (and SSE; NEON's 32 aside).
 // kSums: the sums a tile of queries keeps over a whole head (R x D / kLane, below), 32: the tile
 // goes through the head's columns in chunks that fit the registers (kHeadChunk). kMaxTile: the
-// most queries in a tile. With AVX-512, 8: against 4-query tiles (16 sums, each tile's columns in
-// one pass) the attention's forward + backward ran 1.18x faster at D = 32 (T = 64) and 1.27x at
-// D = 64 (T = 256), every loaded key or value row serving twice the queries (BENCHMARKS.md,
-// "8-query tiles"). With AVX2, 4, at D = 64 too, rather than 2, which halves how often the keys and
-// values are read (8 sums in one pass were 1.5x slower than 16 through the stack, and 32 in chunks
-// faster again: BENCHMARKS.md, "attention on AVX2"); 8 is not measured there.
+// most queries in a tile. With AVX-512, 8: faster than 4-query tiles (16 sums, each tile's columns
+// in one pass), every loaded key or value row serving twice the queries. With AVX2, 4, at D = 64
+// too, rather than 2, which halves how often the keys and values are read (8 sums in one pass were
+// slower than 16 through the stack, and 32 in chunks faster again); 8 is not measured there. The
+// measurements: BENCHMARKS.md, "Tuned CPU paths".
 #if defined(__AVX512F__)
 constexpr int kRegisters = 32, kMaxTile = 8;
 #else
@@ -249,7 +248,7 @@ inline float softmax_numerators(float* s, int64_t n, int64_t width, float& m) {
 }
 
 // dst[0, D) = src[0, D) in vector registers. A head's row is 64 to 512 bytes: std::copy made each
-// one a call to memmove, 3.7% of the attention backward's perf samples at D = 32, T = 64.
+// one a call to memmove, a visible share of the attention backward's perf samples (BENCHMARKS.md, "Tuned CPU paths").
 template <int D>
 inline void copy_row(const float* src, float* dst) {
   for (int c = 0; c < D; c += kLane) store(dst + c, load(src + c));
@@ -308,7 +307,7 @@ void attention_forward_heads(const float* base, int64_t B, int64_t T, int64_t H,
 // The queries the backward takes at a time. Their weights and score gradients are kept (twice
 // kQueryBlock x T floats) so that each tile of keys then sums its key and value gradients over all
 // of them in registers. A tile of queries at a time, adding its share to every key's gradient
-// rows in memory, was 46% of the backward at T = 256 (AVX2, BENCHMARKS.md). Linear in T, and a
+// rows in memory, was much of the backward (BENCHMARKS.md, "Tuned CPU paths"). Linear in T, and a
 // multiple of every tile size.
 constexpr int64_t kQueryBlock = 64;
 
@@ -469,7 +468,7 @@ void scale_by_slope(float* dg, const float* slope, int64_t n) {
   });
 }
 
-// GELU of x, and its backward, for attnlab.nn.kernels.gelu.
+// GELU of x, and its backward, for attnlab.accel.kernels.gelu.
 at::Tensor gelu_forward(const at::Tensor& x, bool approximate_tanh) {
   check_float_cpu(x, "x");
   at::Tensor y = at::empty_like(x);
@@ -633,7 +632,7 @@ Scratch& scratch() {
 const float* ptr_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 float* mutable_or_null(at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
 
-// The parameters of a block, in the order of attnlab/nn/kernels.py: LN1 weight and bias, q/k/v
+// The parameters of a block, in the order of attnlab/accel/kernels.py: LN1 weight and bias, q/k/v
 // weight and bias, output weight and bias, LN2 weight and bias, FFN weights and biases. A bias
 // is an empty tensor when the block has none.
 enum Param { kLn1W, kLn1B, kQkvW, kQkvB, kOutW, kOutB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B, kParams };
@@ -938,8 +937,8 @@ class PreNormStack {
 // ---- The optimizer step: the gradients' global norm, then AdamW with the clipping folded in ----
 //
 // PyTorch's clip_grad_norm_ and fused AdamW take a small model's parameters one tensor at a time
-// (a 4-layer, 128-wide GPT has 52), each a parallel region of its own: 1.9 ms a step for 0.8M
-// parameters against 0.6 ms here (benchmarks/optimizer_step.py). Here every tensor is cut into
+// (a 4-layer, 128-wide GPT has 52), each a parallel region of its own (benchmarks/optimizer_step.py;
+// BENCHMARKS.md, "Tuned CPU paths"). Here every tensor is cut into
 // fixed chunks, and the threads share out the chunks of all tensors at once, evenly by elements.
 
 constexpr int64_t kChunk = 1 << 13;
@@ -957,8 +956,8 @@ std::vector<Chunk> chunks_of(const std::vector<at::Tensor>& ts) {
 
 // f(c0, c1) for the threads' shares of the chunks, cut where their elements, not their count,
 // split evenly: ClippingAdamW's groups put the weights (full chunks) first and the biases and
-// LayerNorms (a small chunk each) last, and an even count gave one thread 1.7x the other's
-// elements (perf: the main thread 3.1% of its samples in the AdamW step, the other 0.6%).
+// LayerNorms (a small chunk each) last, and an even count gave one thread far more elements
+// than the other.
 template <class F>
 void for_chunks(const std::vector<Chunk>& work, const F& f) {
   const int64_t parts = std::max<int64_t>(std::min<int64_t>(at::get_num_threads(), work.size()), 1);
@@ -1067,8 +1066,8 @@ void adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Ten
 //
 // A masked-LM step scores ~1,600 positions against 16,000 words. PyTorch's loss of bf16 logits
 // (autocast) first copies them to fp32, writes the log-softmax (fp32 again), and its backward
-// reads both and writes the gradient: 160 ms a step on two cores for 26M logits, a third of the
-// whole step (benchmarks/mlm_step.py). Here each row is read into an fp32 scratch row, its
+// reads both and writes the gradient, a large share of the whole step (benchmarks/mlm_step.py;
+// BENCHMARKS.md, "Tuned CPU paths"). Here each row is read into an fp32 scratch row, its
 // log-sum-exp and loss computed there, and the backward writes the gradient straight in the
 // logits' dtype: one read of the logits forward, one read and one write backward.
 
@@ -1100,7 +1099,7 @@ ATTNLAB_WIDE void read_row(const at::Tensor& logits, int64_t r, float* row) {
 }
 
 // log sum_j exp(row_j). (The max as a plain comparison: with std::max, or with the row's sum in
-// the same loop, GCC's reduction ran 8x slower.)
+// the same loop, GCC's reduction ran several times slower.)
 ATTNLAB_WIDE float row_lse(const float* row, int64_t V) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)

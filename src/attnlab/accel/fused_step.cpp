@@ -1,4 +1,4 @@
-// Decoding steps in a single call each, for the CPU: attnlab.decode.fused.
+// Decoding steps in a single call each, for the CPU: attnlab.accel.fused.
 //
 // A step of a small model is ~100 PyTorch operators of a few microseconds each, and at batch 1
 // their call overhead costs as much as the arithmetic. Here the same step is plain loops over
@@ -31,7 +31,7 @@
 #include <memory>
 #include <vector>
 
-#include "../nn/vecmath.h"
+#include "vecmath.h"
 
 namespace {
 
@@ -99,7 +99,7 @@ void linear(const float* W, const float* bias, const float* x, float* y, int64_t
   }
 }
 
-// LayerNorm of B rows of C (y may be x). The training kernels' (attnlab/nn/kernels.cpp) does the
+// LayerNorm of B rows of C (y may be x). The training kernels' (attnlab/accel/kernels.cpp) does the
 // same per row with vectorized sums; these run in order, and the tests hold this step to 1e-5 of
 // the model's own over 11 steps, which the vectorized sums miss (1.1e-5).
 void layer_norm(const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t C, float eps) {
@@ -210,8 +210,9 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
 }
 
 // x (R, in) W^T + bias through oneDNN's product over `packed`, the weight reordered once into its
-// blocked layout (attnlab.nn.projection.reordered_weight): past a few rows it runs 1.2-2x
-// PyTorch's matrix product here, which repacks the weight at every call.
+// blocked layout (attnlab.accel.projection.reordered_weight): past a few rows it runs faster than
+// PyTorch's matrix product here, which repacks the weight at every call (BENCHMARKS.md, "Tuned CPU
+// paths").
 at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
@@ -311,8 +312,8 @@ void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, c
 // lengths[g] of them; they write their keys and values at positions 0.. of cache row
 // first_row + g and attend causally among themselves. Causal attention over a whole prompt is a
 // matrix product, which PyTorch's scaled_dot_product_attention does faster than `attend`'s
-// query-by-query loop (with that loop, a 256-token prompt of a 6-layer, 384-wide GPT took 101 ms
-// to prefill, more than PyTorch's forward; with this, 67 ms). Caches (B, H, L, D).
+// query-by-query loop (with that loop a long prompt took longer to prefill than PyTorch's
+// forward; BENCHMARKS.md, "Tuned CPU paths"). Caches (B, H, L, D).
 void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache, Layout lay,
                     const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
   const int64_t C = H * D;

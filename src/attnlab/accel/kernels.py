@@ -2,24 +2,23 @@
 
 In a small Transformer's CPU training step the matrix products run near the machine's fp32
 peak; what is left is mostly PyTorch's GELU (its tanh and erf are accurate but do not vectorize
-well: ~1 ns an element) and its attention kernel at small T, with the head split and merge
-around it. `kernels.cpp` computes both in vectorized loops, attention straight from the fused
-q/k/v projection `(B, T, 3C)` to `(B, T, C)`.
+well) and its attention kernel at small T, with the head split and merge around it (the
+measurements: BENCHMARKS.md, "Tuned CPU paths"). `kernels.cpp` computes both in vectorized loops,
+attention straight from the fused q/k/v projection `(B, T, 3C)` to `(B, T, C)`.
 
-Built with PyTorch's C++ extension tools (~1 minute, cached): by `attnlab kernels build`, which
-`make` runs at installation, or on first use. Turn it on for a block of code with
-`with attnlab.nn.kernels.enabled():`; the trainer does for its steps when `train.fused_kernels`
-says so ("auto", the default: when the kernels are built here, so that no run waits for a
-build). Inside, `gelu` and `self_attention` take the kernels for fp32 CPU tensors outside
-torch.compile and autocast, and PyTorch's operators for everything else (including a build that
-failed, with a warning). So do whole pre-norm blocks (`pre_norm_block`, one C++ call forward and
-one backward) and a GPT's stack of them (`pre_norm_stack`, the whole stack one call each way).
+Built with PyTorch's C++ extension tools (cached after the first build): by `attnlab kernels
+build`, which `make` runs at installation, or on first use. A model takes them through
+`attnlab.accel.for_training`, which the trainer calls when `train.fused_kernels` says so ("auto",
+the default: when the kernels are built here, so that no run waits for a build). Each function
+here takes the kernels for fp32 CPU tensors outside torch.compile and autocast, and PyTorch's
+operators for everything else (or returns None for its caller to run PyTorch's path). So do
+whole pre-norm blocks (`pre_norm_block`, one C++ call forward and one backward) and a GPT's stack
+of them (`pre_norm_stack`, the whole stack one call each way).
 """
 
-import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -27,29 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.extensions import build
-from attnlab.nn.extensions import is_built as is_built_here
+from attnlab.accel.coverage import covers_attention, covers_block, shared_blocks
+from attnlab.accel.extensions import build
+from attnlab.accel.extensions import is_built as is_built_here
+from attnlab.nn import MultiHeadAttention, TransformerBlock
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head sizes the attention kernel is compiled for."""
-
-_on = False
-
-
-@contextlib.contextmanager
-def enabled(on: bool = True) -> Iterator[None]:
-    """Use the kernels (`on`), or not, inside the block; restores the previous setting after it."""
-    global _on
-    before, _on = _on, on
-    try:
-        yield
-    finally:
-        _on = before
-
-
-def is_enabled() -> bool:
-    return _on
-
 
 NAME = "attnlab_kernels"
 SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -66,9 +49,10 @@ def is_built() -> bool:
     return is_built_here(NAME, SOURCE)
 
 
-def _applies(x: torch.Tensor) -> ModuleType | None:
-    """The extension, when the kernels are on and take x; else None."""
-    if not _on or x.device.type != "cpu" or x.dtype != torch.float32:
+def takes(x: torch.Tensor) -> ModuleType | None:
+    """The extension, when the kernels take x (fp32 on the CPU, outside torch.compile and
+    autocast) and are built; else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
         return None
     if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
         return None
@@ -93,7 +77,7 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     through the kernel where it applies; within 2e-6 of PyTorch's in value and gradient."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    if _applies(x) is None:
+    if takes(x) is None:
         return F.gelu(x, approximate=approximate)
     return _Gelu.apply(x.contiguous(), approximate == "tanh")
 
@@ -118,24 +102,15 @@ def self_attention(qkv: torch.Tensor, n_heads: int, causal: bool) -> torch.Tenso
     None where the kernel does not apply (the caller then takes PyTorch's path). No mask but the
     causal one, no dropout."""
     d = qkv.size(-1) // (3 * n_heads)
-    if qkv.dim() != 3 or d not in HEAD_DIMS or _applies(qkv) is None:
+    if not takes_attention(qkv, d):
         return None
     return _SelfAttention.apply(qkv.contiguous(), n_heads, causal)
 
 
-def unsupported_parts(model: nn.Module) -> str | None:
-    """What in `model` the kernels do not compute (positions inside attention, a pattern other
-    than full, grouped-query heads, a norm other than LayerNorm, a gated or mixture feed-forward,
-    shared blocks), in words; None when they cover all of it."""
-    if all(getattr(m, "plain", True) and not getattr(m, "shared", False) for m in model.modules()):
-        return None
-    config = getattr(model, "config", None)
-    fields = ("positions", "attention", "n_kv_head", "normalization", "activation", "experts", "block_sharing")
-    chosen = ", ".join(f"{f}={getattr(config, f)}" for f in fields if hasattr(config, f))
-    return (
-        "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "
-        f"dense GELU/ReLU feed-forward in unshared blocks; this model has {chosen}"
-    )
+def takes_attention(x: torch.Tensor, head_dim: int) -> bool:
+    """Whether `self_attention` runs the kernel for heads of `head_dim` on x `(B, T, ·)` (the
+    input of the q/k/v projection or its output: the same dtype and device)."""
+    return x.dim() == 3 and head_dim in HEAD_DIMS and takes(x) is not None
 
 
 ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
@@ -167,7 +142,7 @@ class _PreNormBlock(torch.autograd.Function):
         if ctx.runner.calls != ctx.call:
             raise RuntimeError(
                 "attnlab's fused block ran forward again before the backward of an earlier forward; "
-                "run each backward before the next forward, or leave attnlab.nn.kernels off"
+                "run each backward before the next forward, or train without attnlab.accel.for_training"
             )
         dx, *grads = ctx.runner.kernel.backward(grad.contiguous())
         return (dx, None, *[g if has else None for g, has in zip(grads, ctx.has_grad, strict=True)])
@@ -175,8 +150,8 @@ class _PreNormBlock(torch.autograd.Function):
 
 def _params(block: nn.Module) -> list[torch.Tensor]:
     """A pre-norm block's parameters in the C++ side's order; an empty tensor for a missing bias.
-    (Read from the modules' dictionaries: `Module.__getattr__` made this 30 µs a call, ~1% of a
-    4×4×128 training step over its four blocks.)"""
+    (Read from the modules' dictionaries: `Module.__getattr__` made this a measurable share of a
+    small training step, BENCHMARKS.md "Tuned CPU paths".)"""
     mods = block._modules
     attn, ffn = mods["attn"]._modules, mods["ffn"]._modules
     out = []
@@ -193,12 +168,11 @@ def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple
     """The C++ kernel's settings for `block` on x, and its parameters in the C++ side's order; None
     where the block is not one the kernel runs: a pre-norm `TransformerBlock` with full
     self-attention, positions only at the input, and no mask but the causal one, no dropout in
-    training, fp32 CPU parameters."""
+    training, fp32 CPU parameters (and not applied in several layers: the caller's to say)."""
     attn, norm1 = block.attn, block.norm1
     if (
         not block.pre_norm
-        or not block.plain
-        or block.shared
+        or not covers_block(block)
         or x.dim() != 3
         or attn.head_dim not in HEAD_DIMS
         or block.ffn.activation not in ACTIVATION_CODES
@@ -222,9 +196,9 @@ def _runner(owner: nn.Module, key: tuple, make: Callable[[], object]) -> _Runner
 
 def pre_norm_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor | None:
     """`TransformerBlock` (pre-norm, self-attention with no mask but the causal one, no dropout
-    in training) on x `(B, T, C)` as one C++ call forward and one backward; None where the kernels
-    are off or do not apply (the caller then runs the block's modules)."""
-    extension = _applies(x)
+    in training, applied in one layer only) on x `(B, T, C)` as one C++ call forward and one
+    backward; None where the kernels do not apply (the caller then runs the block's modules)."""
+    extension = takes(x)
     setup = None if extension is None else _block_setup(block, x, causal)
     if setup is None:
         return None
@@ -238,10 +212,10 @@ def pre_norm_stack(blocks: nn.ModuleList, x: torch.Tensor, causal: bool) -> torc
     """Every block of `blocks` in turn on x `(B, T, C)`, each taking the one before's output (a
     GPT's stack), as one C++ call forward and one backward: each thread takes its sequences through
     all the blocks with no wait between them, and no Python runs between the blocks. None where
-    the kernels are off or any block is not one `pre_norm_block` runs, or the blocks differ in
-    their settings or FFN size (the caller then runs them one at a time)."""
-    extension = _applies(x)
-    if extension is None or len(blocks) == 0:
+    the kernels do not apply, any block is not one `pre_norm_block` runs or comes twice (shared),
+    or the blocks differ in their settings or FFN size (the caller then runs them one at a time)."""
+    extension = takes(x)
+    if extension is None or len(blocks) == 0 or len({id(block) for block in blocks}) != len(blocks):
         return None
     params: list[torch.Tensor] = []
     key = None
@@ -288,8 +262,7 @@ def cross_entropy(
     logits' dtype, rounded once). Rows whose target is `ignore_index` do not count; with none
     left the mean is NaN, as PyTorch's."""
     kernel = (
-        _on
-        and logits.device.type == "cpu"
+        logits.device.type == "cpu"
         and logits.dim() == 2
         and logits.dtype in (torch.float32, torch.bfloat16)
         and not torch.compiler.is_compiling()
@@ -307,15 +280,14 @@ def computed_parts(model: nn.Module) -> list[str]:
     blocks that `pre_norm_block` / `pre_norm_stack` take whole; "self-attention" of the other
     blocks (`self_attention`); "GELU" of the other feed-forward layers (`gelu`); [] for none (a
     WaveNet, a GCN). A mask given at run time (padding) still sends attention to PyTorch's path."""
-    from attnlab.nn.attention import MultiHeadAttention  # (they import this module)
-    from attnlab.nn.blocks import TransformerBlock
+    shared = shared_blocks(model)
 
     def fused(block: TransformerBlock) -> bool:  # `_block_setup`'s conditions that the modules decide
         attn = block.attn
         return (
             block.pre_norm
-            and block.plain
-            and not block.shared
+            and covers_block(block)
+            and id(block) not in shared
             and attn.head_dim in HEAD_DIMS
             and block.ffn.activation in ACTIVATION_CODES
             and attn.dropout == 0 == block.dropout.p == block.ffn.dropout.p
@@ -326,7 +298,8 @@ def computed_parts(model: nn.Module) -> list[str]:
     inside = {id(m) for block in blocks for m in block.modules()}
     rest = [m for m in model.modules() if id(m) not in inside]
     attention = any(
-        isinstance(m, MultiHeadAttention) and m.plain and m.head_dim in HEAD_DIMS and m.dropout == 0 for m in rest
+        isinstance(m, MultiHeadAttention) and covers_attention(m) and m.head_dim in HEAD_DIMS and m.dropout == 0
+        for m in rest
     )
     gelu_layers = any(getattr(m, "activation", None) in ("gelu", "gelu_tanh", "geglu") for m in rest)
     found = (("Transformer blocks", bool(blocks)), ("self-attention", attention), ("GELU", gelu_layers))

@@ -1,10 +1,10 @@
 """Decoding steps as one C++ call each on the CPU (`fused_step.cpp`): a pre-norm GPT's, and the
 encoder–decoder Transformer's decoder for beam search.
 
-An eager decoding step of a small GPT is ~100 PyTorch operators, and at batch 1 their call
+An eager decoding step of a small GPT is about a hundred PyTorch operators, and at batch 1 their call
 overhead is as large as the arithmetic; torch.compile fuses the elementwise ones but still calls
 the products one by one. The fused step is the whole step in plain loops: one call per token. It
-is built with PyTorch's C++ extension tools (~1 minute, cached afterwards in `TORCH_EXTENSIONS_DIR`,
+is built with PyTorch's C++ extension tools (cached afterwards in `TORCH_EXTENSIONS_DIR`,
 by default ~/.cache/torch_extensions) by `attnlab kernels build`, which `make` runs at
 installation, or on first use: `generate_tokens(..., fused=True)`. `attnlab sample` and `attnlab
 bench` take it by default where it is built (`is_built`), and never wait for a build unless
@@ -34,11 +34,12 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from attnlab.accel.coverage import covers_decoder_block, covers_gpt
+from attnlab.accel.extensions import build
+from attnlab.accel.extensions import is_built as is_built_here
+from attnlab.accel.kernels import ACTIVATION_CODES
+from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.nn import KVCache
-from attnlab.nn.extensions import build
-from attnlab.nn.extensions import is_built as is_built_here
-from attnlab.nn.kernels import ACTIVATION_CODES
-from attnlab.nn.projection import MKLDNN, reordered_weight
 
 T = TypeVar("T")
 
@@ -48,8 +49,8 @@ SOURCE = Path(__file__).with_name("fused_step.cpp")
 REORDERED_MIN_WEIGHT = 1 << 17
 """Past the extension's STREAMED_MAX_ROWS (up to which the C++ products stream the weights
 themselves), the GPT step multiplies by oneDNN's reordered copy of weights with at
-least this many elements, PyTorch's product being faster for smaller ones (`benchmarks/rows_step.py`
-at 32 rows: a 384-wide model's step 25% faster with them, a 128-wide one's 10% slower)."""
+least this many elements, PyTorch's product being faster for smaller ones (`benchmarks/rows_step.py`;
+BENCHMARKS.md, "Tuned CPU paths")."""
 _NONE = torch.empty(0)  # no reordered weight: PyTorch's product
 
 
@@ -79,7 +80,7 @@ def supports(model: nn.Module, cache: list[KVCache]) -> bool:
         return False
     return (
         model.config.norm == "pre"
-        and model.plain
+        and covers_gpt(model)
         and _runs_here(model, model.lm_head.weight)
         and all(layer.k.is_contiguous() and layer.v.is_contiguous() for layer in cache)
     )
@@ -182,7 +183,7 @@ def supports_decoder(model: nn.Module) -> bool:
     return (
         isinstance(model, Seq2SeqTransformer)
         and _runs_here(model, model.output.weight)
-        and all(block.plain for block in model.decoder)
+        and all(covers_decoder_block(block) for block in model.decoder)
     )
 
 

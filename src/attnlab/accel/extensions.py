@@ -152,11 +152,11 @@ def vector_width_flags(cpu: bytes, march: str) -> list[str]:
     """GCC's -mprefer-vector-width=256 for a native build on an x86 CPU with AVX2 but not AVX-512
     (`cpu` as cpu_identity gives it), else nothing.
 
-    GCC tunes for the CPU it detects, and on the AVX2 AMD EPYC machines this project runs on it has
-    detected Zen 1 (znver1): that tuning vectorizes loops 4 floats wide, as Zen 1 split 8-float
-    operations in two. Later Zen cores do not, and the kernels' loops (the activation, LayerNorm,
-    the softmax's exp) ran 8 wide ~10% faster there (BENCHMARKS.md). The kernels' explicit vectors
-    are as wide as the registers either way; on AVX-512 CPUs GCC's tunings pick their own width."""
+    GCC tunes for the CPU it detects, and on some AVX2 machines it detects an early core whose
+    tuning vectorizes loops 4 floats wide (that core split 8-float operations in two). Later
+    cores do not, and the kernels' loops (the activation, LayerNorm, the softmax's exp) ran
+    faster 8 wide there (BENCHMARKS.md, "Tuned CPU paths"). The kernels' explicit vectors are
+    as wide as the registers either way; on AVX-512 CPUs GCC's tunings pick their own width."""
     words = cpu.decode(errors="replace").split()
     if march != "native" or "avx2" not in words or "avx512f" in words:
         return []

@@ -1,10 +1,10 @@
-"""attnlab.nn.kernels: the C++ training kernels against independent references.
+"""attnlab.accel.kernels: the C++ training kernels against independent references.
 
 GELU and attention against PyTorch's operators in float64; a whole pre-norm block (forward,
 and the gradients of its input and every parameter) against the same block run through its
 modules; a GPT's stack of blocks in one call against its blocks one call each; a GPT's training
-steps with the kernels against the same steps without. The extension
-is built once per machine (about a minute; cached by torch.utils.cpp_extension).
+steps with the kernels (`attnlab.accel.for_training`) against the same steps without. The
+extension is built once per machine (cached by torch.utils.cpp_extension).
 """
 
 import math
@@ -13,8 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.accel import for_training, kernels, reference_cross_entropy
+from attnlab.accel.training import FusedGPT, FusedPreNormBlock, FusedSelfAttention
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import TransformerBlock, kernels
+from attnlab.nn import TransformerBlock
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward
 from helpers import threads
@@ -27,8 +29,7 @@ pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="the kernels
 def test_gelu_and_its_gradient_match_pytorch_in_float64(approximate):
     x = (torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 4).requires_grad_()
     grad = torch.randn(5000, generator=torch.Generator().manual_seed(1))
-    with kernels.enabled():
-        y = kernels.gelu(x, approximate)
+    y = kernels.gelu(x, approximate)
     y.backward(grad)
     x64 = x.detach().double().requires_grad_()
     ref = F.gelu(x64, approximate=approximate)
@@ -57,21 +58,25 @@ def test_the_fused_blocks_activation_and_its_slope_match_pytorch_in_float64(acti
 
 def test_gelu_far_out_in_the_tails_has_no_nan_and_the_limits():
     x = torch.tensor([-1e4, -90.0, -12.0, 0.0, 12.0, 90.0, 1e4], requires_grad=True)
-    with kernels.enabled():
-        y = kernels.gelu(x)
+    y = kernels.gelu(x)
     y.sum().backward()
     torch.testing.assert_close(y, F.gelu(x.detach()))
     torch.testing.assert_close(x.grad, torch.tensor([0.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0]))
 
 
-def test_gelu_outside_the_context_is_pytorchs(monkeypatch):
-    monkeypatch.setattr(kernels._Gelu, "apply", lambda *a: pytest.fail("kernel used outside kernels.enabled()"))
-    x = torch.randn(10)
-    torch.testing.assert_close(kernels.gelu(x), F.gelu(x))
-    with kernels.enabled(), torch.autocast("cpu", dtype=torch.bfloat16):
+def test_gelu_is_pytorchs_outside_training_and_where_the_kernel_does_not_apply(monkeypatch):
+    monkeypatch.setattr(kernels._Gelu, "apply", lambda *a: pytest.fail("kernel used where it must not be"))
+    x = torch.randn(2, 10)
+    reference = FeedForward(10, 16)  # nn/: reference PyTorch, whatever is built
+    torch.testing.assert_close(reference(x), reference.fc2(F.gelu(reference.fc1(x))))
+    applied = FeedForward(10, 16)
+    for_training(applied)
+    applied.eval()(x)  # evaluation: the reference code
+    applied.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         kernels.gelu(x)  # under autocast: PyTorch's
-    with kernels.enabled():
-        kernels.gelu(x.double())  # not float32: PyTorch's
+        applied(x)
+    kernels.gelu(x.double())  # not float32: PyTorch's
 
 
 def _reference_attention(qkv: torch.Tensor, heads: int, causal: bool) -> torch.Tensor:
@@ -107,8 +112,7 @@ def test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim
     gen = torch.Generator().manual_seed(t * head_dim)
     qkv = (torch.randn(3, t, 3 * heads * head_dim, generator=gen) * 2).requires_grad_()
     grad = torch.randn(3, t, heads * head_dim, generator=gen)
-    with kernels.enabled():
-        y = kernels.self_attention(qkv, heads, causal)
+    y = kernels.self_attention(qkv, heads, causal)
     assert y is not None and y.shape == (3, t, heads * head_dim)
     y.backward(grad)
     ref, ref_grad = _reference_and_gradient(qkv.double(), grad, heads, causal)
@@ -122,11 +126,17 @@ def test_attention_and_its_gradient_match_the_formula(causal, t, heads, head_dim
     assert _relative_error(qkv.grad, ref_grad) <= 2 * _relative_error(pytorch_grad, ref_grad) + 1e-6
 
 
-def test_attention_declines_what_it_does_not_cover():
-    with kernels.enabled():
-        assert kernels.self_attention(torch.randn(2, 4, 3 * 2 * 24), 2, True) is None  # head size 24
-        assert kernels.self_attention(torch.randn(2, 4, 3 * 32).double(), 1, True) is None
-    assert kernels.self_attention(torch.randn(2, 4, 3 * 32), 1, True) is None  # not enabled
+def test_attention_declines_what_it_does_not_cover(monkeypatch):
+    assert kernels.self_attention(torch.randn(2, 4, 3 * 2 * 24), 2, True) is None  # head size 24
+    assert kernels.self_attention(torch.randn(2, 4, 3 * 32).double(), 1, True) is None
+    assert kernels.self_attention(torch.randn(2, 4, 3 * 32), 1, True) is not None
+    monkeypatch.setattr(kernels._SelfAttention, "apply", lambda *a: pytest.fail("kernel used where it must not be"))
+    x = torch.randn(2, 4, 32)
+    MultiHeadAttention(32, 1)(x, causal=True)  # nn/: reference PyTorch, whatever is built
+    applied = MultiHeadAttention(32, 1)
+    for_training(applied)
+    assert type(applied) is FusedSelfAttention
+    applied.eval()(x, causal=True)  # evaluation: the reference code
 
 
 def test_multi_head_attention_module_takes_the_kernel_and_computes_the_same():
@@ -142,8 +152,8 @@ def test_multi_head_attention_module_takes_the_kernel_and_computes_the_same():
     original = kernels._SelfAttention.apply
     kernels._SelfAttention.apply = lambda *a: calls.append(1) or original(*a)
     try:
-        with kernels.enabled():
-            y, _ = mha(x, causal=True)
+        for_training(mha)
+        y, _ = mha(x, causal=True)
     finally:
         kernels._SelfAttention.apply = original
     y.sum().backward()
@@ -160,8 +170,9 @@ def test_feed_forward_names_its_activation():
 def _block_grads(block: TransformerBlock, x: torch.Tensor, grad: torch.Tensor, causal: bool, on: bool):
     x = x.clone().requires_grad_()
     block.zero_grad(set_to_none=True)
-    with kernels.enabled(on):
-        y, _ = block(x, causal=causal)
+    if on:
+        for_training(block)
+    y, _ = block(x, causal=causal)
     y.backward(grad)
     return y.detach(), [x.grad] + [p.grad for p in block.parameters()]
 
@@ -200,37 +211,40 @@ def test_fused_pre_norm_block_matches_its_modules(activation, bias, causal, n_th
 
 def test_fused_block_declines_what_it_does_not_cover():
     x = torch.randn(2, 5, 32)
-    with kernels.enabled():
-        post = TransformerBlock(32, 2, 64, norm="post")
-        post(x, causal=True)
-        dropout = TransformerBlock(32, 2, 64, dropout=0.1).train()
-        dropout(x, causal=True)
-        masked = TransformerBlock(32, 2, 64)
-        masked(x, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))
-        odd_heads = TransformerBlock(48, 2, 64)  # head size 24
-        odd_heads(torch.randn(2, 5, 48), causal=True)
-    for block in (post, dropout, masked, odd_heads):
+    post = for_training(TransformerBlock(32, 2, 64, norm="post")).model
+    post(x, causal=True)
+    dropout = for_training(TransformerBlock(32, 2, 64, dropout=0.1).train()).model
+    dropout(x, causal=True)
+    masked = for_training(TransformerBlock(32, 2, 64)).model
+    masked(x, mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))
+    odd_heads = for_training(TransformerBlock(48, 2, 64)).model  # head size 24
+    odd_heads(torch.randn(2, 5, 48), causal=True)
+    evaluated = for_training(TransformerBlock(32, 2, 64)).model.eval()
+    evaluated(x, causal=True)
+    reference = TransformerBlock(32, 2, 64)  # never applied: nn/'s reference PyTorch
+    reference(x, causal=True)
+    for block in (post, dropout, masked, odd_heads, evaluated, reference):
         assert block not in kernels._RUNNERS
+    assert type(post) is TransformerBlock and type(dropout) is FusedPreNormBlock
     mixed = TransformerBlock(32, 2, 64)
     mixed.ffn.fc2.bias.data = mixed.ffn.fc2.bias.data.double()  # one parameter not float32
-    with kernels.enabled():
-        assert kernels.pre_norm_block(mixed, x, causal=True) is None
-        assert kernels.pre_norm_block(TransformerBlock(32, 2, 64), x, causal=True) is not None
+    assert kernels.pre_norm_block(mixed, x, causal=True) is None
+    assert kernels.pre_norm_block(TransformerBlock(32, 2, 64), x, causal=True) is not None
 
 
 def test_fused_block_refuses_a_backward_after_another_forward():
-    block = TransformerBlock(32, 2, 64)
+    block = for_training(TransformerBlock(32, 2, 64)).model
     x = torch.randn(2, 5, 32, requires_grad=True)
-    with kernels.enabled():
-        first, _ = block(x, causal=True)
-        block(x, causal=True)
+    first, _ = block(x, causal=True)
+    block(x, causal=True)
     with pytest.raises(RuntimeError, match="ran forward again before the backward"):
         first.sum().backward()
 
 
 def _gpt_loss_and_grads(model: GPT, x: torch.Tensor, y: torch.Tensor, n_threads: int):
     model.zero_grad(set_to_none=True)
-    with threads(n_threads), kernels.enabled():
+    for_training(model)
+    with threads(n_threads):
         _, loss = model(x, y)
         loss.backward()
     return loss.detach(), [p.grad for p in model.parameters()]
@@ -260,8 +274,7 @@ def test_fused_stack_declines_blocks_it_does_not_cover():
     x = torch.randn(2, 5, 32)
 
     def stack(*blocks: TransformerBlock) -> torch.Tensor | None:
-        with kernels.enabled():
-            return kernels.pre_norm_stack(torch.nn.ModuleList(blocks), x, causal=True)
+        return kernels.pre_norm_stack(torch.nn.ModuleList(blocks), x, causal=True)
 
     assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64)) is not None
     assert stack() is None
@@ -270,29 +283,41 @@ def test_fused_stack_declines_blocks_it_does_not_cover():
     assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 128)) is None  # FFN sizes differ
     assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 2, 64, activation="relu")) is None
     assert stack(TransformerBlock(32, 2, 64), TransformerBlock(32, 4, 64)) is None  # heads differ
-    with kernels.enabled(False):
-        assert kernels.pre_norm_stack(torch.nn.ModuleList([TransformerBlock(32, 2, 64)]), x, causal=True) is None
+    shared = TransformerBlock(32, 2, 64)
+    assert stack(shared, shared) is None  # one block in two layers: its kernel keeps one layer's activations
 
 
 def test_fused_stack_refuses_a_backward_after_another_forward():
-    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64))
+    model = for_training(GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64))).model
     x = torch.randint(0, 30, (2, 16))
-    with kernels.enabled():
-        _, first = model(x, x)
-        model(x, x)
+    _, first = model(x, x)
+    model(x, x)
     assert model.blocks in kernels._RUNNERS
     with pytest.raises(RuntimeError, match="ran forward again before the backward"):
         first.backward()
 
 
-def test_enabled_restores_the_previous_setting():
-    assert not kernels.is_enabled()
-    with kernels.enabled():
-        assert kernels.is_enabled()
-        with kernels.enabled(False):
-            assert not kernels.is_enabled()
-        assert kernels.is_enabled()
-    assert not kernels.is_enabled()
+def test_for_training_swaps_forward_alone_and_says_what_it_covered(monkeypatch):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64)
+    model = GPT(config)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    applied = for_training(model)
+    assert applied.model is model and type(model) is FusedGPT and applied.uncovered is None
+    assert {"", "blocks.0", "blocks.0.attn", "blocks.0.ffn", "blocks.1"} <= set(applied.covered)
+    assert list(model.parameters()) == params and model.state_dict().keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert for_training(model).covered == applied.covered  # twice is once
+    x = torch.randint(0, 30, (2, 16))
+    monkeypatch.setattr(kernels, "pre_norm_stack", lambda *a, **k: pytest.fail("a kernel in eval mode"))
+    monkeypatch.setattr(kernels, "pre_norm_block", lambda *a, **k: pytest.fail("a kernel in eval mode"))
+    reference = GPT(config)
+    reference.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), reference.eval()(x))  # evaluation: the reference code
+    rope = for_training(GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=1, n_head=2, n_embd=64, positions="rope")))
+    assert "positions=rope" in rope.uncovered and "blocks.0.attn" not in rope.covered
 
 
 def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
@@ -306,7 +331,9 @@ def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses[on] = []
         for _ in range(5):
-            with threads(2), kernels.enabled(on):
+            if on:
+                for_training(model)
+            with threads(2):
                 _, loss = model(x, y)
                 loss.backward()
             opt.step()
@@ -331,7 +358,7 @@ def _cross_entropy_case(n: int, v: int, dtype: torch.dtype, seed: int = 0):
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_cross_entropy_and_its_gradient_match_pytorch_in_float64(dtype, smoothing, n_threads):
     logits, target = _cross_entropy_case(37, 1000, dtype)
-    with threads(n_threads), kernels.enabled():
+    with threads(n_threads):
         loss = kernels.cross_entropy(logits, target, label_smoothing=smoothing)
         (loss * 2.5).backward()
     x64 = logits.detach().double().requires_grad_()
@@ -349,9 +376,8 @@ def test_cross_entropy_of_a_large_vocabulary_in_bf16_matches_pytorchs_fp32_loss(
     """The masked-LM head's shape (a 16k vocabulary), against what the task computed before the
     kernel: PyTorch's loss of the logits copied to fp32."""
     logits, target = _cross_entropy_case(64, 16000, torch.bfloat16, seed=3)
-    with kernels.enabled():
-        loss = kernels.cross_entropy(logits, target)
-        loss.backward()
+    loss = kernels.cross_entropy(logits, target)
+    loss.backward()
     got = logits.grad.clone()
     logits.grad = None
     ref = F.cross_entropy(logits.float(), target)
@@ -362,16 +388,16 @@ def test_cross_entropy_of_a_large_vocabulary_in_bf16_matches_pytorchs_fp32_loss(
 
 def test_cross_entropy_refuses_a_target_outside_the_vocabulary():
     logits = torch.randn(3, 10)
-    with kernels.enabled(), pytest.raises(RuntimeError, match="target 10 is outside"):
+    with pytest.raises(RuntimeError, match="target 10 is outside"):
         kernels.cross_entropy(logits, torch.tensor([1, 10, 2]))
 
 
-def test_cross_entropy_outside_the_context_is_pytorchs(monkeypatch):
-    monkeypatch.setattr(kernels._CrossEntropy, "apply", lambda *a: pytest.fail("kernel used outside kernels.enabled()"))
+def test_the_reference_cross_entropy_and_float64_are_pytorchs(monkeypatch):
+    monkeypatch.setattr(kernels._CrossEntropy, "apply", lambda *a: pytest.fail("kernel used where it must not be"))
     logits, target = torch.randn(6, 11), torch.randint(0, 11, (6,))
-    torch.testing.assert_close(kernels.cross_entropy(logits, target), F.cross_entropy(logits, target))
-    with kernels.enabled():
-        kernels.cross_entropy(logits.double(), target)  # float64: PyTorch's
+    torch.testing.assert_close(reference_cross_entropy(logits, target), F.cross_entropy(logits, target))
+    assert for_training(torch.nn.Linear(2, 2)).cross_entropy is kernels.cross_entropy
+    kernels.cross_entropy(logits.double(), target)  # float64: PyTorch's
 
 
 @pytest.fixture(scope="module")
@@ -382,7 +408,7 @@ def narrow_build():
     import platform
     from pathlib import Path
 
-    from attnlab.nn.extensions import build
+    from attnlab.accel.extensions import build
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("an x86-64 instruction set")
@@ -447,8 +473,8 @@ def test_this_cpus_build_takes_its_widest_branch():
     CPU has AVX-512: elsewhere this says so, as a skip."""
     import platform
 
+    from attnlab.accel.extensions import default_march
     from attnlab.device import cpu_flags
-    from attnlab.nn.extensions import default_march
 
     flags = cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not flags:

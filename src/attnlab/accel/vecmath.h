@@ -1,7 +1,7 @@
 // Elementwise functions written so that a `#pragma omp simd` loop calling them vectorizes (the
 // C library's tanhf, erff and expf are one scalar call per element), and the activation loops
-// built on them. Shared by the training kernels (attnlab/nn/kernels.cpp) and the fused decoding
-// steps (attnlab/decode/fused_step.cpp).
+// built on them. Shared by the training kernels (attnlab/accel/kernels.cpp) and the fused decoding
+// steps (attnlab/accel/fused_step.cpp).
 #pragma once
 
 #include <algorithm>
@@ -124,7 +124,7 @@ ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
   return grad;
 }
 
-// The feed-forward activations, numbered as attnlab.nn.kernels.ACTIVATION_CODES.
+// The feed-forward activations, numbered as attnlab.accel.kernels.ACTIVATION_CODES.
 enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2 };
 
 // g = act(h) for n elements (g may be h).

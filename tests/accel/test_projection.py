@@ -1,4 +1,4 @@
-"""attnlab.nn.projection: the decoding routes of a linear map compute x Wᵀ + b, written out here.
+"""attnlab.accel.projection: the decoding routes of a linear map compute x Wᵀ + b, written out here.
 
 The reference is the formula `x @ weight.T + bias` (and `torch.nn.Linear` for the module); each
 route is first checked to be the one taken, so a test cannot pass by falling back to F.linear.
@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-import attnlab.nn.projection as projection
+import attnlab.accel.projection as projection
+from attnlab.accel.projection import Linear, linear
 from attnlab.decode import greedy
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import Linear, linear
 from tolerance import assert_float32_close
 
 BIG = (768, 384)  # 294,912 elements: above GEMV_MIN_WEIGHT

@@ -2,17 +2,18 @@
 
 A decoding step multiplies one row per sequence by every weight matrix of the model: matrix–vector
 products, whose speed is how fast the weights stream from memory. On the CPU a one-row `F.linear`
-goes to a BLAS gemv that reads a weight matrix too big for the cache at ~7 GB/s on our 2-core
-machine, where a plain sum reads ~30 GB/s. The same product written as a batched matmul — the
-weight rows split into two halves, the vector as a column whose strides make it the transposed
-operand — takes the gemm kernel and reads 2.7× as fast (`benchmarks/gemv.py`; BENCHMARKS.md). For
-matrices that stay in cache the call overhead dominates and the gemv is the faster one, hence the
-size threshold. Everywhere else `linear` is `F.linear`.
+goes to a BLAS gemv that reads a weight matrix too big for the cache well below the memory's
+bandwidth. The same product written as a batched matmul — the weight rows split into two halves,
+the vector as a column whose strides make it the transposed operand — takes the gemm kernel and
+reads faster (`benchmarks/gemv.py`; BENCHMARKS.md, "Tuned CPU paths"). For matrices that stay in cache the call overhead
+dominates and the gemv is the faster one, hence the size threshold. Everywhere else `linear` is
+`F.linear`.
 
 Products of a few rows (a batch of sequences decoding together, beams) are past what the gemv
 trick helps; there oneDNN's kernel over a weight reordered once into its blocked layout reads
-1.8× as fast as `F.linear` (the same benchmark). `Linear` uses that reordered copy (kept beside the
+faster than `F.linear` (the same benchmark). `Linear` uses that reordered copy (kept beside the
 weight, not in the state dict; remade when the weight changes) outside autograd and autocast.
+`attnlab.accel.for_decoding` gives a model's projections this class.
 """
 
 import weakref
@@ -32,13 +33,12 @@ PACKED_MAX_ROWS = 8
 """`Linear` uses the reordered weight for products of 2 to this many rows..."""
 PACKED_MIN_WEIGHT = 1 << 15
 """...and weights with at least this many elements, to reach the 256×256 projections of the
-translation model's beams (`benchmarks/decode_ab.py beam`: both routes 1.2× neither; this threshold
-against GEMV_MIN_WEIGHT's, 11.7 vs 12.5 sentences/s, within noise)."""
+translation model's beams (`benchmarks/decode_ab.py beam`; BENCHMARKS.md, "Tuned CPU paths")."""
 
 # Under torch.compile both routes are operators of their own, which the compiler calls as they are
 # (its own code for a one-row product streams the weights no faster than the gemv). Registered
-# with `Library.impl` rather than `custom_op`, whose Python wrapper costs ~20 µs a call: a
-# 6×6×384 decoding step makes 24 of them.
+# with `Library.impl` rather than `custom_op`, whose Python wrapper costs a sizeable part of a
+# small decoding step, which makes several such calls per layer.
 _LIB = torch.library.Library("attnlab", "DEF")
 _LIB.define("streamed_product(Tensor x, Tensor weight) -> Tensor")
 _LIB.define("packed_product(Tensor x, Tensor weight) -> Tensor")

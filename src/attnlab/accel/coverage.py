@@ -1,0 +1,92 @@
+"""Which parts of a model attnlab's tuned code computes: the questions the kernels and the fused
+steps ask of a model, asked here so that `attnlab.nn` and `attnlab.models` need not answer them.
+
+The C++ kernels and steps compute the paper's parts as GPT-2 arranges them: full multi-head
+attention with positions at the input, LayerNorm, a dense feed-forward layer, each block applied
+once. Anything else (positions inside attention, a sparse pattern, grouped-query heads, RMSNorm or
+ReZero, a gated or mixture feed-forward, shared blocks, factorized embeddings) runs PyTorch's
+reference code.
+"""
+
+from torch import nn
+
+from attnlab.models import GPT
+from attnlab.nn import DecoderBlock, FeedForward, MixtureOfExperts, MultiHeadAttention, TransformerBlock
+
+
+def covers_attention(attn: MultiHeadAttention) -> bool:
+    """Full attention with positions only at the input, one key and value head per query head."""
+    return attn.positions is None and attn.pattern is None and attn.n_kv_heads == attn.n_heads
+
+
+def covers_block(block: TransformerBlock) -> bool:
+    """LayerNorms, attention that `covers_attention` accepts and a dense feed-forward layer (either
+    order of the norms: the training kernels take pre-norm blocks, and say so per call)."""
+    return (
+        isinstance(block.norm1, nn.LayerNorm)
+        and isinstance(block.gate1, nn.Identity)
+        and covers_attention(block.attn)
+        and isinstance(block.ffn, FeedForward)
+    )
+
+
+def covers_decoder_block(block: DecoderBlock) -> bool:
+    """An encoder–decoder block of LayerNorms, covered attention both ways and a dense feed-forward layer."""
+    return (
+        isinstance(block.norm1, nn.LayerNorm)
+        and isinstance(block.gate1, nn.Identity)
+        and covers_attention(block.self_attn)
+        and covers_attention(block.cross_attn)
+        and isinstance(block.ffn, FeedForward)
+    )
+
+
+def shared_blocks(model: nn.Module) -> set[int]:
+    """The ids of the modules that a list of `model` holds at more than one position (a block
+    applied in several layers: the kernels keep one layer's activations per block)."""
+    shared = set()
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            seen: set[int] = set()
+            for child in module:
+                if id(child) in seen:
+                    shared.add(id(child))
+                seen.add(id(child))
+    return shared
+
+
+def covers_gpt(model: GPT) -> bool:
+    """GPT-2's parts throughout: covered blocks, none shared, no factorized embeddings."""
+    return (
+        all(covers_block(block) for block in model.blocks)
+        and not shared_blocks(model)
+        and isinstance(model.embedding_proj, nn.Identity)
+        and model.step_signal is None
+    )
+
+
+def _covers(module: nn.Module) -> bool:
+    if isinstance(module, MultiHeadAttention):
+        return covers_attention(module)
+    if isinstance(module, TransformerBlock):
+        return covers_block(module)
+    if isinstance(module, DecoderBlock):
+        return covers_decoder_block(module)
+    if isinstance(module, GPT):
+        return covers_gpt(module)
+    return not isinstance(module, MixtureOfExperts)
+
+
+def uncovered_parts(model: nn.Module) -> str | None:
+    """What in `model` the kernels do not compute (positions inside attention, a pattern other
+    than full, grouped-query heads, a norm other than LayerNorm, a gated or mixture feed-forward,
+    shared blocks), in words; None when they cover all of it."""
+    if all(_covers(m) for m in model.modules()) and not shared_blocks(model):
+        return None
+    config = getattr(model, "config", None)
+    fields = ("positions", "attention", "n_kv_head", "normalization", "activation", "experts", "block_sharing")
+    chosen = ", ".join(f"{f}={getattr(config, f)}" for f in fields if hasattr(config, f))
+    return (
+        "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "
+        f"dense GELU/ReLU feed-forward in unshared blocks; this model has {chosen}"
+    )
