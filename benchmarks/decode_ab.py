@@ -40,7 +40,7 @@ NEW_TOKENS = 200
 def gpt(shape: str) -> GPT:
     layers, heads, width = map(int, shape.split("x"))
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=65, block_size=256, n_layer=layers, n_head=heads, n_embd=width)
+    config = GPTConfig(vocab_size=65, block_size=256, n_layers=layers, n_heads=heads, d_model=width)
     return GPT(config).eval()
 
 

@@ -50,9 +50,9 @@ def settings(max_iters: int, corpus: Path) -> list[str]:
     return [
         f"data.path={json.dumps(str(corpus))}",
         "model.block_size=32",
-        "model.n_layer=2",
-        "model.n_head=2",
-        "model.n_embd=64",
+        "model.n_layers=2",
+        "model.n_heads=2",
+        "model.d_model=64",
         "model.dropout=0.1",
         "train.batch_size=8",
         f"train.max_iters={max_iters}",

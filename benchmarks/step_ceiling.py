@@ -38,9 +38,9 @@ def products_of_step(shape: str, block: int, batch: int) -> tuple[Callable[[], N
     """A call that makes the matrix products of one training step of `shape` on one thread's
     `batch` sequences -> (call, FLOPs)."""
     s = bench.SHAPES[shape]
-    n, c = batch * block, s["n_embd"]
+    n, c = batch * block, s["d_model"]
     f = 4 * c
-    linears = [(3 * c, c), (c, c), (f, c), (c, f)] * s["n_layer"] + [(bench.VOCAB, c)]  # (out, in)
+    linears = [(3 * c, c), (c, c), (f, c), (c, f)] * s["n_layers"] + [(bench.VOCAB, c)]  # (out, in)
     calls: list[Callable[[], object]] = []
     flops = 0.0
     for out_features, in_features in linears:

@@ -24,9 +24,9 @@ task = "lm"
 
 [model]
 block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
+n_layers = 2
+n_heads = 2
+d_model = 32
 
 [data]
 path = "{corpus}"

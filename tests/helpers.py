@@ -164,7 +164,7 @@ def _tiny_doc(name: str, folder: Path) -> dict:
         corpus.write_text(bundled_shakespeare()[:20_000], encoding="utf-8")
         return {
             "task": "lm",
-            "model": {"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32},
+            "model": {"block_size": 16, "n_layers": 2, "n_heads": 2, "d_model": 32},
             "data": {"path": str(corpus), "tokenizer": "char"},
             "train": {
                 "max_iters": 8,
@@ -334,7 +334,7 @@ MEDIA_IMAGE_DATA = [
 MEDIA_RUNS = {
     "pixelcnn": ["fashion-pixelcnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=1"],
     "gated": ["fashion-gated-pixelcnn", *MEDIA_IMAGE_DATA, "--set", "model.hidden=4", "--set", "model.n_layers=2"],
-    "igpt": ["fashion-igpt", *MEDIA_IMAGE_DATA, "--set", "model.n_layer=1", "--set", "model.n_embd=16"],
+    "igpt": ["fashion-igpt", *MEDIA_IMAGE_DATA, "--set", "model.n_layers=1", "--set", "model.d_model=16"],
     "vit": [
         "fashion-vit",
         *MEDIA_IMAGE_DATA,

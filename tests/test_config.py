@@ -11,6 +11,7 @@ from attnlab.errors import ConfigError
 from attnlab.models import GPTConfig
 from attnlab.tasks import TASKS
 from attnlab.train import RunConfig, TrainConfig, resolve
+from attnlab.train.config import apply_overrides
 
 # ------------------------------------------------------------------ parse_overrides
 
@@ -75,13 +76,13 @@ def test_parse_overrides_value_then_section_is_a_config_error():
 
 
 def test_merge_deep_merges_and_does_not_mutate():
-    base = {"task": "lm", "model": {"n_layer": 4, "n_head": 4}, "train": {"max_iters": 100, "batch_size": 8}}
-    overrides = {"model": {"n_layer": 2}, "train": {"seed": 1}, "data": {"path": "x"}}
+    base = {"task": "lm", "model": {"n_layers": 4, "n_heads": 4}, "train": {"max_iters": 100, "batch_size": 8}}
+    overrides = {"model": {"n_layers": 2}, "train": {"seed": 1}, "data": {"path": "x"}}
     base_copy = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     out = merge(base, overrides)
     assert out == {
         "task": "lm",
-        "model": {"n_layer": 2, "n_head": 4},
+        "model": {"n_layers": 2, "n_heads": 4},
         "train": {"max_iters": 100, "batch_size": 8, "seed": 1},
         "data": {"path": "x"},
     }
@@ -114,7 +115,7 @@ def test_build_unknown_key_without_close_match_lists_keys():
     with pytest.raises(ConfigError) as e:
         build(GPTConfig, {"zzzzzz": 1}, "model")
     assert "did you mean" not in str(e.value)
-    assert "n_layer" in str(e.value)
+    assert "n_layers" in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -151,7 +152,7 @@ def test_build_optional_field_accepts_none_and_value():
 
 def test_build_turns_value_error_into_config_error():
     with pytest.raises(ConfigError) as e:
-        build(GPTConfig, {"n_embd": 30, "n_head": 4}, "model")
+        build(GPTConfig, {"d_model": 30, "n_heads": 4}, "model")
     assert e.value.__cause__ is None
     assert "[model]" in str(e.value) and "divisible" in str(e.value)
     with pytest.raises(ConfigError, match="dtype"):
@@ -215,7 +216,7 @@ def test_toml_path_works(tmp_path: Path):
     assert run_name == "my-run"
     assert doc == tomllib.loads(path.read_text(encoding="utf-8"))
     cfg = resolve(doc)
-    assert cfg.model.n_layer == 1
+    assert cfg.model.n_layers == 1
     assert cfg.train.learning_rate == 1.0
 
 
@@ -251,15 +252,27 @@ def test_resolve_unknown_task_is_a_config_error():
 
 
 def test_resolve_unknown_key_in_a_section_is_a_config_error():
-    with pytest.raises(ConfigError, match="model.n_layers.*did you mean 'n_layer'"):
-        resolve({"model": {"n_layers": 2}})
+    with pytest.raises(ConfigError, match="model.n_layerz.*did you mean 'n_layers'"):
+        resolve({"model": {"n_layerz": 2}})
+
+
+def test_the_gpts_old_field_names_are_read_as_todays_and_not_beside_them():
+    """Configs written before the GPT took the other families' vocabulary (n_layer, n_head, n_embd,
+    n_kv_head) resolve to the same model; a field given under both names is refused."""
+    old = resolve({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_kv_head": 1}})
+    new = resolve({"model": {"n_layers": 2, "n_heads": 2, "d_model": 32, "n_kv_heads": 1}})
+    assert old.model == new.model and (new.model.n_layers, new.model.d_model) == (2, 32)
+    with pytest.raises(ConfigError, match="model.n_embd is the old name of model.d_model"):
+        resolve({"model": {"n_embd": 32, "d_model": 64}})
+    overridden = apply_overrides({"model": {"n_layers": 6}}, {"model": {"n_layer": 2}})  # --set model.n_layer=2
+    assert overridden == {"model": {"n_layers": 2}}
 
 
 def test_resolve_with_overrides_end_to_end():
     _, doc = load_preset_or_file("demo")
-    cfg = resolve(merge(doc, parse_overrides(["train.max_iters=3", "model.n_layer=1", "data.path=x.txt"])))
-    assert cfg.train.max_iters == 3 and cfg.model.n_layer == 1 and cfg.data.path == "x.txt"
-    assert cfg.model.n_embd == doc["model"]["n_embd"]
+    cfg = resolve(merge(doc, parse_overrides(["train.max_iters=3", "model.n_layers=1", "data.path=x.txt"])))
+    assert cfg.train.max_iters == 3 and cfg.model.n_layers == 1 and cfg.data.path == "x.txt"
+    assert cfg.model.d_model == doc["model"]["d_model"]
 
 
 def test_task_that_is_not_a_name_is_a_config_error():

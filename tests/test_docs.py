@@ -127,7 +127,7 @@ def workdir(tmp_path_factory) -> Path:
     training) and whose docs/ takes the pictures the examples write there."""
     root = tmp_path_factory.mktemp("docs-examples")
     run = root / "runs" / RUN_NAMES[0]
-    settings = ("train.max_iters=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32")
+    settings = ("train.max_iters=2", "train.eval_iters=1", "model.n_layers=1", "model.d_model=32")
     assert main(["train", "shakespeare-char-cpu", "--out", str(run), "--quiet"] + [f"--set={s}" for s in settings]) == 0
     for name in RUN_NAMES[1:]:
         (root / "runs" / name).symlink_to(run, target_is_directory=True)

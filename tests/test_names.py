@@ -15,7 +15,7 @@ from attnlab import load
 from attnlab.config import load_preset_or_file, presets, read_toml
 from attnlab.errors import ConfigError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.names import OLD_KINDS, OLD_TASKS, TASK_KINDS, kind_name, task_name, upgrade
+from attnlab.names import OLD_KINDS, OLD_TASKS, TASK_KINDS, kind_name, task_name, upgrade, with_model_fields
 from attnlab.tasks import TASKS
 from attnlab.train import resolve
 from attnlab.train.config import apply_overrides
@@ -49,7 +49,7 @@ RENAMED = {
 }
 # What a model needs besides its kind to be built without data (the tokenizer or graph sets these).
 SIZES = {
-    "language-model": {"vocab_size": 11, "n_layer": 1, "n_embd": 16, "n_head": 2},
+    "language-model": {"vocab_size": 11, "n_layers": 1, "d_model": 16, "n_heads": 2},
     "translation": {"vocab_size": 11},
     "node-classification": {"n_features": 5, "n_classes": 3},
     "image-density": {},
@@ -59,7 +59,7 @@ SIZES = {
 def doc(task: str, kind: str | None) -> dict:
     model = ({"kind": kind} if kind else {}) | SIZES.get(task_name(task), {})
     if task_name(task) == "image-density" and kind in ("gpt", "pixel-gpt"):
-        model |= {"vocab_size": 257, "n_layer": 1, "n_embd": 16, "n_head": 2}
+        model |= {"vocab_size": 257, "n_layers": 1, "d_model": 16, "n_heads": 2}
     return {"task": task, "model": model}
 
 
@@ -145,7 +145,8 @@ def test_the_format1_fixtures_load_with_todays_names_and_their_saved_weights(tmp
     lm = load(shutil.copytree(FORMAT1 / "lm", tmp_path / "lm"))
     assert read_toml(FORMAT1 / "lm" / "config.toml")["task"] == "lm" and lm.config.task == "language-model"
     # The family's model built by hand from the saved config and weights gives the same logits.
-    reference = GPT(GPTConfig(**read_toml(FORMAT1 / "lm" / "config.toml")["model"])).eval()
+    saved = with_model_fields(read_toml(FORMAT1 / "lm" / "config.toml"))["model"]  # n_layer -> n_layers ...
+    reference = GPT(GPTConfig(**saved)).eval()
     missing, unexpected = reference.load_state_dict(load_file(FORMAT1 / "lm" / "model.safetensors"), strict=False)
     assert missing == ["token_embedding.weight"] and not unexpected  # tied to lm_head, saved once
     assert reference.token_embedding.weight is reference.lm_head.weight

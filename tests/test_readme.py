@@ -29,7 +29,7 @@ def test_the_readme_python_lines_run(tmp_path):
             ["train", "shakespeare-char-cpu", "--out", str(tmp_path / "runs" / "shakespeare-char-cpu"), "--quiet"]
             + [
                 f"--set={kv}"
-                for kv in ("train.max_iters=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32")
+                for kv in ("train.max_iters=2", "train.eval_iters=1", "model.n_layers=1", "model.d_model=32")
             ]
         )
         == 0

@@ -69,7 +69,10 @@ def assert_float32_close(got: torch.Tensor, want: torch.Tensor, *, reduction: in
 def gpt_sums(config) -> dict[str, int]:
     """`assert_float32_close`'s reduction and depth for a GPT's step (`attnlab.models.GPTConfig`):
     the longest sum is the feed-forward's (or the attention's over a full block)."""
-    return {"reduction": max(config.n_embd * config.ffn_mult, config.block_size), "depth": layer_depth(config.n_layer)}
+    return {
+        "reduction": max(config.d_model * config.ffn_mult, config.block_size),
+        "depth": layer_depth(config.n_layers),
+    }
 
 
 def decoder_sums(config) -> dict[str, int]:

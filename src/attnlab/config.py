@@ -108,7 +108,7 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
 
 def nest(pairs: typing.Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """Dotted keys to nested tables, later pairs winning:
-    `[("model.n_layer", 2), ("train.seed", 1)]` -> `{"model": {"n_layer": 2}, "train": {"seed": 1}}`."""
+    `[("model.n_layers", 2), ("train.seed", 1)]` -> `{"model": {"n_layers": 2}, "train": {"seed": 1}}`."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         *parents, leaf = key.split(".")
@@ -123,7 +123,7 @@ def nest(pairs: typing.Iterable[tuple[str, Any]]) -> dict[str, Any]:
 
 def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested tables to dotted keys, the inverse of `nest`:
-    `{"model": {"n_layer": 2}, "task": "lm"}` -> `{"model.n_layer": 2, "task": "lm"}`."""
+    `{"model": {"n_layers": 2}, "task": "lm"}` -> `{"model.n_layers": 2, "task": "lm"}`."""
     out: dict[str, Any] = {}
     for key, value in doc.items():
         if isinstance(value, dict):

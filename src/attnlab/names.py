@@ -51,6 +51,15 @@ OLD_KINDS: dict[str, dict[str, str]] = {
 """Earlier versions' model kinds -> today's, by (today's) task: `transformer` meant a different model
 in translation than in node classification, so an old kind is read only within its task."""
 
+OLD_FIELDS: dict[str, str] = {
+    "n_layer": "n_layers",
+    "n_head": "n_heads",
+    "n_embd": "d_model",
+    "n_kv_head": "n_kv_heads",
+}
+"""Earlier versions' model keys -> today's: the GPT's config and the block parts once had a
+vocabulary of their own (nanoGPT's), where every other family said n_layers, n_heads, d_model."""
+
 DEFAULT_TASK = "language-model"
 """The task of a config that names none."""
 
@@ -94,12 +103,29 @@ def kind_name(task: str, kind: Any) -> str:
 def upgrade(doc: dict[str, Any], registered: Collection[str] = ()) -> dict[str, Any]:
     """A run's config document with today's task name and model kind, whichever names it was
     written with: `{"task": "images", "model": {"kind": "gpt"}}` -> `{"task": "image-density",
-    "model": {"kind": "pixel-gpt"}}`. A missing task is the language model's; a missing kind stays
-    missing (the task's default). A `ConfigError` for an unknown task or kind. A task of
-    `registered` beyond this table keeps its kind as written (its own model_config_class checks it)."""
+    "model": {"kind": "pixel-gpt"}}`, and the model's keys by today's names (`with_model_fields`).
+    A missing task is the language model's; a missing kind stays missing (the task's default). A
+    `ConfigError` for an unknown task or kind. A task of `registered` beyond this table keeps its
+    kind as written (its own model_config_class checks it)."""
     task = task_name(doc.get("task", DEFAULT_TASK), registered)
-    out = {**doc, "task": task}
-    model = doc.get("model")
+    out = {**with_model_fields(doc), "task": task}
+    model = out.get("model")
     if isinstance(model, dict) and "kind" in model and task in TASK_KINDS:
         out["model"] = {**model, "kind": kind_name(task, model["kind"])}
     return out
+
+
+def with_model_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """A config document (or a set of overrides) whose model section uses today's key names
+    (`OLD_FIELDS`): `{"model": {"n_embd": 64}}` -> `{"model": {"d_model": 64}}`. A `ConfigError`
+    where one field is given under both names."""
+    model = doc.get("model")
+    if not isinstance(model, dict) or not any(old in model for old in OLD_FIELDS):
+        return doc
+    renamed = dict(model)
+    for old, new in OLD_FIELDS.items():
+        if old in renamed:
+            if new in renamed:
+                raise ConfigError(f"model.{old} is the old name of model.{new}: give one of the two")
+            renamed[new] = renamed.pop(old)
+    return {**doc, "model": renamed}

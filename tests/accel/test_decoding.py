@@ -14,7 +14,7 @@ from attnlab.nn import MultiHeadAttention
 
 def _gpt() -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=31, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    return GPT(GPTConfig(vocab_size=31, block_size=16, n_layers=2, n_heads=2, d_model=32)).eval()
 
 
 def test_the_reference_model_holds_torch_linear_layers_only():

@@ -255,7 +255,7 @@ def test_gpts_fused_stack_computes_what_its_blocks_do_one_at_a_time(bias, n_thre
     # The same arithmetic, each thread taking its sequences through every block in turn rather
     # than the threads meeting after each block: equal to the bit, loss and every gradient.
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=30, block_size=16, n_layer=3, n_head=2, n_embd=64, bias=bias)
+    config = GPTConfig(vocab_size=30, block_size=16, n_layers=3, n_heads=2, d_model=64, bias=bias)
     model = GPT(config)
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 30, (5, 16), generator=gen), torch.randint(0, 30, (5, 16), generator=gen)
@@ -288,7 +288,7 @@ def test_fused_stack_declines_blocks_it_does_not_cover():
 
 
 def test_fused_stack_refuses_a_backward_after_another_forward():
-    model = for_training(GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64))).model
+    model = for_training(GPT(GPTConfig(vocab_size=30, block_size=16, n_layers=2, n_heads=2, d_model=64))).model
     x = torch.randint(0, 30, (2, 16))
     _, first = model(x, x)
     model(x, x)
@@ -299,7 +299,7 @@ def test_fused_stack_refuses_a_backward_after_another_forward():
 
 def test_for_training_swaps_forward_alone_and_says_what_it_covered(monkeypatch):
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64)
+    config = GPTConfig(vocab_size=30, block_size=16, n_layers=2, n_heads=2, d_model=64)
     model = GPT(config)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     params = list(model.parameters())
@@ -316,12 +316,14 @@ def test_for_training_swaps_forward_alone_and_says_what_it_covered(monkeypatch):
     reference.load_state_dict(state)
     with torch.no_grad():
         assert torch.equal(model.eval()(x), reference.eval()(x))  # evaluation: the reference code
-    rope = for_training(GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=1, n_head=2, n_embd=64, positions="rope")))
+    rope = for_training(
+        GPT(GPTConfig(vocab_size=30, block_size=16, n_layers=1, n_heads=2, d_model=64, positions="rope"))
+    )
     assert "positions=rope" in rope.uncovered and "blocks.0.attn" not in rope.covered
 
 
 def test_gpt_training_steps_with_the_kernels_follow_the_same_losses():
-    config = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=64, activation="gelu_tanh")
+    config = GPTConfig(vocab_size=30, block_size=16, n_layers=2, n_heads=2, d_model=64, activation="gelu_tanh")
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, 30, (4, 16), generator=gen), torch.randint(0, 30, (4, 16), generator=gen)
     losses = {}

@@ -164,7 +164,7 @@ def test_wide_gpt_cached_decoding_matches_full_recomputation(batch):
     """A model wide enough for both decoding routes (one row per step at batch 1, the reordered
     weight at batch 3): the cached greedy tokens equal those of recomputing every window."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=97, block_size=32, n_layer=2, n_head=6, n_embd=384))
+    model = GPT(GPTConfig(vocab_size=97, block_size=32, n_layers=2, n_heads=6, d_model=384))
     assert projection.streams_as_gemv(torch.randn(1, 384), model.blocks[0].ffn.fc1.weight)
     prompt = torch.randint(0, 97, (batch, 5), generator=torch.Generator().manual_seed(1))
     cached = greedy(model, prompt, 40)

@@ -56,12 +56,12 @@ MEMORY_KEYS = {"path", "seq_len", "peak_mib", "growth_per_doubling"}
 
 def model_flops_per_token(shape: str, block: int) -> float:
     """6N + 12·L·T·C, N the parameters of an attnlab GPT of that shape without position embeddings."""
-    n_layer, n_head, n_embd = (int(x) for x in shape.split("x"))
+    n_layers, n_heads, d_model = (int(x) for x in shape.split("x"))
     config = GPTConfig(
-        vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd, activation="gelu_tanh"
+        vocab_size=65, block_size=block, n_layers=n_layers, n_heads=n_heads, d_model=d_model, activation="gelu_tanh"
     )
     n = GPT(config).num_parameters()
-    return 6 * n + 12 * n_layer * block * n_embd
+    return 6 * n + 12 * n_layers * block * d_model
 
 
 def bench_json(capsys, *extra: str) -> dict:
@@ -103,9 +103,9 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
         assert ours > 0 and theirs > 0
         assert row["ratio"] == pytest.approx(ours / theirs, rel=1e-9)
         # The roofline recomputed: fp32 weights without position embeddings, read once per step.
-        n_layer, _, n_embd = (int(x) for x in row["shape"].split("x"))
+        n_layers, _, d_model = (int(x) for x in row["shape"].split("x"))
         # token table (tied head), per block 12C² weights + 13C biases and LayerNorm, the final LayerNorm
-        weights = 65 * n_embd + n_layer * (12 * n_embd**2 + 13 * n_embd) + 2 * n_embd
+        weights = 65 * d_model + n_layers * (12 * d_model**2 + 13 * d_model) + 2 * d_model
         assert row["weight_bytes"] == 4 * weights
         bound = row["batch"] * result["memory_bandwidth"] / row["weight_bytes"]
         assert row["bound_tokens_per_sec"] == pytest.approx(bound, rel=1e-9)

@@ -25,7 +25,7 @@ def trained_run(tmp_path_factory) -> Path:
     code = main(
         ["train", "shakespeare-char-cpu", "--out", str(run_dir), "--quiet", "--set", f"data.path={corpus}"]
         + [f"--set={kv}" for kv in ("train.max_iters=6", "train.eval_interval=3", "train.eval_iters=2")]
-        + [f"--set={kv}" for kv in ("model.block_size=16", "model.n_layer=1", "model.n_embd=32", "model.n_head=2")]
+        + [f"--set={kv}" for kv in ("model.block_size=16", "model.n_layers=1", "model.d_model=32", "model.n_heads=2")]
     )
     assert code == 0
     return run_dir
@@ -125,13 +125,13 @@ def test_unknown_config_key_is_named_with_suggestion(capsys, tiny_toml, tmp_path
 
 
 def test_wrong_value_type(capsys, tiny_toml, tmp_path):
-    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_layer=two")
-    assert_user_error(result, "model.n_layer", "int")
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_layers=two")
+    assert_user_error(result, "model.n_layers", "int")
 
 
 def test_invalid_value(capsys, tiny_toml, tmp_path):
-    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_head=3")
-    assert_user_error(result, "n_embd (32) must be divisible by n_head (3)")
+    result = cli(capsys, "train", tiny_toml, "--out", tmp_path / "r", "--set", "model.n_heads=3")
+    assert_user_error(result, "d_model (32) must be divisible by n_heads (3)")
 
 
 def test_missing_corpus(capsys, tiny_toml, tmp_path):
@@ -189,8 +189,8 @@ def test_resume_with_a_different_model_config_keeps_the_run(capsys, tiny_toml, t
     run_dir = tmp_path / "run"
     assert cli(capsys, "train", tiny_toml, "--out", run_dir, "--quiet", "--set", "train.max_iters=2")[0] == 0
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    result = cli(capsys, "train", tiny_toml, "--out", run_dir, "--resume", "--set", "model.n_layer=3")
-    assert_user_error(result, "model config differs", "n_layer: 2 in the run, 3 asked for")
+    result = cli(capsys, "train", tiny_toml, "--out", run_dir, "--resume", "--set", "model.n_layers=3")
+    assert_user_error(result, "model config differs", "n_layers: 2 in the run, 3 asked for")
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
@@ -267,7 +267,13 @@ def test_a_run_that_fails_at_set_up_leaves_no_run_folder(
 def test_demo_trains_samples_and_reuses_its_run(capsys, tmp_path):
     """The quick start for real, on a tiny budget: train, sample, point at the next commands; run
     again, it says the run is trained already and goes straight to the same sample."""
-    budget = ["train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1", "model.n_layer=1", "model.n_embd=32"]
+    budget = [
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.eval_iters=1",
+        "model.n_layers=1",
+        "model.d_model=32",
+    ]
     args = ["demo", "--out", tmp_path / "demo", "--quiet", "--max-new-tokens", "25"]
     args += [w for kv in budget for w in ("--set", kv)]
     code, out, err = cli(capsys, *args)

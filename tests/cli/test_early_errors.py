@@ -29,7 +29,7 @@ def attnlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (("train", "demo", "--set", "train.max_iters"), "--set expects key=value, got 'train.max_iters'"),
         (("train", "demo", "--set", "trian.max_iters=5"), "unknown config key 'trian' (did you mean 'train'?)"),
         (("train", "demo", "--set", "max_iters=5"), "--set max_iters=5: unknown config key 'max_iters'"),
-        (("demo", "--set", "modle.n_layer=2"), "unknown config key 'modle' (did you mean 'model'?)"),
+        (("demo", "--set", "modle.n_layers=2"), "unknown config key 'modle' (did you mean 'model'?)"),
         (("train", "demo", "--set", "task=imagess"), "--set task=imagess: unknown task 'imagess'"),
         (("sample", "no-such-run", "--prompt", "ROMEO:"), "run folder no-such-run does not exist"),
         (("eval", "no-such-run"), "run folder no-such-run does not exist"),
@@ -50,4 +50,4 @@ def test_a_mistake_found_after_the_imports_still_says_so(tmp_path):
     done = attnlab("train", "demo", "--set", "model.n_layr=2", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stdout.strip() == "torch imported"
-    assert "unknown config key model.n_layr (did you mean 'n_layer'?)" in done.stderr
+    assert "unknown config key model.n_layr (did you mean 'n_layers'?)" in done.stderr

@@ -28,7 +28,7 @@ def lm_doc(folder: Path, **model) -> dict:
     corpus.write_text(bundled_shakespeare()[:5_000], encoding="utf-8")
     return {
         "task": "lm",
-        "model": {"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, **model},
+        "model": {"block_size": 16, "n_layers": 2, "n_heads": 2, "d_model": 32, **model},
         "data": {"path": str(corpus), "tokenizer": "char"},
         "train": {"batch_size": 4, **TWO_STEPS},
     }

@@ -59,7 +59,7 @@ def test_learned_positions_refuse_a_longer_context_in_one_line(capsys, lm_toml, 
         (["model.attention=bigbrd"], ["did you mean 'bigbird'"]),
         (["model.attention=window", "model.attention_window=0"], ["attention_window must be >= 1"]),
         (["model.attention=bigbird", "model.attention_block=-2"], ["attention_block must be >= 1"]),
-        (["model.positions=rope", "model.n_embd=30", "model.n_head=2"], ["rope", "even"]),
+        (["model.positions=rope", "model.d_model=30", "model.n_heads=2"], ["rope", "even"]),
         (["model.rope_theta=0"], ["rope_theta must be > 0"]),
     ],
 )

@@ -14,9 +14,9 @@ TINY = ["--quiet"] + [
         "train.eval_interval=2",
         "train.eval_iters=1",
         "model.block_size=16",
-        "model.n_layer=1",
-        "model.n_embd=32",
-        "model.n_head=2",
+        "model.n_layers=1",
+        "model.d_model=32",
+        "model.n_heads=2",
     )
 ]
 

@@ -14,7 +14,7 @@ def tiny_gpt(vocab_size: int = 23, seed: int = 0, weight_std: float = 0.5, **ove
     (embeddings and positions included) are redrawn with `weight_std`, and the head is untied, so
     greedy continuations wander over the vocabulary and depend on positions."""
     torch.manual_seed(seed)
-    fields = dict(vocab_size=vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, tie_weights=False)
+    fields = dict(vocab_size=vocab_size, block_size=16, n_layers=2, n_heads=2, d_model=32, tie_weights=False)
     model = GPT(GPTConfig(**(fields | overrides)))
     with torch.no_grad():
         for p in model.parameters():

@@ -49,7 +49,7 @@ def run_staggered(batcher: Batcher, requests: list[tuple[list[int], int]], eos_i
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"positions": "rope"}, {"positions": "sinusoidal", "n_kv_head": 1}, {"positions": "alibi"}],
+    [{}, {"positions": "rope"}, {"positions": "sinusoidal", "n_kv_heads": 1}, {"positions": "alibi"}],
     ids=["learned", "rope", "sinusoidal-mqa", "alibi-one-at-a-time"],
 )
 def test_batched_greedy_equals_decoding_alone(overrides):
@@ -89,7 +89,7 @@ def count_forwards(model) -> list[int]:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"positions": "rope"}, {"positions": "sinusoidal", "n_kv_head": 1}],
+    [{}, {"positions": "rope"}, {"positions": "sinusoidal", "n_kv_heads": 1}],
     ids=["learned", "rope", "sinusoidal-mqa"],
 )
 def test_prompts_that_join_together_share_their_prefill_and_get_the_tokens_of_decoding_alone(overrides):

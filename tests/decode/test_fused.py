@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step coul
         (dict(activation="gelu_tanh"), 1),
         (dict(activation="gelu", bias=False, positions="sinusoidal"), 3),
         (dict(activation="relu", positions="none", tie_weights=True), 5),
-        (dict(n_embd=40, n_head=4), 9),  # a width that is not a multiple of 16; more than 8 rows
+        (dict(d_model=40, n_heads=4), 9),  # a width that is not a multiple of 16; more than 8 rows
     ],
 )
 def test_fused_greedy_tokens_equal_the_eager_ones(make_gpt, overrides, batch):
@@ -38,7 +38,7 @@ def test_fused_greedy_tokens_equal_the_eager_ones(make_gpt, overrides, batch):
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
 def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
-    model = make_gpt(n_embd=48, n_head=3, activation=activation)
+    model = make_gpt(d_model=48, n_heads=3, activation=activation)
     prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ours, theirs = model.new_cache(2, 16), model.new_cache(2, 16)
@@ -63,7 +63,7 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
     step writes each row's key and value at its own slot and attends to that row's slots alone
     (slots past a row's position hold another sequence's leftovers, which must not count)."""
     monkeypatch.setattr(fused, "REORDERED_MIN_WEIGHT", 5000)  # q/k/v (6,912) reordered, the output (2,304) not
-    model = make_gpt(n_embd=48, n_head=3)
+    model = make_gpt(d_model=48, n_heads=3)
     rows = len(lengths) + 1
     with torch.inference_mode():
         ours, theirs = model.new_cache(rows, 16), model.new_cache(rows, 16)
@@ -99,7 +99,7 @@ def test_the_float32_bound_still_catches_an_off_by_one_position_and_a_dropped_ke
     """The tolerance above is rounding's, not a mistake's: the fused step one position off (its key
     written one slot late, its position embedding the next one's), or a step whose first key was
     never written, each fall outside it."""
-    model = make_gpt(n_embd=48, n_head=3)
+    model = make_gpt(d_model=48, n_heads=3)
     prompt = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(0))
     token = torch.tensor([[3], [7]])
     with torch.inference_mode():

@@ -59,7 +59,14 @@ FAMILIES = {
             "gpt",
             "shakespeare-char",
             None,
-            ("model.block_size=32", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "train.batch_size=8", FAST),
+            (
+                "model.block_size=32",
+                "model.n_layers=2",
+                "model.n_heads=2",
+                "model.d_model=32",
+                "train.batch_size=8",
+                FAST,
+            ),
         ),
         Family(
             "translation",
@@ -132,7 +139,7 @@ FAMILIES = {
             "pixel-gpt",
             "fashion-igpt",
             FIXTURES / "fashion-mnist",
-            ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "train.batch_size=4", *TINY_IMAGES, FAST),
+            ("model.n_layers=1", "model.n_heads=2", "model.d_model=16", "train.batch_size=4", *TINY_IMAGES, FAST),
         ),
         Family(
             "wavenet",

@@ -17,7 +17,7 @@ CAUSAL_PATTERNS = {
 
 def gpt(**overrides) -> GPT:
     torch.manual_seed(0)
-    fields = dict(vocab_size=V, block_size=32, n_layer=2, n_head=2, n_embd=16)
+    fields = dict(vocab_size=V, block_size=32, n_layers=2, n_heads=2, d_model=16)
     return GPT(GPTConfig(**(fields | overrides))).eval()
 
 
@@ -114,7 +114,7 @@ def test_seq2seq_window_decoder_cache_equals_teacher_forcing():
         (lambda: gpt(attention="sparse"), "attention must be one of"),
         (lambda: gpt(attention="windows"), "did you mean 'window'"),
         (lambda: gpt(positions="rotary"), "'rope'"),
-        (lambda: gpt(positions="rope", n_embd=18, n_head=2), "even"),
+        (lambda: gpt(positions="rope", d_model=18, n_heads=2), "even"),
     ],
 )
 def test_configs_that_cannot_work_are_refused_with_the_reason(make, fragment):

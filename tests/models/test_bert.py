@@ -40,7 +40,7 @@ def test_later_token_changes_earlier_position():
     assert not torch.allclose(a[:, :6], b[:, :6], atol=1e-4)
 
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(vocab_size=V, block_size=24, n_layer=2, n_head=2, n_embd=16)).eval()
+    gpt = GPT(GPTConfig(vocab_size=V, block_size=24, n_layers=2, n_heads=2, d_model=16)).eval()
     with torch.no_grad():
         a, b = gpt(ids), gpt(changed)
     torch.testing.assert_close(a[:, :6], b[:, :6])

@@ -13,7 +13,7 @@ V = 50
 
 
 def tiny_config(**overrides) -> GPTConfig:
-    fields = dict(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    fields = dict(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=16)
     return GPTConfig(**(fields | overrides))
 
 
@@ -33,7 +33,7 @@ VARIANTS = [
     {"positions": "sinusoidal"},
     {"positions": "none"},
     {"activation": "relu", "bias": False},
-    {"tie_weights": False, "n_head": 4},
+    {"tie_weights": False, "n_heads": 4},
 ]
 VARIANT_IDS = ["default", "post-norm", "sinusoidal", "no-positions", "relu-no-bias", "untied-4-heads"]
 
@@ -106,7 +106,7 @@ def test_weight_tying():
     with torch.no_grad():
         untied.token_embedding.weight.zero_()
     assert untied.lm_head.weight.abs().sum() > 0
-    assert untied.num_parameters() - model.num_parameters() == V * model.config.n_embd
+    assert untied.num_parameters() - model.num_parameters() == V * model.config.d_model
 
 
 def test_tied_weight_gets_gradient_from_both_uses():
@@ -122,11 +122,11 @@ def test_tied_weight_gets_gradient_from_both_uses():
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"n_embd": 10, "n_head": 3}, "n_embd"),
-        ({"n_embd": 10, "n_head": 3}, "n_head"),
-        ({"n_embd": 0}, "n_embd"),
-        ({"n_head": 0}, "n_head"),
-        ({"n_layer": 0}, "n_layer"),
+        ({"d_model": 10, "n_heads": 3}, "d_model"),
+        ({"d_model": 10, "n_heads": 3}, "n_heads"),
+        ({"d_model": 0}, "d_model"),
+        ({"n_heads": 0}, "n_heads"),
+        ({"n_layers": 0}, "n_layers"),
         ({"block_size": 0}, "block_size"),
         ({"vocab_size": 0}, "vocab_size"),
         ({"ffn_mult": 0}, "ffn_mult"),
@@ -160,9 +160,9 @@ def test_config_validation_lists_allowed_values(overrides, allowed):
 
 
 def test_config_is_frozen_and_has_derived_values():
-    config = tiny_config(n_embd=16, n_head=4, ffn_mult=3)
+    config = tiny_config(d_model=16, n_heads=4, ffn_mult=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.n_embd = 32
+        config.d_model = 32
     assert config.head_dim == 4 and config.d_ff == 48
 
 
@@ -173,7 +173,7 @@ def test_config_rejects_unknown_keys():
 
 def test_model_needs_vocab_size():
     with pytest.raises(ValueError, match="vocab_size"):
-        GPT(GPTConfig(n_embd=16, n_head=2, n_layer=1, block_size=8))
+        GPT(GPTConfig(d_model=16, n_heads=2, n_layers=1, block_size=8))
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=VARIANT_IDS)
@@ -204,9 +204,9 @@ def test_kv_cached_decode_with_last_only():
 
 
 def test_new_cache_shapes():
-    model = tiny_gpt(n_head=4)
+    model = tiny_gpt(n_heads=4)
     caches = model.new_cache(3)
-    assert len(caches) == model.config.n_layer
+    assert len(caches) == model.config.n_layers
     assert all(c.k.shape == (3, 4, 16, 4) and c.length == 0 for c in caches)
     assert model.new_cache(3, max_len=5)[0].max_len == 5
     assert model.new_cache(3, max_len=100)[0].max_len == 16  # never past block_size
@@ -226,10 +226,10 @@ def test_attention_weights(overrides):
     model = tiny_gpt(**overrides)
     idx = random_ids(2, 7)
     weights = model.attention_weights(idx)
-    assert len(weights) == model.config.n_layer
+    assert len(weights) == model.config.n_layers
     for w in weights:
-        assert w.shape == (2, model.config.n_head, 7, 7)
-        torch.testing.assert_close(w.sum(-1), torch.ones(2, model.config.n_head, 7))
+        assert w.shape == (2, model.config.n_heads, 7, 7)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, model.config.n_heads, 7))
         assert torch.all(w.triu(diagonal=1) == 0.0)
         assert torch.all(w[..., torch.ones(7, 7).tril().bool()] > 0.0)
     assert torch.all(weights[0][..., 0, 0] == 1.0)  # the first token can only see itself
@@ -265,7 +265,7 @@ def test_dropout_is_active_only_in_training():
 def test_without_positions_one_layer_sees_a_bag_of_tokens(positions, bag_of_tokens):
     # One causal layer without positions: the last position attends to the set of earlier tokens, so
     # shuffling them leaves its logits unchanged. Positions are what let the model see the order.
-    model = tiny_gpt(n_layer=1, positions=positions)
+    model = tiny_gpt(n_layers=1, positions=positions)
     with torch.no_grad():  # weights large enough for attention far from uniform (a uniform average is a bag too)
         for p in model.parameters():
             p.normal_(0.0, 0.5)

@@ -147,10 +147,10 @@ def test_dtype(tmp_path):
 def test_config_from_dict():
     config = gpt2_config_from_hf({"n_embd": 64, "n_head": 4, "n_layer": 3, "n_positions": 128, "vocab_size": 7})
     assert config == GPTConfig(
-        vocab_size=7, block_size=128, n_layer=3, n_head=4, n_embd=64, dropout=0.1, activation="gelu_tanh"
+        vocab_size=7, block_size=128, n_layers=3, n_heads=4, d_model=64, dropout=0.1, activation="gelu_tanh"
     )
     defaults = gpt2_config_from_hf({})  # transformers' GPT2Config defaults: the 124M GPT-2
-    assert (defaults.vocab_size, defaults.block_size, defaults.n_layer, defaults.n_embd) == (50257, 1024, 12, 768)
+    assert (defaults.vocab_size, defaults.block_size, defaults.n_layers, defaults.d_model) == (50257, 1024, 12, 768)
     assert gpt2_config_from_hf({"resid_pdrop": 0.0, "attn_pdrop": 0.2}, dropout=0.05).dropout == 0.05
     with pytest.raises(CheckpointError, match="dropout"):
         gpt2_config_from_hf({"resid_pdrop": 0.0, "attn_pdrop": 0.2})

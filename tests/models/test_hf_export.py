@@ -38,7 +38,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak."
 
 
 def gpt(**overrides) -> GPT:
-    fields = dict(vocab_size=V, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    fields = dict(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=16, dropout=0.0)
     torch.manual_seed(0)
     return GPT(GPTConfig(**(fields | overrides))).eval()
 
@@ -65,9 +65,9 @@ def ids(shape=(2, 12), high=V, seed=1) -> torch.Tensor:
         dict(activation="gelu_tanh", tie_weights=False),
         dict(activation="relu", ffn_mult=2, layer_norm_eps=1e-6),
         dict(bias=False),  # nanoGPT's choice (and the shakespeare-char preset's): zero biases in GPT-2
-        dict(ffn_hidden=50),  # a width that is no multiple of n_embd: GPT-2's n_inner takes any
+        dict(ffn_hidden=50),  # a width that is no multiple of d_model: GPT-2's n_inner takes any
         LLAMA_PARTS,
-        LLAMA_PARTS | dict(n_head=4, n_kv_head=2, n_embd=32, tie_weights=False, rope_theta=500.0),
+        LLAMA_PARTS | dict(n_heads=4, n_kv_heads=2, d_model=32, tie_weights=False, rope_theta=500.0),
     ],
 )
 def test_causal_lm_gives_the_same_logits_in_transformers_and_back(tmp_path, overrides):
@@ -92,7 +92,7 @@ def test_gpt2_config_round_trip(activation):
 
 
 def test_llama_config_round_trip():
-    config = gpt(**LLAMA_PARTS, n_head=4, n_kv_head=1, n_embd=32, rope_theta=123.0, layer_norm_eps=1e-6).config
+    config = gpt(**LLAMA_PARTS, n_heads=4, n_kv_heads=1, d_model=32, rope_theta=123.0, layer_norm_eps=1e-6).config
     # The importer names the feed-forward width exactly (ffn_hidden); attnlab derived it from ffn_mult.
     assert llama_config_from_hf(llama_config_to_hf(config)) == dataclasses.replace(config, ffn_hidden=config.d_ff)
 

@@ -119,7 +119,7 @@ def test_same_logits(tmp_path, family, case):
     model = LOADERS[family](saved(hf, tmp_path))
     c = model.config
     assert not model.training
-    assert (c.n_head, c.n_kv_head, c.tie_weights) == (4, hf.config.num_key_value_heads, hf.config.tie_word_embeddings)
+    assert (c.n_heads, c.n_kv_heads, c.tie_weights) == (4, hf.config.num_key_value_heads, hf.config.tie_word_embeddings)
     assert c.rope_theta == hf.config.rope_parameters["rope_theta"]
     assert (c.normalization, c.activation, c.positions, c.bias, c.ffn_hidden) == (
         "rmsnorm",
@@ -188,7 +188,7 @@ def test_dtype(tmp_path):
 
 def test_config_from_dict():
     config = llama_config_from_hf({"model_type": "llama"})  # transformers' defaults: Llama 7B
-    assert (config.vocab_size, config.n_embd, config.n_layer, config.n_head, config.n_kv_head) == (
+    assert (config.vocab_size, config.d_model, config.n_layers, config.n_heads, config.n_kv_heads) == (
         32000,
         4096,
         32,
@@ -215,7 +215,7 @@ REFUSED = {
     "hidden_act": ({"hidden_act": "gelu"}, ["hidden_act", "'gelu'"]),
     "head_dim": ({"head_dim": 16}, ["head_dim=16", "32 / 4"]),
     "model_type": ({"model_type": "mistral"}, ["model_type", "'mistral'"]),
-    "kv_heads": ({"num_key_value_heads": 3}, ["n_kv_head"]),
+    "kv_heads": ({"num_key_value_heads": 3}, ["n_kv_heads"]),
 }
 
 

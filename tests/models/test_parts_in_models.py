@@ -16,8 +16,8 @@ from helpers import cli
 
 V = 40
 PARTS = {
-    "llama": dict(normalization="rmsnorm", activation="swiglu", n_kv_head=1, positions="rope", bias=False),
-    "gqa": dict(n_kv_head=2, n_head=4),
+    "llama": dict(normalization="rmsnorm", activation="swiglu", n_kv_heads=1, positions="rope", bias=False),
+    "gqa": dict(n_kv_heads=2, n_heads=4),
     "rezero+layernorm": dict(normalization="rezero+layernorm"),
     "geglu": dict(activation="geglu"),
     "moe": dict(experts=3, expert_top_k=2),
@@ -30,7 +30,7 @@ PARTS = {
 
 def gpt(**overrides) -> GPT:
     torch.manual_seed(0)
-    fields = dict(vocab_size=V, block_size=24, n_layer=2, n_head=2, n_embd=16)
+    fields = dict(vocab_size=V, block_size=24, n_layers=2, n_heads=2, d_model=16)
     model = GPT(GPTConfig(**(fields | overrides))).eval()
     with torch.no_grad():  # ReZero's α starts at 0; give every part something to do
         for name, p in model.named_parameters():
@@ -59,13 +59,13 @@ def test_gpt_cached_logits_equal_full_recomputation(name):
 
 
 def test_kv_cache_holds_the_shared_heads_alone():
-    model = gpt(n_head=4, n_kv_head=1)
+    model = gpt(n_heads=4, n_kv_heads=1)
     cache = model.new_cache(2)
     assert cache[0].k.shape == (2, 1, 24, 4)
 
 
 def test_albert_sharing_is_one_block_in_every_layer():
-    shared, plain = gpt(block_sharing="all", n_layer=4), gpt(n_layer=4)
+    shared, plain = gpt(block_sharing="all", n_layers=4), gpt(n_layers=4)
     assert all(b is shared.blocks[0] for b in shared.blocks)
     per_block = sum(p.numel() for p in plain.blocks[0].parameters())
     assert plain.num_parameters() - shared.num_parameters() == 3 * per_block
@@ -79,7 +79,7 @@ def test_albert_sharing_is_one_block_in_every_layer():
 
 
 def test_universal_transformer_adds_position_and_step_signals_before_each_step():
-    model = gpt(block_sharing="universal", n_layer=3)
+    model = gpt(block_sharing="universal", n_layers=3)
     idx = torch.randint(0, V, (2, 10))
     table = sinusoidal_positions(24, 16)
     with torch.no_grad():
@@ -140,7 +140,7 @@ def seq2seq(**overrides) -> Seq2SeqTransformer:
 @pytest.mark.parametrize(
     "parts",
     [
-        dict(normalization="rmsnorm", activation="swiglu", n_kv_head=2, norm="pre"),
+        dict(normalization="rmsnorm", activation="swiglu", n_kv_heads=2, norm="pre"),
         dict(experts=2, expert_top_k=1, block_sharing="all"),
     ],
 )
@@ -166,7 +166,7 @@ def test_seq2seq_refuses_what_it_does_not_have():
 def test_bert_with_parts():
     config = BertConfig(
         vocab_size=V, d_model=16, n_heads=4, n_layers=3, d_ff=32, dropout=0.0, max_len=16,
-        normalization="rmsnorm", activation="reglu", embedding_dim=8, block_sharing="universal", n_kv_head=2,
+        normalization="rmsnorm", activation="reglu", embedding_dim=8, block_sharing="universal", n_kv_heads=2,
     )  # fmt: skip
     model = Bert(config).eval()
     ids = torch.randint(1, V, (2, 10))
@@ -183,7 +183,7 @@ def test_bert_with_parts():
         ("model.activation=swigl", "did you mean 'swiglu'"),
         ("model.block_sharing=alll", "block_sharing must be one of"),
         ("model.expert_top_k=3", "expert_top_k must be between 1 and experts"),
-        ("model.n_kv_head=3", "n_kv_head (3) must divide"),
+        ("model.n_kv_heads=3", "n_kv_heads (3) must divide"),
     ],
 )
 def test_cli_refuses_bad_parts_in_one_line(capsys, tmp_path, override, message):

@@ -17,7 +17,7 @@ UNBOUNDED = [s for s in SCHEMES if s != "learned"]
 
 def gpt(positions: str, **overrides) -> GPT:
     torch.manual_seed(0)
-    fields = dict(vocab_size=V, block_size=24, n_layer=2, n_head=2, n_embd=16, positions=positions)
+    fields = dict(vocab_size=V, block_size=24, n_layers=2, n_heads=2, d_model=16, positions=positions)
     return GPT(GPTConfig(**(fields | overrides))).eval()
 
 

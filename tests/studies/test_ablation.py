@@ -32,9 +32,9 @@ BASE = """
 task = "lm"
 [model]
 block_size = 16
-n_layer = 1
-n_head = 2
-n_embd = 32
+n_layers = 1
+n_heads = 2
+d_model = 32
 [data]
 path = "{corpus}"
 tokenizer = "char"
@@ -57,9 +57,9 @@ seeds = 2
 "train.max_iters" = {steps}
 "train.eval_interval" = {every}
 [variants.narrow]
-set = {{ "model.n_embd" = 16 }}
+set = {{ "model.d_model" = 16 }}
 [variants.wide]
-set = {{ "model.n_embd" = {wide} }}
+set = {{ "model.d_model" = {wide} }}
 """
 
 COLUMNS = [
@@ -78,7 +78,7 @@ COLUMNS = [
 
 
 def write_spec(folder: Path, wide: int = 32, corpus: Path | None = None, steps: int = 20, every: int = 5) -> Path:
-    """A two-variant spec (n_embd 16 and `wide`) over a tiny base in `folder`, `steps` long with an
+    """A two-variant spec (d_model 16 and `wide`) over a tiny base in `folder`, `steps` long with an
     evaluation `every` steps."""
     if corpus is None:
         corpus = folder / "corpus.txt"
@@ -156,9 +156,9 @@ def test_flops_are_counted_on_a_real_step_and_equal_a_hand_count(study):
     scores' 4 T C per layer (QK^T and AV over the full T x T), and backward twice the forward."""
     for row in read_table(study.out / "ablation.csv"):
         m = read_config(study.out / row["variant"] / "seed0").model
-        c, t, v = m.n_embd, m.block_size, m.vocab_size
+        c, t, v = m.d_model, m.block_size, m.vocab_size
         per_layer = 4 * c * c + 2 * c * 4 * c  # q, k, v, out; fc1, fc2
-        forward = 2 * (m.n_layer * per_layer + v * c) + m.n_layer * 4 * t * c
+        forward = 2 * (m.n_layers * per_layer + v * c) + m.n_layers * 4 * t * c
         assert float(row["flops_per_token"]) == pytest.approx(3 * forward, rel=1e-6)
 
 
@@ -217,7 +217,7 @@ def test_a_changed_spec_is_refused_before_anything_is_written(study, tmp_path, c
     changed = write_spec(tmp_path, wide=48, corpus=study.spec.parent / "corpus.txt")
     listing = sorted((p, p.stat().st_mtime_ns) for p in study.out.rglob("*"))
     result = cli(capsys, "ablate", changed, "--out", study.out)
-    assert_user_error(result, "wide/seed0 holds a run with model.n_embd = 32, but this study sets 48")
+    assert_user_error(result, "wide/seed0 holds a run with model.d_model = 32, but this study sets 48")
     assert sorted((p, p.stat().st_mtime_ns) for p in study.out.rglob("*")) == listing
 
 
@@ -238,11 +238,11 @@ BUDGET_KEYS = [
 @pytest.mark.parametrize(
     "text, fragments",
     [
-        ('varaints = {}\n[variants.a]\nset = {"model.n_layer" = 2}', ["unknown key 'varaints'", "'variants'"]),
-        ('[variants.a]\nsett = {"model.n_layer" = 2}', ["unknown key 'sett' in [variants.a]", "did you mean 'set'"]),
+        ('varaints = {}\n[variants.a]\nset = {"model.n_layers" = 2}', ["unknown key 'varaints'", "'variants'"]),
+        ('[variants.a]\nsett = {"model.n_layers" = 2}', ["unknown key 'sett' in [variants.a]", "did you mean 'set'"]),
         ('[variants.a]\nset = {"model.activaton" = "gelu"}', ["variant 'a'", "model.activaton", "'activation'"]),
         ('[variants.a]\nset = {"model.activation" = "swishy"}', ["variant 'a'", "activation must be", "'swish'"]),
-        ('[variants.a]\nset = {"model.n_layer" = "two"}', ["variant 'a'", "model.n_layer must be of type int"]),
+        ('[variants.a]\nset = {"model.n_layers" = "two"}', ["variant 'a'", "model.n_layers must be of type int"]),
         ('[variants.a]\nset = {"data.path" = "other.txt"}', ["variant 'a' sets data.path", "unfair"]),
         ('[variants."a/b"]\nset = {}', ["'a/b' is not a folder name"]),
         ("seeds = 0\n[variants.a]\nset = {}", ["seeds must be an integer >= 1"]),
@@ -321,7 +321,7 @@ def test_shipped_specs_have_the_papers_rows_and_each_variant_changes_its_part(tm
     assert changed["switch"] == {"experts": 4, "expert_top_k": 1, "capacity_factor": 1.25}
     assert changed["moe-top2"] == {"experts": 4, "capacity_factor": 1.25}  # top-2 is the default
     assert vanilla.expert_top_k == 2
-    assert changed["factorized-embeddings"]["embedding_dim"] < vanilla.n_embd
+    assert changed["factorized-embeddings"]["embedding_dim"] < vanilla.d_model
 
 
 def test_every_shipped_variant_builds_and_takes_a_training_step(tmp_path):

@@ -271,7 +271,7 @@ def incremental_logits(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tenso
 def test_the_generation_state_gives_the_training_forward(cls):
     torch.manual_seed(0)
     t = ATTENTION_CHUNK + 6  # crosses a chunk boundary of the attention's training forward
-    model = cls(RNNLMConfig(vocab_size=11, n_embd=8, n_layer=2, block_size=t)).eval()
+    model = cls(RNNLMConfig(vocab_size=11, d_model=8, n_layers=2, block_size=t)).eval()
     idx = torch.randint(0, 11, (1, t))
     with torch.no_grad():
         full = model(idx)
@@ -308,7 +308,7 @@ def test_pattern_models_are_the_transformer_with_their_pattern(pattern):
 
 def test_attention_rnn_attends_to_the_past_only():
     torch.manual_seed(0)
-    model = AttentionRNNLM(RNNLMConfig(vocab_size=11, n_embd=8, n_layer=1, block_size=80)).eval()
+    model = AttentionRNNLM(RNNLMConfig(vocab_size=11, d_model=8, n_layers=1, block_size=80)).eval()
     idx = torch.randint(0, 11, (1, 80))
     changed = idx.clone()
     changed[0, 70] = (idx[0, 70] + 1) % 11
@@ -319,7 +319,7 @@ def test_attention_rnn_attends_to_the_past_only():
 
 
 def test_attention_rnn_is_one_sequence_at_a_time():
-    model = AttentionRNNLM(RNNLMConfig(vocab_size=11, n_embd=8, n_layer=1, block_size=8))
+    model = AttentionRNNLM(RNNLMConfig(vocab_size=11, d_model=8, n_layers=1, block_size=8))
     with pytest.raises(ValueError, match="one sequence"):
         model(torch.zeros(2, 4, dtype=torch.long))
 

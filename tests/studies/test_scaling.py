@@ -92,8 +92,8 @@ def test_bad_ladders_are_one_line_and_write_nothing(tmp_path, capsys, sizes, fra
 
 
 def test_the_ladder_owns_sizes_and_steps(tmp_path, capsys):
-    result = cli(capsys, "scale", "--set", "model.n_layer=3", "--out", tmp_path / "out")
-    assert_user_error(result, "the ladder sets model.n_layer", "--sizes")
+    result = cli(capsys, "scale", "--set", "model.n_layers=3", "--out", tmp_path / "out")
+    assert_user_error(result, "the ladder sets model.n_layers", "--sizes")
     assert_user_error(cli(capsys, "scale", "--data", tmp_path / "none.txt", "--out", tmp_path / "out"), "none.txt")
     assert not (tmp_path / "out").exists()
 
@@ -148,12 +148,12 @@ def test_a_tiny_ladder_end_to_end(ladder, capsys):
     assert {r["tokens"] for r in rows} == {"1600"}  # 25 steps of 4 x 16 tokens, every size
     for r, size in zip(rows, SIZES.split(","), strict=True):
         m = read_config(out / size).model
-        assert (m.n_layer, m.n_embd, m.n_head) == (int(r["n_layer"]), int(r["n_embd"]), m.n_embd // 16)
+        assert (m.n_layers, m.d_model, m.n_heads) == (int(r["n_layers"]), int(r["d_model"]), m.d_model // 16)
         assert float(r["tokens_per_param"]) == pytest.approx(1600 / int(r["non_embedding_params"]), rel=1e-5)
         # The counted FLOPs: 6 per non-embedding weight and token, plus the output layer's and the scores'.
-        c, t, v = m.n_embd, m.block_size, m.vocab_size
-        matmul = int(r["non_embedding_params"]) - m.n_layer * 2 * c - c  # less the LayerNorm weights
-        assert float(r["flops_per_token"]) == pytest.approx(6 * (matmul + v * c) + 12 * m.n_layer * t * c, rel=1e-5)
+        c, t, v = m.d_model, m.block_size, m.vocab_size
+        matmul = int(r["non_embedding_params"]) - m.n_layers * 2 * c - c  # less the LayerNorm weights
+        assert float(r["flops_per_token"]) == pytest.approx(6 * (matmul + v * c) + 12 * m.n_layers * t * c, rel=1e-5)
         # The val loss is the whole validation split's, as `attnlab eval` measures it.
         code, text, err = cli(capsys, "eval", out / size, "--json")
         assert code == 0, err

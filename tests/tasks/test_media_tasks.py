@@ -21,7 +21,7 @@ AUDIO = AudioDataConfig(data_dir=str(FIXTURES / "fsdd"), val_size=4, segment=300
 
 
 def test_pixel_gpt_is_the_lm_gpt_with_pixels_for_tokens(tmp_path):
-    task = TASKS["image-density"](IMAGES, PixelGPTConfig(n_layer=1, n_head=2, n_embd=16, n_classes=10), tmp_path)
+    task = TASKS["image-density"](IMAGES, PixelGPTConfig(n_layers=1, n_heads=2, d_model=16, n_classes=10), tmp_path)
     assert task.model_config.vocab_size == 256 + 10 and task.model_config.block_size == 784
     torch.manual_seed(0)
     model = task.build_model().eval()
@@ -106,7 +106,7 @@ def short_run(tmp_path: Path, task: str, model: dict, data: dict, **train_kw) ->
         ),
         (
             "image-density",
-            {"kind": "pixel-gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_classes": 10},
+            {"kind": "pixel-gpt", "n_layers": 1, "n_heads": 2, "d_model": 16, "n_classes": 10},
             IMAGES,
             {"batch_size": 4, "learning_rate": 3e-3},
         ),

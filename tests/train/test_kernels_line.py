@@ -16,7 +16,7 @@ ON = "attnlab's C++ kernels: on"
 
 
 def gpt(**kw) -> GPT:
-    return GPT(GPTConfig(**{"vocab_size": 40, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 64, **kw}))
+    return GPT(GPTConfig(**{"vocab_size": 40, "block_size": 16, "n_layers": 2, "n_heads": 2, "d_model": 64, **kw}))
 
 
 def wavenet() -> WaveNet:

@@ -46,7 +46,7 @@ def test_inverse_sqrt_is_the_papers_schedule():
 
 
 def test_weight_decay_only_on_linear_matrices():
-    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=16))
     decay, no_decay = param_groups(model, 0.1)
     decayed = {id(p) for p in decay["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -138,8 +138,8 @@ def test_resuming_a_finished_run_reports_its_last_evaluation(tiny_toml, tmp_path
 
 def test_resume_refuses_a_different_model(tiny_toml, tmp_path):
     train(run_config(tiny_toml, "train.max_iters=2"), tmp_path / "run", progress=False)
-    with pytest.raises(CheckpointError, match=r"model config differs.*n_embd: 32 in the run, 64 asked for"):
-        train(run_config(tiny_toml, "model.n_embd=64"), tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(CheckpointError, match=r"model config differs.*d_model: 32 in the run, 64 asked for"):
+        train(run_config(tiny_toml, "model.d_model=64"), tmp_path / "run", resume=True, progress=False)
 
 
 def test_fresh_run_refuses_an_existing_run_folder(tiny_toml, tmp_path):

@@ -50,10 +50,10 @@ def manual_first_layer(model, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         x = model.token_embedding.weight[idx] + model.positions(torch.arange(len(ids)))  # (T, C)
         block = model.blocks[0]
-        h = torch.nn.functional.layer_norm(x, (c.n_embd,), block.norm1.weight, block.norm1.bias, c.layer_norm_eps)
-        q, k, _ = (h @ block.attn.in_proj.weight.T + block.attn.in_proj.bias).split(c.n_embd, dim=-1)
-        t, d = len(ids), c.n_embd // c.n_head
-        q, k = (m.view(t, c.n_head, d).transpose(0, 1) for m in (q, k))  # (H, T, D)
+        h = torch.nn.functional.layer_norm(x, (c.d_model,), block.norm1.weight, block.norm1.bias, c.layer_norm_eps)
+        q, k, _ = (h @ block.attn.in_proj.weight.T + block.attn.in_proj.bias).split(c.d_model, dim=-1)
+        t, d = len(ids), c.d_model // c.n_heads
+        q, k = (m.view(t, c.n_heads, d).transpose(0, 1) for m in (q, k))  # (H, T, D)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d)
         future = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
         return torch.softmax(scores.masked_fill(future, -math.inf), dim=-1).numpy()

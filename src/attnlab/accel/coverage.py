@@ -84,7 +84,7 @@ def uncovered_parts(model: nn.Module) -> str | None:
     if all(_covers(m) for m in model.modules()) and not shared_blocks(model):
         return None
     config = getattr(model, "config", None)
-    fields = ("positions", "attention", "n_kv_head", "normalization", "activation", "experts", "block_sharing")
+    fields = ("positions", "attention", "n_kv_heads", "normalization", "activation", "experts", "block_sharing")
     chosen = ", ".join(f"{f}={getattr(config, f)}" for f in fields if hasattr(config, f))
     return (
         "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "

@@ -138,7 +138,7 @@ class FusedStep:
             positions,
             [layer.k for layer in cache],
             [layer.v for layer in cache],
-            c.n_head,
+            c.n_heads,
             c.layer_norm_eps,
             ACTIVATION_CODES[c.activation],
         )

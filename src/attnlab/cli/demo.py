@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if not finished:
         resuming = f", resuming at step {done}" if done is not None else ""
         print(
-            f"Training a {config.model.n_layer}-layer GPT on Tiny Shakespeare into {args.out} "
+            f"Training a {config.model.n_layers}-layer GPT on Tiny Shakespeare into {args.out} "
             f"({config.train.max_iters} steps{resuming}) ...",
             flush=True,
         )

@@ -5,7 +5,7 @@ a final norm (pre-norm stacks need it), and a language-model head tied to the to
 (Press & Wolf 2017). The blocks' parts (norm, feed-forward, experts, key/value heads, sharing)
 are chosen by name through `BlockOptions`; the defaults are GPT-2's.
 
-Shape legend: B batch, T time, C n_embd, V vocab, H heads.
+Shape legend: B batch, T time, C d_model, V vocab, H heads.
 """
 
 import math
@@ -36,18 +36,18 @@ from attnlab.nn import (
 class GPTConfig(AttentionOptions, BlockOptions):
     """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The
     attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`, the
-    block parts' (`normalization`, `experts`, `n_kv_head`, `block_sharing`, ...) from `BlockOptions`."""
+    block parts' (`normalization`, `experts`, `n_kv_heads`, `block_sharing`, ...) from `BlockOptions`."""
 
     vocab_size: int | None = None
     """Number of token ids. None while the config is still waiting for its tokenizer."""
     block_size: int = 256
     """The training context: the longest sequence a batch holds, the number of learned positions,
     and the KV cache's length. Schemes other than learned positions can evaluate past it."""
-    n_layer: int = 6
+    n_layers: int = 6
     """Number of Transformer blocks."""
-    n_head: int = 6
-    """Attention heads per block; must divide n_embd."""
-    n_embd: int = 384
+    n_heads: int = 6
+    """Attention heads per block; must divide d_model."""
+    d_model: int = 384
     """Model width C."""
     dropout: float = 0.0
     """Dropout on attention weights, residual branches and embeddings."""
@@ -62,7 +62,7 @@ class GPTConfig(AttentionOptions, BlockOptions):
     norm: str = "pre"
     """Residual block order: "pre" (GPT-2) or "post" (the paper)."""
     ffn_mult: int = 4
-    """Feed-forward hidden width as a multiple of n_embd."""
+    """Feed-forward hidden width as a multiple of d_model."""
     layer_norm_eps: float = 1e-5
     """Epsilon of every norm (LayerNorm or RMSNorm)."""
     tie_weights: bool = True
@@ -71,15 +71,15 @@ class GPTConfig(AttentionOptions, BlockOptions):
     def __post_init__(self) -> None:
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
-        for name in ("block_size", "n_layer", "n_head", "n_embd", "ffn_mult"):
+        for name in ("block_size", "n_layers", "n_heads", "d_model", "ffn_mult"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.n_embd)
-        self.check_parts(self.activation, n_heads=self.n_head, d_model=self.n_embd)
+        self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.d_model)
+        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         if self.layer_norm_eps <= 0:
@@ -87,15 +87,15 @@ class GPTConfig(AttentionOptions, BlockOptions):
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.d_model // self.n_heads
 
     @property
     def d_ff(self) -> int:
-        return self.ffn_width(self.activation, self.ffn_mult * self.n_embd)
+        return self.ffn_width(self.activation, self.ffn_mult * self.d_model)
 
     @property
     def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
+        return self.n_kv_heads or self.n_heads
 
 
 class GPT(nn.Module):
@@ -109,17 +109,17 @@ class GPT(nn.Module):
         c = config
         # Factorized embeddings (ALBERT §3.1): tokens live in E < C dimensions, projected up to the
         # model width, and the head projects back down before the (tied) output matrix.
-        e = c.embedding_dim or c.n_embd
+        e = c.embedding_dim or c.d_model
         self.token_embedding = nn.Embedding(c.vocab_size, e)
-        self.embedding_proj = nn.Linear(e, c.n_embd, bias=False) if e != c.n_embd else nn.Identity()
-        self.positions = build_positions(c.positions, c.block_size, c.n_embd)
+        self.embedding_proj = nn.Linear(e, c.d_model, bias=False) if e != c.d_model else nn.Identity()
+        self.positions = build_positions(c.positions, c.block_size, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         spec = c.attention_spec(c.positions, c.block_size)
 
         def block(i: int) -> TransformerBlock:
             return TransformerBlock(
-                c.n_embd,
-                c.n_head,
+                c.d_model,
+                c.n_heads,
                 c.d_ff,
                 dropout=c.dropout,
                 activation=c.activation,
@@ -130,16 +130,16 @@ class GPT(nn.Module):
                 parts=c.block_parts(i),
             )
 
-        self.blocks = build_stack(block, c.n_layer, c.block_sharing)
+        self.blocks = build_stack(block, c.n_layers, c.block_sharing)
         universal = c.block_sharing == "universal"
-        self.step_signal = StepSignal(c.n_embd, c.block_size, c.n_layer, scale=EMBEDDING_STD) if universal else None
+        self.step_signal = StepSignal(c.d_model, c.block_size, c.n_layers, scale=EMBEDDING_STD) if universal else None
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
-            build_norm(c.normalization, c.n_embd, eps=c.layer_norm_eps, bias=c.bias)
+            build_norm(c.normalization, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
             if c.norm == "pre"
             else nn.Identity()
         )
-        self.head_proj = nn.Linear(c.n_embd, e, bias=False) if e != c.n_embd else nn.Identity()
+        self.head_proj = nn.Linear(c.d_model, e, bias=False) if e != c.d_model else nn.Identity()
         self.lm_head = nn.Linear(e, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.token_embedding.weight
@@ -147,7 +147,7 @@ class GPT(nn.Module):
         # GPT-2 §2.3: scale the residual projections by 1/√N, N = number of residual additions.
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
     @property
     def max_context(self) -> int | None:
@@ -169,7 +169,7 @@ class GPT(nn.Module):
         p = self.lm_head.weight
         return [
             KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
-            for _ in range(c.n_layer)
+            for _ in range(c.n_layers)
         ]
 
     def _positions(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:

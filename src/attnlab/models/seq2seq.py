@@ -38,7 +38,7 @@ from attnlab.nn import (
 class Seq2SeqConfig(AttentionOptions, BlockOptions):
     """Shape and behaviour of an encoder–decoder Transformer. Validated on construction. The
     attention variants (`attention`, `rope_theta`, ...; `AttentionOptions`) apply to the
-    self-attention of both stacks, the block parts (`normalization`, `experts`, `n_kv_head`,
+    self-attention of both stacks, the block parts (`normalization`, `experts`, `n_kv_heads`,
     `block_sharing` = all, ...; `BlockOptions`) to the blocks of both."""
 
     kind: str = "seq2seq-transformer"
@@ -224,7 +224,7 @@ class Seq2SeqTransformer(nn.Module):
         caches = [
             KVCache(
                 src.size(0),
-                c.n_kv_head or c.n_heads,
+                c.n_kv_heads or c.n_heads,
                 min(max_len, c.max_len),
                 c.d_model // c.n_heads,
                 device=memory.device,

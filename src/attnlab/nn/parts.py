@@ -20,7 +20,7 @@ from attnlab.nn.positions import SinusoidalPositions, check_choice
 
 SHARING = ("none", "all", "universal")
 """Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
-universal (the Universal Transformer, Dehghani et al. 2019: one block applied n_layer times, with
+universal (the Universal Transformer, Dehghani et al. 2019: one block applied n_layers times, with
 a position-and-step signal added before each step)."""
 
 
@@ -71,7 +71,7 @@ class BlockOptions:
     ffn_hidden: int | None = None
     """The feed-forward hidden width exactly; None: ffn_mult × width, times 2/3 for gated units
     (which have three matrices) so that they keep the dense layer's parameter count."""
-    n_kv_head: int | None = None
+    n_kv_heads: int | None = None
     """Key/value heads: None = one per query head; fewer = grouped-query; 1 = multi-query."""
     experts: int = 0
     """Feed-forward experts per mixture layer; 0 = a dense feed-forward layer."""
@@ -98,8 +98,8 @@ class BlockOptions:
         check_choice("block_sharing", self.block_sharing, SHARING)
         if self.ffn_hidden is not None and self.ffn_hidden < 1:
             raise ValueError(f"ffn_hidden must be >= 1, got {self.ffn_hidden}")
-        if self.n_kv_head is not None and (self.n_kv_head < 1 or n_heads % self.n_kv_head != 0):
-            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide the number of heads ({n_heads})")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or n_heads % self.n_kv_heads != 0):
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide the number of heads ({n_heads})")
         if self.experts < 0:
             raise ValueError(f"experts must be >= 0 (0: a dense feed-forward layer), got {self.experts}")
         if self.experts > 0:
@@ -122,7 +122,7 @@ class BlockOptions:
         moe = self.experts > 0 and (index + 1) % self.expert_every == 0
         return BlockParts(
             normalization=self.normalization,
-            n_kv_heads=self.n_kv_head,
+            n_kv_heads=self.n_kv_heads,
             experts=self.experts if moe else 0,
             top_k=self.expert_top_k,
             capacity_factor=self.capacity_factor,

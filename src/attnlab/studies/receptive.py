@@ -95,7 +95,7 @@ def autoregressive_rows(audio_length: int = AUDIO_LENGTH, rnn_layers: int = 2) -
     wave = _model_config("fsdd-wavenet")
     rf, depth = wave.receptive_field, len(wave.dilations)
     rnn_steps, _ = count_steps("rnn", t, rnn_layers)
-    transformer_steps, _ = count_steps("transformer", t, gpt.n_layer)
+    transformer_steps, _ = count_steps("transformer", t, gpt.n_layers)
     last = f"the last (t = {audio_length})"
     return [
         _pixelcnn_row("fashion-pixelcnn", "PixelCNN"),
@@ -108,7 +108,7 @@ def autoregressive_rows(audio_length: int = AUDIO_LENGTH, rnn_layers: int = 2) -
             t - 1,
             "the last pixel",
             transformer_steps,
-            t * gpt.n_layer,
+            t * gpt.n_layers,
             f"1 position, attending to <= {t} cached keys",
         ),
         Row(

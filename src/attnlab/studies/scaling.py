@@ -58,25 +58,25 @@ BASE_PRESET = "shakespeare-char-cpu"
 DEFAULT_SIZES = ("1x32", "2x32", "2x48", "2x64", "3x96", "4x128")
 DEFAULT_TOKENS = 6_000_000
 HEAD_DIM = 16
-LADDER_KEYS = ("model.n_layer", "model.n_embd", "model.n_head", "train.max_iters", "train.lr_decay_iters")
+LADDER_KEYS = ("model.n_layers", "model.d_model", "model.n_heads", "train.max_iters", "train.lr_decay_iters")
 EVALS_PER_RUN = 16
 """Validation points along each run (besides step 0), for the compute frontier."""
 
 
 @dataclass(frozen=True)
 class LadderSize:
-    """One rung: n_layer blocks of width n_embd, heads of HEAD_DIM."""
+    """One rung: n_layers blocks of width d_model, heads of HEAD_DIM."""
 
-    n_layer: int
-    n_embd: int
+    n_layers: int
+    d_model: int
 
     @property
     def name(self) -> str:
-        return f"{self.n_layer}x{self.n_embd}"
+        return f"{self.n_layers}x{self.d_model}"
 
     @property
-    def n_head(self) -> int:
-        return self.n_embd // HEAD_DIM
+    def n_heads(self) -> int:
+        return self.d_model // HEAD_DIM
 
 
 def parse_sizes(text: str | Sequence[str]) -> list[LadderSize]:
@@ -88,7 +88,7 @@ def parse_sizes(text: str | Sequence[str]) -> list[LadderSize]:
         if not match:
             raise UserError(f"size {item!r} is not LAYERSxWIDTH, e.g. 4x128")
         size = LadderSize(int(match.group(1)), int(match.group(2)))
-        if size.n_layer < 1 or size.n_embd < HEAD_DIM or size.n_embd % HEAD_DIM:
+        if size.n_layers < 1 or size.d_model < HEAD_DIM or size.d_model % HEAD_DIM:
             raise UserError(f"size {item!r}: at least 1 layer, and a width that is a multiple of {HEAD_DIM}")
         sizes.append(size)
     if len({s.name for s in sizes}) != len(sizes):
@@ -140,9 +140,9 @@ def plan(
     runs = []
     for size in sizes:
         ladder = {
-            "model.n_layer": size.n_layer,
-            "model.n_embd": size.n_embd,
-            "model.n_head": size.n_head,
+            "model.n_layers": size.n_layers,
+            "model.d_model": size.d_model,
+            "model.n_heads": size.n_heads,
             "train.max_iters": max_iters,
             "train.lr_decay_iters": max_iters,
             "train.warmup_iters": max(1, min(100, max_iters // 10)),
@@ -282,8 +282,8 @@ def compute_frontier(
 @dataclass(frozen=True)
 class LadderRow:
     size: str
-    n_layer: int
-    n_embd: int
+    n_layers: int
+    d_model: int
     params: int
     non_embedding_params: int
     tokens: int
@@ -347,8 +347,8 @@ def run_scale(
         result.rows.append(
             LadderRow(
                 run.name,
-                c.model.n_layer,
-                c.model.n_embd,
+                c.model.n_layers,
+                c.model.d_model,
                 measure.params,
                 measure.non_embedding_params,
                 c.train.max_iters * per_step,
@@ -370,8 +370,8 @@ def run_scale(
 
 CSV_FIELDS = (
     "size",
-    "n_layer",
-    "n_embd",
+    "n_layers",
+    "d_model",
     "params",
     "non_embedding_params",
     "tokens",
@@ -387,7 +387,7 @@ CSV_FIELDS = (
 def write_results(result: ScaleResult, out: Path) -> None:
     lines = [",".join(CSV_FIELDS)]
     for r in result.rows:
-        values = [r.size, r.n_layer, r.n_embd, r.params, r.non_embedding_params, r.tokens, r.tokens_per_param]
+        values = [r.size, r.n_layers, r.d_model, r.params, r.non_embedding_params, r.tokens, r.tokens_per_param]
         values += [r.learning_rate, r.flops_per_token, 6 * r.non_embedding_params, r.val_loss, r.steps_per_sec]
         lines.append(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values))
     atomic_write_text(out / "scale.csv", "\n".join(lines) + "\n")

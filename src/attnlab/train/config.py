@@ -15,7 +15,7 @@ from attnlab.checkpoints import CONFIG, read_config_toml
 from attnlab.config import as_dict, build, check_run_keys, dump_toml, merge
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.fileio import atomic_write_text
-from attnlab.names import DEFAULT_TASK, kind_name, task_name, upgrade
+from attnlab.names import DEFAULT_TASK, kind_name, task_name, upgrade, with_model_fields
 from attnlab.tasks import TASKS
 
 CONFIG_FORMAT_VERSION = 1
@@ -228,6 +228,7 @@ def apply_overrides(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
     """`merge`, except that changing `model.kind` starts the model section from that kind's
     defaults (plus the overrides' other model keys): a Transformer's keys mean nothing to an RNN.
     A kind's old name is the same kind (`--set model.kind=transformer` on a translation preset)."""
+    doc, overrides = with_model_fields(doc), with_model_fields(overrides)  # `--set model.n_embd=` too
     merged = merge(doc, overrides)
     if "kind" in overrides.get("model", {}):
         task = merged.get("task", DEFAULT_TASK)

@@ -113,11 +113,11 @@ def plot_heads(
             f"weights have shape {tuple(w.shape)} but {len(query_tokens)} query and {len(tokens)} key tokens need "
             f"shape (H, Tq, Tk) = (H, {len(query_tokens)}, {len(tokens)})"
         )
-    n_head = w.shape[0]
-    _check_not_empty((n_head, len(query_tokens), len(tokens)))
+    n_heads = w.shape[0]
+    _check_not_empty((n_heads, len(query_tokens), len(tokens)))
     n_query, n_key = w.shape[1:]
-    n_cols = math.ceil(math.sqrt(n_head))
-    n_rows = math.ceil(n_head / n_cols)
+    n_cols = math.ceil(math.sqrt(n_heads))
+    n_rows = math.ceil(n_heads / n_cols)
     # Keep the whole grid within about 16 inches across: smaller cells and labels for more heads.
     cell = min(CELL_IN, max(0.12, 16 / (n_cols * max(n_key, n_query))))
     font = min(FONT_PT, max(5.0, 0.8 * cell * 72))
@@ -127,12 +127,12 @@ def plot_heads(
     fig = new_figure(max(width, 2.5), max(height, 1.8))
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
     for h, ax in enumerate(axes):
-        if h >= n_head:
+        if h >= n_heads:
             ax.set_axis_off()
             continue
         image = _draw(ax, w[h], tokens, query_tokens, font)
         ax.set_title(f"head {h}", fontsize=font + 1)
-    bar = fig.colorbar(image, ax=axes[:n_head].tolist(), shrink=0.8)
+    bar = fig.colorbar(image, ax=axes[:n_heads].tolist(), shrink=0.8)
     bar.ax.tick_params(labelsize=FONT_PT)
     if title:
         fig.suptitle(title, fontsize=FONT_PT + 2)

@@ -266,7 +266,7 @@ def save_hf_checkpoint(checkpoint: HFCheckpoint, folder: Path) -> list[str]:
 
 # A part of an attnlab config a target family can take: field -> (the test of its value, what the
 # target has instead, in words). The test reads the whole config, as some fields only make sense
-# beside others (n_kv_head against the number of heads).
+# beside others (n_kv_heads against the number of heads).
 PartRule = tuple[Callable[[Any], bool], str]
 
 

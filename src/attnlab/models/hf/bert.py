@@ -432,7 +432,7 @@ BERT_EXPORT_RULES: dict[str, PartRule] = {
     "norm": (is_value("norm", "post"), "LayerNorm after each residual sum (post-norm)"),
     "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
     "activation": (is_value("activation", *EXPORT_ACTIVATIONS), f"one of {sorted(EXPORT_ACTIVATIONS)}"),
-    "n_kv_head": (lambda c: c.n_kv_head in (None, c.n_heads), "one key/value head per query head"),
+    "n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "one key/value head per query head"),
     # Only the sequence classifier and BertModel's pooler_output read the pooler.
     "pooling": (lambda c: c.pooling == "cls" or c.head in ("mlm", "token"), "a pooler on the [CLS] state"),
 }

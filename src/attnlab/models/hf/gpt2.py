@@ -130,14 +130,14 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
             f"{source}: activation_function {activation!r} is not supported; "
             f"attnlab can import {sorted(HF_ACTIVATIONS)}"
         )
-    n_embd = get("n_embd", int)
+    d_model = get("n_embd", int)
     n_inner = hf.get("n_inner")
     if n_inner is None:
-        n_inner = 4 * n_embd
+        n_inner = 4 * d_model
     elif not isinstance(n_inner, int) or isinstance(n_inner, bool) or n_inner < 1:
         raise CheckpointError(f"{source}: n_inner={n_inner!r} is not a positive integer")
-    # A multiple of n_embd is attnlab's ffn_mult; any other width is named exactly (ffn_hidden).
-    ffn = {"ffn_mult": n_inner // n_embd} if n_inner % n_embd == 0 else {"ffn_hidden": n_inner}
+    # A multiple of d_model is attnlab's ffn_mult; any other width is named exactly (ffn_hidden).
+    ffn = {"ffn_mult": n_inner // d_model} if n_inner % d_model == 0 else {"ffn_hidden": n_inner}
     if dropout is None:
         keys = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
         dropout = one_dropout({key: get(key, (int, float)) for key in keys}, source)
@@ -145,9 +145,9 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
         return GPTConfig(
             vocab_size=get("vocab_size", int),
             block_size=get("n_positions", int),
-            n_layer=get("n_layer", int),
-            n_head=get("n_head", int),
-            n_embd=n_embd,
+            n_layers=get("n_layer", int),
+            n_heads=get("n_head", int),
+            d_model=d_model,
             dropout=dropout,
             bias=True,
             positions="learned",
@@ -213,10 +213,10 @@ def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout
     return model.eval()
 
 
-def gpt2_plan(n_layer: int) -> dict[str, tuple[str, bool]]:
-    """Every GPT2Model tensor of an `n_layer`-block model: HF name -> (attnlab name, is a Conv1D weight)."""
+def gpt2_plan(n_layers: int) -> dict[str, tuple[str, bool]]:
+    """Every GPT2Model tensor of an `n_layers`-block model: HF name -> (attnlab name, is a Conv1D weight)."""
     plan = {hf: (ours, False) for hf, ours in TOP_TENSORS.items()}
-    for i in range(n_layer):
+    for i in range(n_layers):
         for hf, (ours, conv) in BLOCK_TENSORS.items():
             plan[f"h.{i}.{hf}"] = (f"blocks.{i}.{ours}", conv)
     return plan
@@ -226,11 +226,11 @@ def _convert(
     hf_state: dict[str, torch.Tensor], config: GPTConfig, expected: Mapping[str, torch.Tensor], source: Path
 ) -> dict[str, torch.Tensor]:
     """Rename HF GPT-2 tensors to attnlab's names, transposing Conv1D weights; check keys and shapes."""
-    plan = gpt2_plan(config.n_layer)
+    plan = gpt2_plan(config.n_layers)
     for name in hf_state:
         if name not in plan:
             raise CheckpointError(
-                f"{source}: unexpected tensor {name} for a GPT-2 with n_layer={config.n_layer}; "
+                f"{source}: unexpected tensor {name} for a GPT-2 with n_layers={config.n_layers}; "
                 "only GPT2Model / GPT2LMHeadModel checkpoints matching config.json can be imported"
             )
     state = {}
@@ -253,7 +253,7 @@ GPT2_EXPORT_RULES: dict[str, PartRule] = {
     "norm": (is_value("norm", "pre"), "LayerNorm before each sublayer (pre-norm)"),
     "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
     "activation": (is_value("activation", *EXPORT_ACTIVATIONS), f"one of {sorted(EXPORT_ACTIVATIONS)}"),
-    "n_kv_head": (lambda c: c.kv_heads == c.n_head, "one key/value head per query head"),
+    "n_kv_heads": (lambda c: c.kv_heads == c.n_heads, "one key/value head per query head"),
 }
 
 
@@ -271,11 +271,11 @@ def gpt2_config_to_hf(config: GPTConfig) -> dict[str, Any]:
         "architectures": ["GPT2LMHeadModel"],
         "vocab_size": config.vocab_size,
         "n_positions": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        # None is GPT-2's 4 * n_embd; anything else is written out (transformers takes any width).
-        "n_inner": None if config.d_ff == 4 * config.n_embd else config.d_ff,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layers,
+        "n_head": config.n_heads,
+        # None is GPT-2's 4 * d_model; anything else is written out (transformers takes any width).
+        "n_inner": None if config.d_ff == 4 * config.d_model else config.d_ff,
         "activation_function": EXPORT_ACTIVATIONS[config.activation],
         **{key: config.dropout for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
         "layer_norm_epsilon": config.layer_norm_eps,
@@ -291,7 +291,7 @@ def gpt2_export(model: GPT) -> HFCheckpoint:
     config = gpt2_config_to_hf(model.config)
     state = model.state_dict()
     tensors = {}
-    for hf, (ours, conv) in gpt2_plan(model.config.n_layer).items():
+    for hf, (ours, conv) in gpt2_plan(model.config.n_layers).items():
         if ours not in state:  # a bias of a bias-free model: as wide as its weight's output
             weight = state[ours.removesuffix(".bias") + ".weight"]
             tensors[f"transformer.{hf}"] = weight.new_zeros(weight.size(0))

@@ -7,7 +7,7 @@ before attention, before the feed-forward layer and at the end; a SwiGLU feed-fo
 Llama 2 on, grouped-query attention (Ainslie et al. 2023): `num_key_value_heads` key/value heads
 shared by groups of query heads. attnlab's `GPTConfig` names each of them, so a Llama checkpoint
 becomes a `GPT` with `normalization="rmsnorm"`, `activation="swiglu"`, `positions="rope"`,
-`bias=False` and `n_kv_head`.
+`bias=False` and `n_kv_heads`.
 
 Source format: a folder as written by `transformers`' `save_pretrained` for `LlamaForCausalLM` or
 `LlamaModel` (the layout of the `meta-llama/*` repositories on the Hugging Face Hub): `config.json`
@@ -165,15 +165,15 @@ def llama_like_config(
             f"{source}: hidden_act {activation!r} cannot be imported; attnlab's {family} feed-forward is SwiGLU, "
             f"hidden_act must be one of {list(SILU)}"
         )
-    n_embd, n_head, n_kv_head = llama_heads(hf, get("hidden_size", int), get("num_attention_heads", int), source)
+    d_model, n_heads, n_kv_heads = llama_heads(hf, get("hidden_size", int), get("num_attention_heads", int), source)
     try:
         return GPTConfig(
             vocab_size=get("vocab_size", int),
             block_size=get("max_position_embeddings", int),
-            n_layer=get("num_hidden_layers", int),
-            n_head=n_head,
-            n_kv_head=n_kv_head,
-            n_embd=n_embd,
+            n_layers=get("num_hidden_layers", int),
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            d_model=d_model,
             dropout=dropout,
             bias=False,
             positions="rope",
@@ -190,21 +190,21 @@ def llama_like_config(
         raise CheckpointError(f"{source}: {e}") from e
 
 
-def llama_heads(hf: Mapping[str, Any], n_embd: int, n_head: int, source: str) -> tuple[int, int, int]:
-    """(n_embd, n_head, n_kv_head) of a Llama-shaped config.json, checked: key/value heads default to
+def llama_heads(hf: Mapping[str, Any], d_model: int, n_heads: int, source: str) -> tuple[int, int, int]:
+    """(d_model, n_heads, n_kv_heads) of a Llama-shaped config.json, checked: key/value heads default to
     one per query head, and an explicit head_dim must split the model width evenly."""
-    n_kv_head = hf.get("num_key_value_heads")
-    if n_kv_head is None:
-        n_kv_head = n_head  # transformers' default: one key/value head per query head
-    elif not isinstance(n_kv_head, int) or isinstance(n_kv_head, bool):
-        raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_head!r}")
+    n_kv_heads = hf.get("num_key_value_heads")
+    if n_kv_heads is None:
+        n_kv_heads = n_heads  # transformers' default: one key/value head per query head
+    elif not isinstance(n_kv_heads, int) or isinstance(n_kv_heads, bool):
+        raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_heads!r}")
     head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim * n_head != n_embd:
+    if head_dim is not None and head_dim * n_heads != d_model:
         raise CheckpointError(
-            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {n_embd} / {n_head}; "
+            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {d_model} / {n_heads}; "
             "attnlab's heads split the model width evenly"
         )
-    return n_embd, n_head, n_kv_head
+    return d_model, n_heads, n_kv_heads
 
 
 def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: str = CONFIG_FILE) -> GPTConfig:
@@ -221,7 +221,7 @@ def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source:
 
 def qkv_rows(config: GPTConfig) -> tuple[int, int, int]:
     """The rows of q, k and v in attnlab's in_proj: H·D, Hkv·D, Hkv·D."""
-    q, kv = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    q, kv = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
     return q, kv, kv
 
 
@@ -281,7 +281,7 @@ def load_llama_like(
     # Rotary positions act inside attention and hold nothing; the input's position module holds a
     # constant zero vector, a buffer outside the state dict that the meta device left without
     # values: build that module for real.
-    model.positions = build_positions(config.positions, config.block_size, config.n_embd).to(dtype)
+    model.positions = build_positions(config.positions, config.block_size, config.d_model).to(dtype)
     unset = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if unset:
         raise RuntimeError(f"{family} import left {unset} on the meta device: the name map is out of step with GPT")
@@ -294,7 +294,7 @@ def llama_body_state(
     """Every parameter but the head, from the checkpoint: the embeddings, the final norm, and each
     block's norms, attention (q, k, v stacked into in_proj) and feed-forward layer (`ffn`)."""
     state = {ours: tensors.take(hf, expected[ours]) for hf, ours in LLAMA_TOP_TENSORS.items()}
-    for i in range(config.n_layer):
+    for i in range(config.n_layers):
         hf, ours = f"layers.{i}.", f"blocks.{i}."
         for hf_name, our_name in LLAMA_LAYER_TENSORS.items():
             state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
@@ -357,10 +357,10 @@ def llama_config_to_hf(config: GPTConfig) -> dict[str, Any]:
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
         "vocab_size": config.vocab_size,
-        "hidden_size": config.n_embd,
+        "hidden_size": config.d_model,
         "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layer,
-        "num_attention_heads": config.n_head,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
         "num_key_value_heads": config.kv_heads,
         "head_dim": config.head_dim,
         "hidden_act": "silu",
@@ -382,7 +382,7 @@ def llama_export(model: GPT) -> HFCheckpoint:
     config = llama_config_to_hf(c)
     state = model.state_dict()
     tensors = {f"model.{hf}": state[ours] for hf, ours in LLAMA_TOP_TENSORS.items()}
-    for i in range(c.n_layer):
+    for i in range(c.n_layers):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         tensors.update({hf + name: state[ours + our_name] for name, our_name in LLAMA_LAYER_TENSORS.items()})
         q_k_v = state[f"{ours}attn.in_proj.weight"].split(list(qkv_rows(c)))

@@ -150,7 +150,7 @@ MARIAN_EXPORT_RULES: dict[str, PartRule] = {
     "activation": (is_value("activation", *MARIAN_ACTIVATIONS), "relu or gelu here"),
     "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
     "layer_norm_eps": (is_value("layer_norm_eps", MARIAN_LAYER_NORM_EPS), "1e-5"),
-    "n_kv_head": (lambda c: c.n_kv_head in (None, c.n_heads), "one key/value head per query head"),
+    "n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "one key/value head per query head"),
 }
 
 

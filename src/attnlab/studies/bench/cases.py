@@ -5,10 +5,10 @@ from dataclasses import dataclass
 import torch
 
 SHAPES = {
-    "4x4x128": dict(n_layer=4, n_head=4, n_embd=128),
-    "6x6x384": dict(n_layer=6, n_head=6, n_embd=384),
+    "4x4x128": dict(n_layers=4, n_heads=4, d_model=128),
+    "6x6x384": dict(n_layers=6, n_heads=6, d_model=384),
 }
-"""GPT shapes by name, "{n_layer}x{n_head}x{n_embd}"."""
+"""GPT shapes by name, "{n_layers}x{n_heads}x{d_model}"."""
 VOCAB = 65  # Tiny Shakespeare characters
 PROMPT_LEN = 8
 GENERATE_BLOCK = 256  # 8 + 200 tokens need more than the 64 positions of the small training block

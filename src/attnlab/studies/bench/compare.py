@@ -45,7 +45,9 @@ def build_models(shape: str, block: int, device: torch.device, hf: ModuleType | 
             attn_pdrop=0.0,
             bos_token_id=None,
             eos_token_id=None,
-            **s,
+            n_layer=s["n_layers"],  # GPT-2's own names for the same shape
+            n_head=s["n_heads"],
+            n_embd=s["d_model"],
         )
         models[PEER] = hf.GPT2LMHeadModel(config)
     return {name: m.to(device) for name, m in models.items()}

@@ -61,4 +61,4 @@ def flops_per_token(model: GPT, block: int) -> float:
     """Training FLOPs per token: 6N for the weight matmuls (forward 2N, backward 4N) plus 12·L·T·C
     for attention's q·k and weights·v. N excludes position embeddings, as GPT-2 counts."""
     c = model.config
-    return 6 * model.num_parameters() + 12 * c.n_layer * block * c.n_embd
+    return 6 * model.num_parameters() + 12 * c.n_layers * block * c.d_model

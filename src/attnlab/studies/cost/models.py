@@ -20,9 +20,9 @@ class RNNLMConfig:
     longest sequence the generation state is allocated for."""
 
     vocab_size: int
-    n_embd: int
+    d_model: int
     """Width k."""
-    n_layer: int
+    n_layers: int
     """Layers d."""
     block_size: int
 
@@ -45,9 +45,9 @@ class RNNLM(nn.Module):
     def __init__(self, config: RNNLMConfig) -> None:
         super().__init__()
         self.config = config
-        k = config.n_embd
+        k = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, k)
-        self.rnn = nn.GRU(k, k, config.n_layer, batch_first=True)
+        self.rnn = nn.GRU(k, k, config.n_layers, batch_first=True)
         self.head = nn.Linear(k, config.vocab_size)
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> RNNCarry:
@@ -150,9 +150,9 @@ class AttentionRNNLM(nn.Module):
     def __init__(self, config: RNNLMConfig) -> None:
         super().__init__()
         self.config = config
-        k = config.n_embd
+        k = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, k)
-        self.layers = nn.ModuleList(AttentionRNNLayer(k) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(AttentionRNNLayer(k) for _ in range(config.n_layers))
         self.head = nn.Linear(k, config.vocab_size)
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> list[AttentionCarry]:
@@ -192,9 +192,9 @@ def build_model(name: str, settings: CostSettings, max_len: int) -> nn.Module:
             GPTConfig(
                 vocab_size=VOCAB,
                 block_size=max_len,
-                n_layer=settings.layers,
-                n_head=settings.heads,
-                n_embd=settings.width,
+                n_layers=settings.layers,
+                n_heads=settings.heads,
+                d_model=settings.width,
                 positions="sinusoidal",  # no parameters that grow with t
                 attention=TRANSFORMERS[name],
                 attention_window=settings.attention_window,
@@ -203,7 +203,7 @@ def build_model(name: str, settings: CostSettings, max_len: int) -> nn.Module:
                 random_blocks=settings.random_blocks,
             )
         )
-    config = RNNLMConfig(vocab_size=VOCAB, n_embd=settings.width, n_layer=settings.layers, block_size=max_len)
+    config = RNNLMConfig(vocab_size=VOCAB, d_model=settings.width, n_layers=settings.layers, block_size=max_len)
     if name == "rnn":
         return RNNLM(config)
     if name == "rnn-attention":

@@ -44,7 +44,7 @@ class CostSettings:
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     """Sequence lengths t, strictly increasing, each >= 2."""
     width: int = 64
-    """Model width k of every model (GRU state, Transformer n_embd)."""
+    """Model width k of every model (GRU state, Transformer d_model)."""
     layers: int = 2
     """Number of layers d of every model."""
     heads: int = 4
