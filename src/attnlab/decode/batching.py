@@ -7,7 +7,7 @@ little more than one. But requests arrive at any time and stop at different leng
 cannot wait for all its sequences to start or finish together: a new sequence is prefilled into a
 free row of one preallocated KV cache and joins at the next step; a finished one leaves, and the
 last row moves into its place so that the rows in use stay 0 … A−1. Each step runs the model once
-over those rows, every row writing its key and value at its own position (`KVCache.write` with
+over those rows, every row writing its key and value at its own position (`KVCache.update` with
 per-row positions) and attending to its own filled slots.
 
 With `fused=True`, a GPT that `attnlab.accel.fused` covers takes the cached rows' step in one C++
@@ -184,7 +184,7 @@ class Batcher:
         prompt before it, the last column holds every row's last prompt token, and the pads' keys
         wait in slots that the row's next tokens overwrite before anything attends to them. `(G, V)`"""
         t = len(windows[0])
-        views = [layer.view(slice(first, first + len(windows))) for layer in self.cache]
+        views = [layer.view_rows(slice(first, first + len(windows))) for layer in self.cache]
         idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
         if len(windows) == 1:
             return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
@@ -206,12 +206,12 @@ class Batcher:
             logits = self.fused.rows(tokens.view(-1), positions.view(-1))
         elif self.row_positions:
             length = max(s.filled for s in self.cached) + 1  # attend to the filled slots alone
-            views = [layer.view(slice(0, len(self.cached)), length) for layer in self.cache]
+            views = [layer.view_rows(slice(0, len(self.cached)), length) for layer in self.cache]
             logits = self.model(tokens, cache=views, positions=positions, last_only=True)[:, -1]
         else:  # a model whose positions act on the scores: one row at a time
             rows = []
             for i, seq in enumerate(self.cached):
-                views = [layer.view(slice(i, i + 1), seq.filled + 1) for layer in self.cache]
+                views = [layer.view_rows(slice(i, i + 1), seq.filled + 1) for layer in self.cache]
                 rows.append(self.model(tokens[i : i + 1], cache=views, positions=positions[i], last_only=True)[:, -1])
             logits = torch.cat(rows)
         for seq in self.cached:
