@@ -251,7 +251,7 @@ def test_row_positions_write_each_row_at_its_own_slot():
     cache = KVCache(3, 2, 6, 4)
     k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
     positions = torch.tensor([[0], [4], [2]])
-    cache.write(k, v, positions)
+    cache.update(positions, k, v)
     for row, pos in enumerate([0, 4, 2]):
         assert torch.equal(cache.k[row, :, pos], k[row, :, 0])
         assert torch.equal(cache.v[row, :, pos], v[row, :, 0])

@@ -73,12 +73,12 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
                 layer.v.normal_(generator=torch.Generator().manual_seed(2))
             for row, n in enumerate(lengths):
                 prompt = torch.randint(0, 23, (1, n), generator=torch.Generator().manual_seed(row))
-                model(prompt, cache=[layer.view(slice(row, row + 1)) for layer in cache], last_only=True)
+                model(prompt, cache=[layer.view_rows(slice(row, row + 1)) for layer in cache], last_only=True)
         step = FusedStep(model, extension(), ours)
         tokens, positions = torch.arange(3, 3 + len(lengths)) % 23, torch.tensor(lengths)
         for _ in range(4):
             length = int(positions.max()) + 1
-            views = [layer.view(slice(0, len(lengths)), length) for layer in theirs]
+            views = [layer.view_rows(slice(0, len(lengths)), length) for layer in theirs]
             expected = model(tokens[:, None], cache=views, positions=positions[:, None], last_only=True)[:, -1]
             got = step.rows(tokens, positions)
             assert_float32_close(got, expected, **gpt_sums(model.config))

@@ -323,23 +323,23 @@ def test_kv_cache_stores_keys_and_values():
     torch.manual_seed(0)
     cache = KVCache(1, 2, max_len=4, head_dim=3)
     k1, v1 = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
-    k, v = cache.append(k1, v1)
+    k, v = cache.update(cache.length, k1, v1)
     assert torch.equal(k, k1) and torch.equal(v, v1)
     k2, v2 = torch.randn(1, 2, 1, 3), torch.randn(1, 2, 1, 3)
-    k, v = cache.append(k2, v2)
+    k, v = cache.update(cache.length, k2, v2)
     assert torch.equal(k, torch.cat([k1, k2], dim=2)) and torch.equal(v, torch.cat([v1, v2], dim=2))
     assert cache.length == cache.max_len == 4
     cache.reset()
     assert cache.length == 0
-    k, _ = cache.append(k2, v2)
+    k, _ = cache.update(cache.length, k2, v2)
     assert torch.equal(k, k2)
 
 
 def test_kv_cache_overflow_raises_and_keeps_state():
     cache = KVCache(1, 2, max_len=4, head_dim=3)
-    cache.append(torch.ones(1, 2, 3, 3), torch.ones(1, 2, 3, 3))
+    cache.update(0, torch.ones(1, 2, 3, 3), torch.ones(1, 2, 3, 3))
     with pytest.raises(ValueError, match="overflow"):
-        cache.append(torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
+        cache.update(cache.length, torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
     assert cache.length == 3
 
 
@@ -413,7 +413,7 @@ def test_static_cache_write_casts_and_stays_in_place():
     cache = KVCache(1, 2, 6, 3)
     k_buffer = cache.k
     k, v = torch.ones(1, 2, 2, 3, dtype=torch.bfloat16), torch.full((1, 2, 2, 3), 2.0)
-    all_k, all_v = cache.write(k, v, torch.tensor([3, 4]))
+    all_k, all_v = cache.update(torch.tensor([3, 4]), k, v)
     assert all_k is k_buffer and all_k.dtype == torch.float32
     assert torch.all(all_k[:, :, 3:5] == 1) and torch.all(all_v[:, :, 3:5] == 2)
     assert torch.all(all_k[:, :, :3] == 0) and torch.all(all_k[:, :, 5:] == 0)
@@ -422,21 +422,78 @@ def test_static_cache_write_casts_and_stays_in_place():
 def test_cache_select_reorders_the_filled_rows_and_leaves_room_to_append():
     cache = KVCache(3, 2, 6, 4)
     k = torch.arange(3 * 2 * 2 * 4, dtype=torch.float32).view(3, 2, 2, 4)
-    cache.append(k, -k)
+    cache.update(0, k, -k)
     index = torch.tensor([2, 0, 0])  # same row count: selected into the spare buffers, swapped
-    cache.select(index)
+    cache.select_rows(index)
     torch.testing.assert_close(cache.k[:, :, :2], k[index])
     torch.testing.assert_close(cache.v[:, :, :2], -k[index])
     again = torch.tensor([1, 2, 0])  # and back into the first pair: the selection composes
-    cache.select(again)
+    cache.select_rows(again)
     torch.testing.assert_close(cache.k[:, :, :2], k[index][again])
     torch.testing.assert_close(cache.v[:, :, :2], -k[index][again])
     k = k[index][again]
-    cache.select(torch.tensor([1]))  # fewer rows: new buffers, the filled part copied
+    cache.select_rows(torch.tensor([1]))  # fewer rows: new buffers, the filled part copied
     assert cache.k.shape == (1, 2, 6, 4) and cache.length == 2
     torch.testing.assert_close(cache.k[:, :, :2], k[[1]])
-    all_k, _ = cache.append(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
+    all_k, _ = cache.update(cache.length, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
     assert all_k.shape == (1, 2, 3, 4) and torch.all(all_k[:, :, 2] == 1)
+
+
+def _written_by_hand(shape, writes):
+    """The buffer a cache of `shape` holds after writes [(row, slot, values (H, D)), ...] into zeros."""
+    want = torch.zeros(shape)
+    for row, slot, values in writes:
+        want[row, :, slot] = values
+    return want
+
+
+def test_update_writes_each_row_at_its_own_positions():
+    torch.manual_seed(3)
+    cache = KVCache(3, 2, 8, 4)
+    positions = torch.tensor([[5, 1], [0, 7], [4, 3]])  # (B, T): any slots, in any order
+    k, v = torch.randn(3, 2, 2, 4), torch.randn(3, 2, 2, 4)
+    all_k, all_v = cache.update(positions, k, v)
+    assert all_k is cache.k and all_v is cache.v and cache.length == 0  # the whole buffers; no count
+    cells = [(row, int(positions[row, t]), t) for row in range(3) for t in range(2)]
+    assert torch.equal(cache.k, _written_by_hand(cache.k.shape, [(r, p, k[r, :, t]) for r, p, t in cells]))
+    assert torch.equal(cache.v, _written_by_hand(cache.v.shape, [(r, p, v[r, :, t]) for r, p, t in cells]))
+    # The same positions for every row, as (T,) or as (B, T), write the same.
+    shared, per_row = KVCache(3, 2, 8, 4), KVCache(3, 2, 8, 4)
+    shared.update(torch.tensor([6, 2]), k, v)
+    per_row.update(torch.tensor([[6, 2]] * 3), k, v)
+    assert torch.equal(shared.k, per_row.k) and torch.equal(shared.v, per_row.v)
+    assert torch.equal(shared.k[:, :, [6, 2]], k) and not shared.k[:, :, [0, 1, 3, 4, 5, 7]].any()
+
+
+@pytest.mark.parametrize("chunks", [[3, 1, 1], [1, 4], [5]])
+def test_update_at_an_int_writes_what_update_at_those_positions_writes(chunks):
+    """Appending (an int: the next slots, as slices) and the static path (a position tensor) fill
+    the buffers alike; the int path counts the slots and returns the filled ones alone."""
+    torch.manual_seed(4)
+    growing, static = KVCache(2, 2, 6, 3), KVCache(2, 2, 6, 3)
+    for n in chunks:
+        k, v = torch.randn(2, 2, n, 3), torch.randn(2, 2, n, 3)
+        start = growing.length
+        got_k, got_v = growing.update(start, k, v)
+        all_k, all_v = static.update(torch.arange(start, start + n), k, v)
+        assert growing.length == start + n and static.length == 0
+        assert got_k.shape == (2, 2, start + n, 3)
+        assert torch.equal(got_k, all_k[:, :, : start + n]) and torch.equal(got_v, all_v[:, :, : start + n])
+    assert torch.equal(growing.k, static.k) and torch.equal(growing.v, static.v)
+    # An int other than the length rewrites those slots; what follows them is no longer counted.
+    k = torch.full((2, 2, 1, 3), 9.0)
+    got_k, _ = growing.update(1, k, k)
+    assert growing.length == 2 and torch.equal(got_k[:, :, 1:], k) and torch.equal(got_k[:, :, :1], static.k[:, :, :1])
+
+
+def test_view_rows_writes_through_to_the_shared_buffers():
+    cache = KVCache(4, 2, 6, 3)
+    part = cache.view_rows(slice(1, 3), 4)
+    assert part.k.shape == (2, 2, 4, 3) and part.length == 0
+    k = torch.ones(2, 2, 2, 3)
+    part.update(torch.tensor([[0, 1], [2, 3]]), k, 2 * k)
+    assert torch.equal(cache.k[1, :, :2], k[0]) and torch.equal(cache.v[2, :, 2:4], 2 * k[1])
+    assert not cache.k[[0, 3]].any() and not cache.k[1, :, 2:].any() and not cache.k[2, :, :2].any()
 
 
 def _bf16_mha_step(mha: MultiHeadAttention, x: torch.Tensor, **kwargs) -> tuple[torch.Tensor, list[torch.Tensor]]:

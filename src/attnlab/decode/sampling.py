@@ -1,9 +1,10 @@
 """Decoding as pure functions outside the models: greedy, sampling, logit filters.
 
 Every strategy runs the same loop: one prefill of the prompt into a preallocated KV cache, then
-one-token decoding steps that attend to the cache. Eager steps attend to the filled slots alone
-(`KVCache.append`). Compiled steps (`compile=True`) have the same shapes every time: they attend
-to the whole cache, masked up to their position (`KVCache.write`), so they compile once. When the
+one-token decoding steps that attend to the cache, each writing its key and value with
+`KVCache.update`. Eager steps write after the filled slots and attend to those alone. Compiled
+steps (`compile=True`) have the same shapes every time: they write at a position given as a tensor
+and attend to the whole cache, masked up to their position, so they compile once. When the
 sequence outgrows the model's block_size the window slides: the next token is predicted from the
 last block_size tokens, recomputed in full (with absolute positions, every cached key would sit at
 the wrong position after a shift).

@@ -229,7 +229,7 @@ class GPT(nn.Module):
         losses). With `cache`, idx holds only the new tokens and positions continue after those
         cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions
         and attend to the whole preallocated cache (the static-shape decoding step, see
-        `KVCache.write`). `last_only` computes logits for the last position
+        `KVCache.update`). `last_only` computes logits for the last position
         alone, `(B, 1, V)`, which is all a decoding step needs.
         """
         if last_only and targets is not None:

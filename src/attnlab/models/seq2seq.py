@@ -105,7 +105,7 @@ class TransformerDecoderState:
             self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, index)
         for cache in self.caches:
-            cache.select(index)
+            cache.select_rows(index)
 
 
 class Seq2SeqTransformer(nn.Module):

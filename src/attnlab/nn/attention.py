@@ -57,10 +57,14 @@ def _formula_trains_faster(q: torch.Tensor, t_k: int) -> bool:
 
 
 class KVCache:
-    """Preallocated keys and values of one attention layer, for incremental decoding.
+    """Preallocated keys and values of one attention layer, for incremental decoding (gpt-fast's
+    `KVCache`).
 
-    Buffers are `(B, H, max_len, D)`; `length` counts the positions filled so far. `append`
-    writes the new keys and values in place and returns views of everything cached.
+    The buffers `k` and `v` are `(B, H, max_len, D)` (H: the layer's key/value heads); the fused
+    C++ steps (`attnlab.accel.fused`) read and write them in this layout. `length` counts the
+    slots filled by the growing path (`update` with an int). Writing goes through `update` alone;
+    `select_rows` reorders the rows (beam search) and `view_rows` shares a range of them
+    (continuous batching).
     """
 
     def __init__(
@@ -77,33 +81,32 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
-        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # for `select`, made on first use
+        self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # for `select_rows`, made on first use
 
     @property
     def max_len(self) -> int:
         return self.k.size(2)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v `(B, H, T, D)` after what is cached; return all keys and values so far."""
-        start, end = self.length, self.length + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def update(
+        self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v `(B, H, T, D)` at `positions` in place; return the keys and values to attend to.
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v `(B, H, T, D)` at `positions` in place; return the whole buffers `(B, H,
-        max_len, D)`. Slots never written hold zeros: the caller masks them out.
-
-        positions: `(T,)` long, the same for every row; or `(B, T)`, each row its own (continuous
-        batching, where the sequences of a batch started at different times).
-
-        The static-shape path: every decoding step sees the same shapes, and the position is a
-        tensor rather than a Python int, so a compiled step is compiled once and the loop never
-        waits on the device. `length` is not tracked here; the caller knows the positions.
+        positions:
+        - an int p: the slots p … p+T−1 of every row (eager decoding, which grows the cache;
+          appending is `update(cache.length, k, v)`). `length` becomes p + T, and the return is the
+          slots filled, `(B, H, p + T, D)`: attending to them alone costs less than a mask over the
+          whole buffer, and shapes that change every step cost nothing eagerly.
+        - a long tensor `(T,)`, the same for every row, or `(B, T)`, each row its own (continuous
+          batching, where the sequences of a batch started at different times): the static-shape
+          path. The return is the whole buffers `(B, H, max_len, D)`; slots not written hold zeros
+          or an earlier sequence's leftovers, which the caller masks out. Every decoding step sees
+          the same shapes and the positions are a tensor rather than a Python int, so a compiled
+          step is compiled once and the loop never waits on the device. `length` is left alone:
+          the caller knows the positions.
         """
+        if isinstance(positions, int):
+            return self._write_slots(positions, k, v)
         if positions.dim() == 2:
             index = positions[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))  # (B, H, T, D)
             self.k.scatter_(2, index, k.to(self.k.dtype))
@@ -113,11 +116,21 @@ class KVCache:
         self.v.index_copy_(2, positions, v.to(self.v.dtype))
         return self.k, self.v
 
-    def view(self, rows: slice, length: int | None = None) -> "KVCache":
-        """A cache over some rows and the first `length` slots (default all) of this one's
-        buffers, sharing their memory: what is written through it lands here. Continuous batching
-        prefills one row and runs each step over the rows in use and the slots filled so far,
-        without copying."""
+    def _write_slots(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`update` at the slots start … start+T−1, as slices (no index tensor to make)."""
+        end = start + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def view_rows(self, rows: slice, length: int | None = None) -> "KVCache":
+        """A cache over `rows` and the first `length` slots (default all) of this one's buffers,
+        `(len(rows), H, length, D)`, sharing their memory: what `update` writes through it lands
+        here. Its `length` starts at 0. Continuous batching prefills some rows and runs each step
+        over the rows in use and the slots filled so far, without copying."""
         length = self.max_len if length is None else length
         part = KVCache.__new__(KVCache)
         part.k, part.v = self.k[rows, :, :length], self.v[rows, :, :length]
@@ -125,19 +138,21 @@ class KVCache:
         return part
 
     def reset(self) -> None:
+        """Start again from an empty cache (the buffers are overwritten as they fill)."""
         self.length = 0
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep and reorder batch rows: index `(B',)` long (beam search follows its hypotheses).
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep and reorder the rows: row i becomes old row index[i], index `(B',)` long (beam
+        search follows its hypotheses). The buffers become `(B', H, max_len, D)`.
 
-        With `append` (which counts `length`) only the filled positions are moved: beam search
-        reorders at every step, and copying the whole preallocated buffer each time would make a
-        step cost O(max_len) instead of O(length). Without a count (the `write` path) the whole
-        buffers are moved."""
+        With a count of filled slots (`length`, the growing path) only those are moved: beam
+        search reorders at every step, and copying the whole preallocated buffer each time would
+        make a step cost O(max_len) instead of O(length). Without a count (the static path) the
+        whole buffers are moved."""
         n = self.length or self.max_len
         # Select into other buffers rather than select and copy back (the faster for beam
-        # search's many rows, docs/history.md). Their slots past n are never read: `append`
-        # returns the filled ones, and without a count n is the whole buffer.
+        # search's many rows, docs/history.md). Their slots past n are never read: the growing
+        # path attends to the filled ones, and without a count n is the whole buffer.
         if index.numel() == self.k.size(0):  # same number of rows: swap with a spare pair
             if self._spare is None:
                 self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
@@ -260,9 +275,10 @@ class MultiHeadAttention(nn.Module):
         mask: bool, broadcastable to `(B, H, Tq, Tk)`, `True` = may attend.
         causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
             positions of the cached sequence.
-        cache: keys and values of earlier positions; the new ones are appended to it.
+        cache: keys and values of earlier positions; the new ones are written after them
+            (`KVCache.update` at `cache.length`).
         positions: with `cache`, the positions `(Tq,)` long of the queries in the cached sequence:
-            keys and values are written there (`KVCache.write`) and each query attends to the whole
+            keys and values are written there (`KVCache.update`) and each query attends to the whole
             preallocated cache up to its own position (static shapes; `causal` is then implied).
             `(B, Tq)`: each row at its own positions (continuous batching); position schemes that
             act on the scores (ALiBi, relative) and sparse patterns take `(Tq,)` only.
@@ -314,14 +330,13 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None,
         causal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
-        """Write the new keys and values to the cache; return every key and value to attend to,
-        and the mask and causal flag that attending then takes. With `positions` (the static
-        path) the keys are the whole buffer, and a visibility mask (the past and itself) replaces
-        the look-ahead rule."""
+        """Write the new keys and values to the cache (`KVCache.update`: after what it holds, or at
+        `positions`); return every key and value to attend to, and the mask and causal flag that
+        attending then takes. With `positions` (the static path) the keys are the whole buffer,
+        and a visibility mask (the past and itself) replaces the look-ahead rule."""
+        k, v = cache.update(cache.length if positions is None else positions, k, v)
         if positions is None:
-            k, v = cache.append(k, v)
             return k, v, mask, causal
-        k, v = cache.write(k, v, positions)
         slots = torch.arange(cache.max_len, device=k.device)
         visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len)
         if visible.dim() == 3:

@@ -1,0 +1,122 @@
+"""Continuous batching's runner: one step of the model for the cache rows it is given.
+
+The runner holds the model, one preallocated KV cache of `rows` rows and, where asked for and
+covered, the fused C++ step (`attnlab.accel.fused`); it knows nothing of which sequence holds which
+row (`attnlab.decode.scheduler` does). Each call runs the model once (or once per row, for models
+whose positions cannot differ by row) and returns next-token logits, a row per sequence:
+
+- `prefill`: prompts into rows first, first + 1, … (the model's forward, padded; or one C++ call,
+  unpadded, each prompt's tokens in its own row: Orca's "selective batching");
+- `step`: the cached rows 0 … A−1, each writing its key and value at its own position
+  (`KVCache.update` with per-row positions) and attending to its own filled slots; with the fused
+  step, one C++ call (`FusedStep.rows`) instead of ~100 PyTorch operators;
+- `recompute`: sliding windows read in full (with the fused step, prefilled afresh into the rows
+  no sequence holds).
+"""
+
+import torch
+from torch import nn
+
+from attnlab.accel import for_decoding
+from attnlab.accel.fused import gpt_step as fused_step
+from attnlab.decode.sampling import _eval_mode
+from attnlab.nn.attention import MultiHeadAttention
+
+
+def takes_row_positions(model: nn.Module) -> bool:
+    """Whether every attention layer of the model accepts per-row positions `(B, T)`."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    return all(m.pattern is None and (m.positions is None or m.positions.row_positions) for m in layers)
+
+
+class Runner:
+    """Steps of a GPT-style decoder (`model(idx, cache=..., positions=..., last_only=True)`,
+    `model.new_cache`, `model.config.block_size`) over a cache of `rows` rows of block_size slots.
+
+    `fused`: the steps in C++ where `attnlab.accel.fused` covers the model (a warning and
+    PyTorch's path where it does not). Every call runs in eval mode without autograd.
+    """
+
+    def __init__(self, model: nn.Module, rows: int, *, fused: bool = False) -> None:
+        self.model = for_decoding(model).model  # the projections' decoding routes, in place
+        self.block = model.config.block_size
+        self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time
+        self.cache = model.new_cache(rows, self.block)
+        self.fused = fused_step(model, self.cache) if fused else None
+        self.device = self.cache[0].k.device
+
+    @property
+    def prefill_mode(self) -> str:
+        """How several prompts share a prefill (`scheduler.PREFILL_MODES`): any lengths in one C++
+        call; similar lengths in one padded forward; or, for models whose positions cannot differ
+        by row, one at a time."""
+        if self.fused is not None:
+            return "unpadded"
+        return "padded" if self.row_positions else "alone"
+
+    def prefill(self, windows: list[list[int]], first_row: int) -> torch.Tensor:
+        """Write windows (token ids, at most block_size each; longest first unless `prefill_mode` is
+        "unpadded") into rows first_row, first_row + 1, …, window i's tokens at positions
+        0 … len − 1. Returns the next-token logits after each window's last token `(G, V)`."""
+        with _eval_mode(self.model):
+            if self.fused is not None:
+                return self.fused.prefill(windows, first_row)
+            return self._prefill_eager(windows, first_row)
+
+    def _prefill_eager(self, windows: list[list[int]], first: int) -> torch.Tensor:
+        """The model's forward over windows (longest first) into rows first, first + 1, …
+
+        Shorter prompts are padded on the left, and the pads are placed after the prompt (at
+        positions L … T-1): each prompt token then sits at its own position and sees only the
+        prompt before it, the last column holds every row's last prompt token, and the pads' keys
+        wait in slots that the row's next tokens overwrite before anything attends to them. `(G, V)`"""
+        t = len(windows[0])
+        views = [layer.view_rows(slice(first, first + len(windows))) for layer in self.cache]
+        idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
+        if len(windows) == 1:
+            return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
+        order = [list(range(len(w), t)) + list(range(len(w))) for w in windows]
+        positions = torch.tensor(order, dtype=torch.long, device=self.device)  # (G, T)
+        return self.model(idx, cache=views, positions=positions, last_only=True)[:, -1]  # (G, V)
+
+    def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for each of the rows 0 … A−1: row r's token `tokens[r]` is written at
+        `positions[r]` (its filled slots, all below) and attends to its slots 0 … positions[r].
+        Returns the next-token logits `(A, V)`."""
+        idx = torch.tensor([[t] for t in tokens], dtype=torch.long, device=self.device)  # (A, 1)
+        at = torch.tensor([[p] for p in positions], dtype=torch.long, device=self.device)  # (A, 1)
+        with _eval_mode(self.model):
+            if self.fused is not None:
+                return self.fused.rows(idx.view(-1), at.view(-1))
+            if not self.row_positions:
+                return self._step_one_row_at_a_time(idx, at, positions)
+            views = [layer.view_rows(slice(0, len(tokens)), max(positions) + 1) for layer in self.cache]
+            return self.model(idx, cache=views, positions=at, last_only=True)[:, -1]
+
+    def _step_one_row_at_a_time(self, idx: torch.Tensor, at: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        """`step` for a model whose positions act on the scores (ALiBi, relative): a forward per row."""
+        rows = []
+        for i, position in enumerate(positions):
+            views = [layer.view_rows(slice(i, i + 1), position + 1) for layer in self.cache]
+            rows.append(self.model(idx[i : i + 1], cache=views, positions=at[i], last_only=True)[:, -1])
+        return torch.cat(rows)
+
+    def recompute(self, windows: list[list[int]], free_row: int) -> torch.Tensor:
+        """Next-token logits `(W, V)` of windows of block_size tokens each, read in full (their
+        sequences hold no cache row). With the fused step they are prefilled into the rows from
+        free_row on, which no sequence holds: there are as many as windows, or more."""
+        with _eval_mode(self.model):
+            if self.fused is not None:
+                return self.fused.prefill(windows, free_row)
+            idx = torch.tensor(windows, dtype=torch.long, device=self.device)
+            return self.model(idx, last_only=True)[:, -1]
+
+    def move_row(self, from_row: int, to_row: int, slots: int) -> None:
+        """Copy the first `slots` slots of every layer's cache row from_row into row to_row."""
+        for layer in self.cache:
+            layer.view_rows(slice(to_row, to_row + 1)).update(
+                0, layer.k[from_row : from_row + 1, :, :slots], layer.v[from_row : from_row + 1, :, :slots]
+            )
+
+
+__all__ = ["Runner", "takes_row_positions"]

@@ -1,0 +1,155 @@
+"""Continuous batching's scheduler: which sequences are in the batch and which cache rows they hold.
+
+The scheduler knows no model and no tensor (vLLM keeps its scheduler apart from its model runner
+in the same way; `attnlab.decode.runner` runs the steps). It holds the sequences being decoded:
+those in the cache, `cached[i]` owning row i, so that the rows in use are always 0 … A−1; and
+those whose window slides (`windowed`), which have filled block_size positions and are recomputed
+in full at each step. It groups the prompts that join together for prefilling, places them in
+the next free rows, records each new token and lets finished sequences leave: the last row's
+sequence then moves into the row set free, and the scheduler asks its `move_row` to copy the
+cache row over.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from attnlab.decode.sampling import Picker
+
+PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see `Scheduler.prefill_groups`)
+
+PREFILL_MODES = ("unpadded", "padded", "alone")
+"""How a runner prefills several prompts: all in one call whatever their lengths ("unpadded"), those
+of similar lengths in one call, padded to the longest ("padded"), or one prompt per call ("alone")."""
+
+RowMove = Callable[[int, int, int], None]
+"""move_row(from_row, to_row, slots): copy the first `slots` cache slots of one row into another."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence being decoded: its prompt, the tokens generated so far, and how it ends."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    pick: Picker | None = None  # None: greedy, taken for all greedy rows at once
+    eos_id: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (the end-of-text token) or "length"
+    row: int = -1  # its row of the cache; -1 once its window slides (or before it joins)
+    filled: int = 0  # cache slots written: the position the next token is written at
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Scheduler:
+    """The sequences decoded together over a cache of `max_batch` rows of `block` slots each.
+
+    `admit` checks new sequences in, `prefill_groups` groups them for prefilling and `place` gives
+    them the next free rows; before each step `slide_full` moves the sequences with no slot left
+    to the sliding windows, after it `stepped` counts the slot each cached row wrote and `record`
+    gives each sequence its token, finished ones leaving (`leave`). `move_row` is called whenever
+    a sequence changes rows.
+    """
+
+    def __init__(self, max_batch: int, block: int, move_row: RowMove) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.block = block
+        self.move_row = move_row
+        self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
+        self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
+
+    def __len__(self) -> int:
+        return len(self.cached) + len(self.windowed)
+
+    @property
+    def free_row(self) -> int:
+        """The first row no sequence holds: the next to join goes there."""
+        return len(self.cached)
+
+    def admit(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Check that new sequences (each with a prompt of at least one token and nothing generated
+        yet) fit in the batch; those that ask for no token are done at once. Returns the others,
+        to prefill."""
+        if len(self) + len(seqs) > self.max_batch:
+            raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
+        if any(not s.prompt for s in seqs):
+            raise ValueError("a prompt needs at least one token")
+        for seq in seqs:
+            if seq.max_new_tokens <= 0:
+                seq.finish_reason = "length"
+        return [s for s in seqs if not s.done]
+
+    def window(self, seq: Sequence) -> list[int]:
+        """The tokens the model reads for seq's next token: its last block_size tokens."""
+        return (seq.prompt + seq.tokens)[-self.block :]
+
+    def window_length(self, seq: Sequence) -> int:
+        """len(self.window(seq)), without making the window."""
+        return min(len(seq.prompt) + len(seq.tokens), self.block)
+
+    def prefill_groups(self, seqs: list[Sequence], mode: str) -> list[list[Sequence]]:
+        """The sequences grouped for prefilling in the runner's `mode` (`PREFILL_MODES`). Padded,
+        longest prompts first, a shorter prompt joins a group when padding it to the group's length
+        costs at most PAD_SLACK tokens or half the length: a forward's fixed cost (launching every
+        layer, reading every weight) is worth about that much compute on a CPU."""
+        if mode == "unpadded":
+            return [seqs] if seqs else []
+        if mode == "alone":
+            return [[s] for s in seqs]
+        groups: list[list[Sequence]] = []
+        for seq in sorted(seqs, key=lambda s: -self.window_length(s)):
+            longest = self.window_length(groups[-1][0]) if groups else 0
+            if groups and longest - self.window_length(seq) <= max(PAD_SLACK, longest // 2):
+                groups[-1].append(seq)
+            else:
+                groups.append([seq])
+        return groups
+
+    def place(self, group: list[Sequence]) -> None:
+        """Give a prefilled group the next free rows, in order; each has written its window."""
+        first = self.free_row
+        for i, seq in enumerate(group):
+            seq.row, seq.filled = first + i, self.window_length(seq)
+        self.cached.extend(group)
+
+    def slide_full(self) -> None:
+        """Move the cached sequences with no slot left for their next token to the sliding windows."""
+        for seq in [s for s in self.cached if s.filled >= self.block]:
+            self.leave(seq)
+            self.windowed.append(seq)
+
+    def stepped(self) -> None:
+        """Count the slot every cached row has just written."""
+        for seq in self.cached:
+            seq.filled += 1
+
+    def record(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Give each sequence its next token; those that it finishes leave."""
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.tokens.append(token)
+            if seq.eos_id is not None and token == seq.eos_id:
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= seq.max_new_tokens:
+                seq.finish_reason = "length"
+            if seq.done:
+                self.leave(seq)
+
+    def leave(self, seq: Sequence) -> None:
+        """Take seq out of the batch (finished, or no longer wanted); its row goes to the last
+        row's sequence, whose cache row moves there (`move_row`)."""
+        if seq.row >= 0:
+            last = self.cached.pop()
+            if last is not seq:
+                self.move_row(last.row, seq.row, last.filled)  # the slots written so far, all the row holds
+                last.row = seq.row
+                self.cached[seq.row] = last
+            seq.row = -1
+        elif seq in self.windowed:
+            self.windowed.remove(seq)
+
+
+__all__ = ["PAD_SLACK", "PREFILL_MODES", "Scheduler", "Sequence"]
