@@ -115,8 +115,6 @@ def test_citations_read_files_folders_patterns_and_alternatives():
 # -- 2. no measured figure in the source ---------------------------------------------------------
 
 PENDING = {
-    # being split by issue 45 item 2
-    "src/attnlab/decode/batching.py",
 }
 """Files whose figures their new homes will shed; the test skips them until the move lands."""
 
