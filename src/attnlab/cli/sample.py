@@ -18,6 +18,7 @@ from attnlab.cli.arguments import (
     add_seed_argument,
     split_index,
 )
+from attnlab.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`attnlab kernels build` has built it; --fused builds it first if need be (~1 minute), "
         "--no-fused keeps PyTorch's path",
     )
+    _add_media_arguments(p)
+    add_device_argument(p)
+    add_json_argument(p, '{"samples": [...]}')
+    p.set_defaults(run=run)
+
+
+def _add_media_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of image and WaveNet runs, in their own group of the help."""
     media = p.add_argument_group("images and audio")
     media.add_argument("--out", type=Path, help="the picture (.png, image runs) or the sound (.wav, WaveNet runs)")
     media.add_argument("--class", dest="label", type=int, metavar="C", help="image runs: sample images of class C")
@@ -79,9 +88,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="WaveNet runs: rerun the receptive field for every sample instead of the per-layer cache (the reference)",
     )
-    add_device_argument(p)
-    add_json_argument(p, '{"samples": [...]}')
-    p.set_defaults(run=run)
 
 
 MEDIA_TASKS = ("image-density", "audio-density", "image-classification")
@@ -104,9 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab import load
     from attnlab.cli.kinds import require_kind
-    from attnlab.decode import encode_prompt, sampling_picker, stream_text
+    from attnlab.decode import encode_prompt, sampling_picker
     from attnlab.device import resolve_device
-    from attnlab.errors import UserError
     from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
 
     device = resolve_device(args.device)
@@ -124,14 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")
     if task != "language-model":
         require_kind(args.run_dir, run.config, "sample")
-    args.temperature = 0.8 if args.temperature is None else args.temperature
-    args.num_samples = args.num_samples or 1
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
-        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.compile and args.fused:
-        raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
+    _text_options(args)
     if model is None:
         loaded = load_causal_lm(args.run_dir)
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
@@ -142,6 +140,31 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
+    samples = _sample_texts(args, model, tokenizer, prompt_ids, pick)
+    if args.json:
+        from attnlab.cli import print_json
+
+        print_json({"prompt": args.prompt, "samples": samples})
+    return 0
+
+
+def _text_options(args: argparse.Namespace) -> None:
+    """Fill in the text defaults (temperature 0.8, one sample) and check the sampling options."""
+    args.temperature = 0.8 if args.temperature is None else args.temperature
+    args.num_samples = args.num_samples or 1
+    if args.temperature < 0:
+        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.compile and args.fused:
+        raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
+
+
+def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick) -> list[str]:
+    """Generate `args.num_samples` continuations of the prompt, printing them as they come (or
+    streaming their tokens with --stream) unless --json; returns those not streamed."""
+    from attnlab.decode import stream_text
+
     samples = []
     for i in range(args.num_samples):
         pieces = stream_text(
@@ -167,8 +190,4 @@ def run(args: argparse.Namespace) -> int:
                 print(args.prompt + text)
         if args.num_samples > 1 and not args.json and i < args.num_samples - 1:
             print("---------------")
-    if args.json:
-        from attnlab.cli import print_json
-
-        print_json({"prompt": args.prompt, "samples": samples})
-    return 0
+    return samples

@@ -107,12 +107,7 @@ def train(
     guard = StepGuard(tc.max_bad_steps, tc.spike_factor, console.log)  # skips non-finite steps, warns of spikes
     guard.load_state_dict(state)
     evaluate = Evaluator(run, model, console.log)
-    # A resumed run that has nothing left to train reports what it last measured.
-    results = last_evaluation(run.run_dir / "metrics.csv") if run.resume else {}
-    if step == 0 and tc.max_iters > 0:
-        results = evaluate(0)
-        metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
-        console.log(f"step 0: {describe(results)}")
+    results = _first_results(run, step, evaluate, metrics, console.log)
     fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log)
     model.train()
     clock = Clock(state.get("elapsed_sec", 0.0))
@@ -123,18 +118,13 @@ def train(
         lr, loss, stop_asked = one_step(step, stop)
         step += 1
         if schedule.logs_at(step):
-            clock.lap()
-            metrics.write(step=step, kind="train", train_loss=loss, lr=lr, skipped_steps=guard.skipped, **clock.row())
-            console.show(loss, lr, clock.tokens_per_sec)
+            _log_train_row(step, loss, lr, clock, guard, metrics, console)
         console.advance()
         saved = False
         if schedule.evaluates_at(step):
             results, saved = evaluations.at(step, lr)
         if stop_asked and step < tc.max_iters and not selection.patience_spent():  # (else the run ends anyway)
-            if not saved:
-                clock.settle(time.perf_counter())
-                checkpointer.save(step, clock.elapsed, guard, selection)
-            stopped_by = (stop.signal_name if stop is not None else None) or "a signal to another rank"
+            stopped_by = _stop_after(step, saved, stop, checkpointer, clock, guard, selection)
             break
     console.close()
     metrics.close()
@@ -151,6 +141,45 @@ def train(
         run.dtype,
         stopped_by,
     )
+
+
+def _first_results(
+    run: RunSetup, step: int, evaluate: "Evaluator", metrics: MetricsSinks, log: Callable[[str], None]
+) -> dict[str, float]:
+    """What the run reports before its first step: a new run evaluates its initial weights (the
+    step-0 eval row); a resumed run that has nothing left to train reports what it last measured."""
+    results = last_evaluation(run.run_dir / "metrics.csv") if run.resume else {}
+    if step == 0 and run.config.train.max_iters > 0:
+        results = evaluate(0)
+        metrics.write(step=0, kind="eval", elapsed_sec=0.0, **results)
+        log(f"step 0: {describe(results)}")
+    return results
+
+
+def _log_train_row(
+    step: int, loss: float, lr: float, clock: "Clock", guard: StepGuard, metrics: MetricsSinks, console: "Console"
+) -> None:
+    """A log step: close the clock's window, write the train row and show the loss on the bar."""
+    clock.lap()
+    metrics.write(step=step, kind="train", train_loss=loss, lr=lr, skipped_steps=guard.skipped, **clock.row())
+    console.show(loss, lr, clock.tokens_per_sec)
+
+
+def _stop_after(
+    step: int,
+    saved: bool,
+    stop: StopRequest | None,
+    checkpointer: Checkpointer,
+    clock: "Clock",
+    guard: StepGuard,
+    selection: Selection,
+) -> str:
+    """Stop the run after `step` on a signal: save a checkpoint unless this step's evaluation did
+    (`saved`); returns the signal's name, as TrainResult.stopped_by reports it."""
+    if not saved:
+        clock.settle(time.perf_counter())
+        checkpointer.save(step, clock.elapsed, guard, selection)
+    return (stop.signal_name if stop is not None else None) or "a signal to another rank"
 
 
 @dataclass(frozen=True)
