@@ -209,3 +209,31 @@ def test_a_kernel_step_is_seen_by_the_copies_kept_per_weight_version():
         after = layer(x)
     assert_float32_close(after, F.linear(x, layer.weight, layer.bias), reduction=256, depth=2)
     assert not torch.allclose(after, before, atol=1e-3)
+
+
+@pytest.mark.skipif(not MKLDNN, reason="oneDNN is not here")
+@pytest.mark.parametrize("make", ["adamw", "adam_l2"])
+def test_pytorchs_fused_step_is_seen_by_the_copies_kept_per_weight_version(make):
+    """PyTorch's fused Adam and AdamW (what the trainer takes where attnlab's kernels are not built)
+    update weights in place without moving their versions: the optimizers attnlab builds move them
+    after every step, or evaluation and beam search during training, through the reordered copies,
+    compute with the weights from before the step (a translation run scored BLEU 0 that way)."""
+    from attnlab.train.optim import adam_l2
+
+    torch.manual_seed(0)
+    layer = Linear(256, 256)
+    x = torch.randn(4, 256)  # a few rows in inference: the reordered route
+    with torch.no_grad():
+        before = layer(x)
+    settings = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)
+    if make == "adamw":
+        optimizer = adamw(nn.Sequential(layer), device=torch.device("cpu"), **settings)
+    else:
+        optimizer = adam_l2(nn.Sequential(layer), **settings)
+    assert optimizer.defaults.get("fused")  # the in-place route that does not move versions
+    layer(torch.randn(8, 256)).square().sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = layer(x)
+    assert_float32_close(after, F.linear(x, layer.weight, layer.bias), reduction=256, depth=2)
+    assert not torch.allclose(after, before, atol=1e-3)

@@ -3,11 +3,14 @@ its step."""
 
 from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from attnlab.accel import kernels
+
+T = TypeVar("T", bound=torch.optim.Optimizer)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -49,9 +52,22 @@ def adamw(
     if kernel:
         return ClippingAdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
     try:
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+        return versions_follow_steps(torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True))
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+def versions_follow_steps(optimizer: T) -> T:
+    """`optimizer`, whose every step also bumps its parameters' version counters. PyTorch's fused
+    Adam and AdamW update the weights in place without them, and what is kept per weight version
+    (the reordered copies of `attnlab.accel.projection`, which evaluation and beam search use
+    during training) would go on computing with the weights of before the step."""
+
+    def bump(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        torch.autograd.graph.increment_version([p for group in opt.param_groups for p in group["params"]])
+
+    optimizer.register_step_post_hook(bump)
+    return optimizer
 
 
 def adam_l2(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Adam:
@@ -66,7 +82,8 @@ def adam_l2(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_d
     with 5e-4 would shrink a weight by 2.5e-6 of itself per step, next to nothing.
     """
     try:
-        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        fused = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        return versions_follow_steps(fused)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
 
