@@ -114,8 +114,7 @@ def test_citations_read_files_folders_patterns_and_alternatives():
 
 # -- 2. no measured figure in the source ---------------------------------------------------------
 
-PENDING = {
-}
+PENDING: set[str] = set()
 """Files whose figures their new homes will shed; the test skips them until the move lands."""
 
 ALLOWED: dict[tuple[str, str], str] = {
