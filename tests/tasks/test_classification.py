@@ -92,6 +92,18 @@ def test_eval_dev_matches_classify_on_the_same_sentences(bert_run, capsys):
     assert metrics["accuracy"] == pytest.approx(expected)
 
 
+def test_a_blank_text_gets_an_empty_result_in_the_library_too(bert_run):
+    """`Classification.classify` (what `attnlab classify` calls): a blank text is `{}`, the others
+    what each gives alone, in order."""
+    run = load(bert_run)
+    task = Classification(run.config.data, run.config.model, bert_run, resume=True, splits=())
+    cpu = torch.device("cpu")
+    got = task.classify(run.model, ["a great movie", "  ", "awful"], cpu)
+    assert got[1] == {} and task.classify(run.model, [""], cpu) == [{}]
+    for text, result in zip(("a great movie", "awful"), (got[0], got[2]), strict=True):
+        assert result["label"] == task.classify(run.model, [text], cpu)[0]["label"]
+
+
 def test_classify_prints_label_and_probability_one_line_per_input(bert_run, capsys):
     labels = json.loads((bert_run / "labels.json").read_text())["labels"]
     code, out, err = cli(capsys, "classify", bert_run, "a great movie", "", "awful")

@@ -24,20 +24,10 @@ def run(args: argparse.Namespace) -> int:
 
     texts = read_text_arguments(args.text, args.input, "classify")
     run, task, device = open_task_run(args.run_dir, "text-classification", args.device, args.checkpoint)
-    results = _classify(task, run.model, texts, device)
+    results = task.classify(run.model, texts, device)
     if args.json:
         print_json({"results": [{"text": t, **r} for t, r in zip(texts, results, strict=True)]})
     else:
         for r in results:
             print(f"{r['label']}\t{r['probabilities'][r['label']]:.3f}" if r else "")
     return 0
-
-
-def _classify(task, model, texts: list[str], device) -> list[dict]:
-    """Empty lines get an empty result (an empty output line), not a guess."""
-    present = [i for i, t in enumerate(texts) if t.strip()]
-    found = task.classify(model, [texts[i] for i in present], device) if present else []
-    out: list[dict] = [{} for _ in texts]
-    for i, r in zip(present, found, strict=True):
-        out[i] = r
-    return out

@@ -24,12 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     texts = read_text_arguments(args.text, args.input, "tag")
     run, task, device = open_task_run(args.run_dir, "token-classification", args.device, args.checkpoint)
-    present = [i for i, t in enumerate(texts) if t.strip()]
-    tagged: list[list[tuple[str, str]]] = [[] for _ in texts]
-    for i, pairs in zip(
-        present, task.tag(run.model, [texts[i] for i in present], device) if present else [], strict=True
-    ):
-        tagged[i] = pairs
+    tagged = task.tag(run.model, texts, device)
     if args.json:
         print_json({"sentences": [[list(p) for p in pairs] for pairs in tagged]})
     else:

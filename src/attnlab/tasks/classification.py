@@ -18,7 +18,7 @@ import torch
 from attnlab.data.tsv import LabelledSentences, check_labels, read_labelled_tsv
 from attnlab.errors import UserError
 from attnlab.tasks.checks import check_splits, need_data_dir
-from attnlab.tasks.encoder import EncoderTask
+from attnlab.tasks.encoder import EncoderTask, per_nonblank
 
 SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 
@@ -140,8 +140,11 @@ class Classification(EncoderTask):
 
     @torch.no_grad()
     def classify(self, model: torch.nn.Module, texts: Sequence[str], device: torch.device) -> list[dict[str, Any]]:
-        """Each text's most likely label and the probability of every label."""
-        rows = [self.wrap(ids) for ids in self.tokenizer.encode_batch(list(texts))]
+        """Each text's most likely label and the probability of every label; `{}` for a blank text."""
+        return per_nonblank(texts, lambda present: self._classify(model, present, device), dict)
+
+    def _classify(self, model: torch.nn.Module, texts: list[str], device: torch.device) -> list[dict[str, Any]]:
+        rows = [self.wrap(ids) for ids in self.tokenizer.encode_batch(texts)]
         probs = torch.softmax(model(self.pad(rows).to(device)).float(), dim=-1).cpu()
         return [
             {"label": self.labels[int(p.argmax())], "probabilities": dict(zip(self.labels, p.tolist(), strict=True))}

@@ -333,3 +333,13 @@ def word_vectors(
     ids = torch.tensor([[tokenizer.cls_id, *pieces, tokenizer.sep_id]], device=device)
     hidden = model.encode(ids)[0].float().cpu()
     return hidden[[p + 1 for p in first]]
+
+
+def per_nonblank(texts: Sequence[str], compute: Callable[[list[str]], list], empty: Callable[[], Any]) -> list:
+    """`compute` over the texts that are not blank, put back in order, and `empty()` for each
+    blank one: a blank input line gets an empty result (an empty output line), not a guess."""
+    present = [i for i, t in enumerate(texts) if t.strip()]
+    out = [empty() for _ in texts]
+    for i, result in zip(present, compute([texts[i] for i in present]) if present else [], strict=True):
+        out[i] = result
+    return out

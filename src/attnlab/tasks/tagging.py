@@ -19,7 +19,7 @@ import torch
 from attnlab.data.conllu import TaggedSentence, read_conllu
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.errors import UserError
-from attnlab.tasks.encoder import EncoderTask
+from attnlab.tasks.encoder import EncoderTask, per_nonblank
 
 # The universal part-of-speech tags (universaldependencies.org/u/pos): the fixed label set for
 # "upos", so a tag that a small training file happens to lack can still be scored.
@@ -226,7 +226,10 @@ class Tagging(EncoderTask):
 
     def tag(self, model: torch.nn.Module, texts: Sequence[str], device: torch.device) -> list[list[tuple[str, str]]]:
         """(word, tag) pairs for each text, words split off as in UD English; "?" for a word cut off
-        by max_len."""
+        by max_len; no pairs for a blank text."""
+        return per_nonblank(texts, lambda present: self._tag(model, present, device), list)
+
+    def _tag(self, model: torch.nn.Module, texts: list[str], device: torch.device) -> list[list[tuple[str, str]]]:
         return [
             [(word, max(probs, key=probs.get) if probs else "?") for word, probs in sentence]
             for sentence in self.tag_probabilities(model, texts, device)
