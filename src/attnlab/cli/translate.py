@@ -1,7 +1,7 @@
 """attnlab translate RUN [TEXT ...] [--input FILE] [--beam N] [--fused | --no-fused] [--attention out.png]
 
 Calls `Translation.translate_ids` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`); --attention
-also `Translation.align` and `attnlab.viz.plot_alignment`."""
+also `attnlab.viz.attention.draw_alignment`."""
 
 import argparse
 import sys
@@ -64,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
         )
     outputs = task.translate_ids(run.model, sources, device, beam=args.beam, **_search_options(args))
     if args.attention is not None:
-        _save_alignment(task, run.model, sources[0], args.attention, device, args)
+        from attnlab.viz.attention import draw_alignment
+
+        path = draw_alignment(
+            task, run.model, sources[0], args.attention, device, beam=args.beam, **_search_options(args)
+        )
+        sys.stderr.write(f"alignment saved to {path}\n")
     if args.json:
         from attnlab.cli import print_json
 
@@ -78,15 +83,3 @@ def run(args: argparse.Namespace) -> int:
 def _search_options(args: argparse.Namespace) -> dict:
     """The beam search settings the command line sets, besides the beam size."""
     return dict(length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, fused=args.fused)
-
-
-def _save_alignment(task, model, source_ids, path: Path, device, args: argparse.Namespace) -> None:
-    """Heatmap of the decoder's cross-attention for the first sentence and the ids it was translated to."""
-    from attnlab.errors import UserError
-    from attnlab.viz.attention import plot_alignment
-
-    if not source_ids:
-        raise UserError("the first input line is empty: there is no alignment to draw")
-    found = task.align(model, source_ids, device, beam=args.beam, **_search_options(args))
-    plot_alignment(found.weights, found.source_tokens, found.target_tokens, path, title="decoder cross-attention")
-    sys.stderr.write(f"alignment saved to {path}\n")

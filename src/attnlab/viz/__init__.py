@@ -6,7 +6,7 @@ Needs the optional extra: `pip install 'attnlab[plot]'`. Importing this package 
 matplotlib; drawing does, and raises `attnlab.UserError` when it is missing.
 """
 
-from attnlab.viz.attention import display_token, plot_alignment, plot_attention, plot_heads
+from attnlab.viz.attention import display_token, draw_alignment, plot_alignment, plot_attention, plot_heads
 from attnlab.viz.curves import draw_run, plot_curves, plot_run, read_metric
 from attnlab.viz.html import attention_view, write_attention_html
 from attnlab.viz.images import sample_image_grid
@@ -20,6 +20,7 @@ __all__ = [
     "attention_view",
     "display_token",
     "draw_run",
+    "draw_alignment",
     "plot_alignment",
     "plot_attention",
     "plot_curves",

@@ -44,6 +44,19 @@ def display_token(token: str) -> str:
     return token.translate(_DISPLAY)
 
 
+def draw_alignment(task, model: torch.nn.Module, source_ids: Sequence[int], out: str | Path, device, **search) -> Path:
+    """`attnlab translate --attention PNG`: a translation task's decoder cross-attention over one
+    source sentence (its ids) while `model` translates it (`task.align`, with the beam `search`
+    settings), drawn as a heatmap in `out`."""
+    from attnlab.errors import UserError
+
+    if not source_ids:
+        raise UserError("the first input line is empty: there is no alignment to draw")
+    found = task.align(model, list(source_ids), device, **search)
+    plot_alignment(found.weights, found.source_tokens, found.target_tokens, out, title="decoder cross-attention")
+    return Path(out)
+
+
 def plot_alignment(
     weights: np.ndarray | torch.Tensor,
     source_tokens: Sequence[str],
