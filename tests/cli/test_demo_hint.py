@@ -5,6 +5,7 @@ in a shell that has not activated .venv), else `PYTHON -m attnlab`.
 Each case is a real folder laid out as a virtual environment's bin/ (a python, an `attnlab`
 script, `activate`), with this process's interpreter and PATH pointed at it."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def test_a_shell_that_has_not_activated_the_venv_gets_the_path(venv, monkeypatch
         lines[0] == "More: .venv/bin/attnlab sample runs/demo --prompt 'JULIET:'   |   .venv/bin/attnlab eval runs/demo"
     )
     assert lines[1].startswith("(Or `source .venv/bin/activate` once in a shell, then `attnlab ...`")
+
+
+def test_the_folder_a_kernel_build_put_on_path_is_not_the_shells(venv, monkeypatch, tmp_path):
+    """Building or loading the kernels puts the venv's bin folder in front of this process's PATH
+    (for ninja); after training, the demo must still say `.venv/bin/attnlab` to a shell without it."""
+    from attnlab.accel import extensions
+
+    monkeypatch.setenv("PATH", f"{venv}{os.pathsep}{tmp_path / 'elsewhere'}")
+    monkeypatch.setattr(extensions, "PATH_ADDED", str(venv))
+    assert attnlab_command() == ".venv/bin/attnlab"
+    monkeypatch.setattr(extensions, "PATH_ADDED", None)  # the user's own PATH had it
+    assert attnlab_command() == "attnlab"
 
 
 def test_an_activated_venv_gets_the_bare_command(venv, monkeypatch):

@@ -32,6 +32,10 @@ from attnlab.device import cpuinfo_lines
 
 MARCH_VARIABLE = "ATTNLAB_MARCH"
 
+PATH_ADDED: str | None = None
+"""The folder `build` put at the front of this process's PATH so that ninja is found (None: none).
+The user's shell lacks it: `attnlab demo` leaves it out when it says how to reach the command."""
+
 
 def default_march() -> str:
     """The instruction set builds target: `ATTNLAB_MARCH` where set, else this CPU's (`native`)."""
@@ -46,9 +50,11 @@ def build(name: str, source: Path, *, what: str, fallback: str, march: str | Non
 
     # The build runs `ninja`, which the `ninja` package installs beside this interpreter: on PATH
     # only in an activated environment.
+    global PATH_ADDED
     scripts = sysconfig.get_path("scripts")
     if scripts and scripts not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
+        PATH_ADDED = scripts
     march = march or default_march()
     flags = compiler_flags(march)
     folder = build_folder(name, source, march)

@@ -103,12 +103,19 @@ def attnlab_command() -> str:
     this Python (`.venv/bin/attnlab` after `make demo`, in a shell that has not activated .venv);
     else `PYTHON -m attnlab`."""
     here = shutil.which("attnlab", path=str(Path(sys.executable).parent))
-    on_path = shutil.which("attnlab")
+    on_path = shutil.which("attnlab", path=_shell_path())
     if on_path is not None and (here is None or os.path.samefile(on_path, here)):
         return "attnlab"
     if here is not None:
         return shlex.quote(_short(Path(here)))
     return f"{shlex.quote(_short(Path(sys.executable)))} -m attnlab"
+
+
+def _shell_path() -> str:
+    """This process's PATH as the user's shell has it: without the folder a kernel build put in
+    front for ninja (`attnlab.accel.extensions.PATH_ADDED`), which the shell never sees."""
+    added = getattr(sys.modules.get("attnlab.accel.extensions"), "PATH_ADDED", None)
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != added)
 
 
 def _short(path: Path) -> str:
