@@ -169,21 +169,26 @@ def _block_setup(block: nn.Module, x: torch.Tensor, causal: bool) -> tuple[tuple
     where the block is not one the kernel runs: a pre-norm `TransformerBlock` with full
     self-attention, positions only at the input, and no mask but the causal one, no dropout in
     training, fp32 CPU parameters (and not applied in several layers: the caller's to say)."""
-    attn, norm1 = block.attn, block.norm1
-    if (
-        not block.pre_norm
-        or not covers_block(block)
-        or x.dim() != 3
-        or attn.head_dim not in HEAD_DIMS
-        or block.ffn.activation not in ACTIVATION_CODES
-        or (block.training and (attn.dropout > 0 or block.dropout.p > 0 or block.ffn.dropout.p > 0))
-        or norm1.eps != block.norm2.eps
-    ):
+    if x.dim() != 3 or not takes_block(block, block.training):
         return None
     params = _params(block)
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params if p is not _NO_BIAS):
         return None
-    return (attn.n_heads, causal, block.ffn.activation, norm1.eps), params
+    return (block.attn.n_heads, causal, block.ffn.activation, block.norm1.eps), params
+
+
+def takes_block(block: nn.Module, training: bool) -> bool:
+    """What of `_block_setup`'s conditions the block's modules decide: pre-norm, covered parts, a
+    head size and activation compiled for, no dropout when `training`, one LayerNorm epsilon."""
+    attn = block.attn
+    return (
+        block.pre_norm
+        and covers_block(block)
+        and attn.head_dim in HEAD_DIMS
+        and block.ffn.activation in ACTIVATION_CODES
+        and not (training and (attn.dropout > 0 or block.dropout.p > 0 or block.ffn.dropout.p > 0))
+        and block.norm1.eps == block.norm2.eps
+    )
 
 
 def _runner(owner: nn.Module, key: tuple, make: Callable[[], object]) -> _Runner:
@@ -282,19 +287,11 @@ def computed_parts(model: nn.Module) -> list[str]:
     WaveNet, a GCN). A mask given at run time (padding) still sends attention to PyTorch's path."""
     shared = shared_blocks(model)
 
-    def fused(block: TransformerBlock) -> bool:  # `_block_setup`'s conditions that the modules decide
-        attn = block.attn
-        return (
-            block.pre_norm
-            and covers_block(block)
-            and id(block) not in shared
-            and attn.head_dim in HEAD_DIMS
-            and block.ffn.activation in ACTIVATION_CODES
-            and attn.dropout == 0 == block.dropout.p == block.ffn.dropout.p
-            and block.norm1.eps == block.norm2.eps
-        )
-
-    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock) and fused(m)]
+    blocks = [
+        m
+        for m in model.modules()
+        if isinstance(m, TransformerBlock) and id(m) not in shared and takes_block(m, training=True)
+    ]
     inside = {id(m) for block in blocks for m in block.modules()}
     rest = [m for m in model.modules() if id(m) not in inside]
     attention = any(
