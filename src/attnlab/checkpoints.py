@@ -79,6 +79,25 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def weights_sha256(source: Path) -> str:
+    """One SHA-256 for the weights a fine-tuning run starts from (its base), to record and to check
+    on resume: of the file itself, or for a folder (a Hugging Face checkpoint or an attnlab run) of
+    the sorted names and hashes of the weight files at its top level, so that any changed,
+    added or removed weight file changes it. Optimizer state (`train_state.pt`) is not weights."""
+    if source.is_file():
+        return file_sha256(source)
+    files = sorted(p for p in source.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.name != "train_state.pt")
+    if not files:
+        raise FileNotFoundError(f"{source}: no weight files (*.safetensors, *.bin) in it")
+    h = hashlib.sha256()
+    for path in files:
+        h.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    return h.hexdigest()
+
+
 def step_dir(run_dir: Path, step: int) -> Path:
     """checkpoints/step-000120: the folder of the checkpoint saved after `step` optimizer steps."""
     return run_dir / CHECKPOINTS / f"step-{step:06d}"
