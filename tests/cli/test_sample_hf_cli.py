@@ -7,56 +7,14 @@ import json
 import pytest
 import torch
 
-from attnlab.data.text import bundled_shakespeare
 from attnlab.models.hf import load_causal_lm
 from helpers import assert_user_error, cli
+from hf_folders import BOS, EOS, causal_lm_folder
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-BOS, EOS = 0, 1
 PROMPT = "ROMEO: What"
-
-
-def write_tokenizer(folder) -> "tokenizers.Tokenizer":
-    """A tiny byte-level BPE with Llama's special tokens and Llama's post-processor: "<s>" before
-    every text (Llama 3's tokenizer.json has the same shape, with other names)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([bundled_shakespeare()[:5000]], trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
-    tok.save(str(folder / "tokenizer.json"))
-    return tok
-
-
-def hf_model(family: str, vocab_size: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    common = dict(vocab_size=vocab_size, bos_token_id=BOS, eos_token_id=EOS)
-    if family == "gpt2":
-        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
-        return transformers.GPT2LMHeadModel(config).eval()
-    llama = dict(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **common,
-    )
-    if family == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama)).eval()
-    config = transformers.MixtralConfig(num_local_experts=3, num_experts_per_tok=2, **llama)
-    return transformers.MixtralForCausalLM(config).eval()
 
 
 @torch.no_grad()
@@ -74,9 +32,7 @@ def hf_greedy(model: torch.nn.Module, tok, prompt: str, n: int) -> str:
 
 @pytest.fixture
 def folder(tmp_path, request):
-    tok = write_tokenizer(tmp_path)
-    model = hf_model(request.param, tok.get_vocab_size())
-    model.save_pretrained(tmp_path)
+    tok, model = causal_lm_folder(tmp_path, request.param)
     return tmp_path, tok, model
 
 
