@@ -129,3 +129,24 @@ def with_model_fields(doc: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(f"model.{old} is the old name of model.{new}: give one of the two")
             renamed[new] = renamed.pop(old)
     return {**doc, "model": renamed}
+
+
+def check_section_keys(doc: dict[str, Any]) -> None:
+    """Raise ConfigError for a key of a section (`model`, `data`, `train`, `log`) that no task or
+    model kind accepts, by today's or an old name: `{"model": {"n_layr": 2}}` -> "unknown config
+    key model.n_layr (did you mean 'n_layers'?)". Made before PyTorch is imported, from the table
+    `attnlab.config_keys` that scripts/config_keys.py writes; a key that some other family has is
+    left to the dataclasses, which name what this run's family accepts."""
+    from attnlab.config_keys import SECTION_KEYS
+
+    for section, known in SECTION_KEYS.items():
+        table = doc.get(section)
+        if not isinstance(table, dict):
+            continue
+        accepted = known | set(OLD_FIELDS) if section == "model" else known
+        for key in table:
+            if key not in accepted:
+                raise ConfigError(
+                    f"unknown config key {section}.{key}{close_matches(key, known)}; "
+                    f"no task's [{section}] has it (`attnlab train --help` lists the tasks)"
+                )

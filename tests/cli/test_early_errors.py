@@ -31,11 +31,15 @@ def attnlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (("train", "demo", "--set", "max_iters=5"), "--set max_iters=5: unknown config key 'max_iters'"),
         (("demo", "--set", "modle.n_layers=2"), "unknown config key 'modle' (did you mean 'model'?)"),
         (("train", "demo", "--set", "task=imagess"), "--set task=imagess: unknown task 'imagess'"),
+        (("train", "demo", "--set", "model.n_layr=2"), "unknown config key model.n_layr (did you mean 'n_layers'?)"),
+        (("demo", "--set", "train.max_iter=2"), "unknown config key train.max_iter (did you mean 'max_iters'"),
+        (("train", "typo.toml"), "unknown config key data.vocab_sise (did you mean 'vocab_size'"),
         (("sample", "no-such-run", "--prompt", "ROMEO:"), "run folder no-such-run does not exist"),
         (("eval", "no-such-run"), "run folder no-such-run does not exist"),
     ],
 )
 def test_argument_mistakes_are_refused_before_torch_is_imported(args, fragment, tmp_path):
+    (tmp_path / "typo.toml").write_text('task = "language-model"\n[data]\nvocab_sise = 300\n')
     done = attnlab(*args, cwd=tmp_path)  # where no-such-run and missing.toml are missing
     assert done.returncode == 2, done.stderr
     assert done.stdout.strip() == "torch not imported"
@@ -45,9 +49,18 @@ def test_argument_mistakes_are_refused_before_torch_is_imported(args, fragment, 
 
 
 def test_a_mistake_found_after_the_imports_still_says_so(tmp_path):
-    """The control: a mistyped key within a known section is found once the config dataclasses are
-    imported (with PyTorch), so the harness above can tell the two apart."""
-    done = attnlab("train", "demo", "--set", "model.n_layr=2", cwd=tmp_path)
+    """The control: a key that another family has (a ViT's patch size) but a GPT has not is found
+    once the config dataclasses are imported (with PyTorch), which name what a GPT accepts; so the
+    harness above can tell the two apart."""
+    done = attnlab("train", "demo", "--set", "model.patch_size=4", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stdout.strip() == "torch imported"
-    assert "unknown config key model.n_layr (did you mean 'n_layers'?)" in done.stderr
+    assert "unknown config key model.patch_size" in done.stderr and "[model] accepts" in done.stderr
+
+
+def test_the_table_of_section_keys_is_current():
+    """src/attnlab/config_keys.py is what scripts/config_keys.py writes from today's config
+    dataclasses: a field added to a config without rerunning the script fails here."""
+    script = Path(__file__).parents[2] / "scripts" / "config_keys.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -116,12 +116,13 @@ def check_overrides(overrides: list[str]) -> None:
     has (today's or an old one), checked before PyTorch is imported; the other keys and values are
     checked against the config dataclasses when the subcommand resolves the config."""
     from attnlab.config import check_run_keys, parse_overrides
-    from attnlab.names import task_name
+    from attnlab.names import check_section_keys, task_name
 
     for item in overrides:
         doc = parse_overrides([item])
         try:
             check_run_keys(doc)
+            check_section_keys(doc)
         except ConfigError as e:
             raise ConfigError(f"--set {item}: {e} (a key is SECTION.NAME, e.g. train.max_iters=500)") from None
         if "task" in doc:

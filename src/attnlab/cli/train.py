@@ -78,10 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """Before PyTorch is imported: the preset or file exists and is TOML with a run's top-level
-    keys, and each --set is key=value under one of its sections."""
+    keys, each of its sections' keys and each --set key is one that some task accepts."""
     from attnlab.config import check_run_keys, load_preset_or_file
+    from attnlab.names import check_section_keys
 
-    check_run_keys(load_preset_or_file(args.config)[1])
+    doc = load_preset_or_file(args.config)[1]
+    check_run_keys(doc)
+    check_section_keys(doc)
     check_overrides(args.overrides)
 
 
