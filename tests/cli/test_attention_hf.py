@@ -46,7 +46,9 @@ def test_attention_maps_of_a_causal_folder_equal_transformers(causal):
     # Labels read as the text: "<s>" then the pieces, spaces as spaces (not "Ġ"); the two bytes of
     # "é", each a piece of this small vocabulary, as bytes (not "Ã" and "©").
     assert maps.query_tokens[0] == "<s>" and "".join(maps.query_tokens[1:]) == TEXT.replace("é", "<0xC3><0xA9>")
-    assert any(t.startswith(" ") for t in maps.query_tokens) and not any("Ġ" in t or "Ã" in t for t in maps.query_tokens)
+    assert any(t.startswith(" ") for t in maps.query_tokens) and not any(
+        "Ġ" in t or "Ã" in t for t in maps.query_tokens
+    )
 
 
 def test_attention_maps_of_a_bert_folder_equal_transformers(bert):
@@ -103,3 +105,14 @@ def test_folder_errors(causal, tmp_path, capsys):
     assert_user_error(cli(capsys, "attention", causal, "--text", "a" * 300), "at most 64")
     (tmp_path / "config.json").write_text('{"model_type": "t5"}', encoding="utf-8")
     assert_user_error(cli(capsys, "attention", tmp_path, "--text", "a"), "model_type is 't5'")
+
+
+@pytest.mark.parametrize(
+    "command", [["translate", "Ein Hund"], ["classify", "good"], ["tag", "a dog"], ["plot"], ["report"], ["export"]]
+)
+def test_the_commands_for_runs_only_refuse_a_folder_naming_those_that_take_one(causal, tmp_path, capsys, command):
+    name, *rest = command
+    extra = [tmp_path / "out", "--to", "hf"] if name == "export" else []
+    result = cli(capsys, name, causal, *extra, *rest)
+    assert_user_error(result, "is a Hugging Face checkpoint folder", f"attnlab {name} reads run folders")
+    assert_user_error(result, "attnlab sample, attnlab eval, attnlab attention, attnlab embed, attnlab serve")
