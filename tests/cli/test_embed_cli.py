@@ -86,8 +86,8 @@ def test_embed_from_a_hugging_face_folder_matches_transformers(hf_folder, capsys
     hf = transformers.BertModel.from_pretrained(hf_folder).eval()
     for text, got in zip(texts, result["vectors"], strict=True):
         ids = torch.tensor([[tok.cls_id, *tok.encode(text), tok.sep_id]])
-        with torch.no_grad():
-            expected = hf(input_ids=ids).last_hidden_state[0, 1:-1].mean(0)
+        with torch.no_grad():  # sentence-transformers' mean: every token, [CLS] and [SEP] included
+            expected = hf(input_ids=ids).last_hidden_state[0].mean(0)
         torch.testing.assert_close(torch.tensor(got), expected, atol=1e-4, rtol=1e-4)
 
 

@@ -48,9 +48,9 @@ def test_models_lists_every_run_with_its_task_and_endpoints(client):
     assert list(cards) == ["lm", "mt", "sst", "sst-lstm", "pos", "mlm"]
     assert cards["lm"]["endpoints"] == ["/v1/completions", "/v1/attention"]
     assert cards["mt"]["endpoints"] == ["/v1/translations", "/v1/attention"]
-    assert cards["pos"]["endpoints"] == ["/v1/tags", "/v1/attention"]
+    assert cards["pos"]["endpoints"] == ["/v1/tags", "/v1/embeddings", "/v1/attention"]  # a BERT encoder embeds
     assert cards["sst-lstm"]["endpoints"] == ["/v1/classifications"]  # a BiLSTM has no attention
-    assert cards["mlm"]["endpoints"] == ["/v1/attention"]
+    assert cards["mlm"]["endpoints"] == ["/v1/embeddings", "/v1/attention"]
     assert {m["task"] for m in cards.values()} == {
         "language-model",
         "translation",
@@ -73,6 +73,7 @@ def test_the_openapi_page_documents_every_endpoint(client):
         "/v1/translations",
         "/v1/classifications",
         "/v1/tags",
+        "/v1/embeddings",
         "/v1/attention",
     }
     fields = spec["components"]["schemas"]["CompletionRequest"]["properties"]

@@ -18,6 +18,7 @@ from attnlab.serve.server import BackgroundServer
 from serve.conftest import LIMITS, lm_worker
 
 C, T, K, A, G = "/v1/completions", "/v1/translations", "/v1/classifications", "/v1/tags", "/v1/attention"
+E = "/v1/embeddings"
 
 # (path, body (JSON, or raw bytes), param, a fragment of the message); every one answers 400.
 BAD = [
@@ -63,7 +64,12 @@ BAD = [
     (G, {"model": "lm", "input": "ROMEO", "kind": "cross"}, None, "self-attention only"),
     (G, {"model": "lm", "input": "ROMEO", "kind": "diagonal"}, "kind", "'self' or 'cross'"),
     (G, {"model": "sst-lstm", "input": "fine"}, "model", "POST /v1/classifications"),
-    (C, {"model": "mlm"}, "model", "a masked language model: it answers POST /v1/attention, not POST /v1/completions"),
+    (
+        C,
+        {"model": "mlm"},
+        "model",
+        "a masked language model: it answers POST /v1/embeddings and POST /v1/attention, not POST /v1/completions",
+    ),
 ]
 
 
@@ -206,7 +212,7 @@ def test_other_endpoints_are_bounded_per_model(runs):
 # -- fuzz -------------------------------------------------------------------------------------------
 
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "input"]
-FIELDS += ["beam", "kind", "stream_options", "include_usage", "echo", "", "モデル"]
+FIELDS += ["beam", "kind", "stream_options", "include_usage", "echo", "", "モデル", "encoding_format", "dimensions"]
 
 
 def random_value(rng: random.Random, depth: int = 0):
@@ -239,7 +245,11 @@ PLAUSIBLE = {
     "beam": [1, 2, 4, 9, None],
     "kind": ["self", "cross", None],
     "stream_options": [{"include_usage": True}, None, {}],
+    "encoding_format": ["float", "base64", "hex", None],
+    "dimensions": [32, 1, None],
 }
+# The embeddings' token-id inputs, good and bad.
+PLAUSIBLE["input"] += [[5, 6, 7], [[5], [6, 7]], [[]], [-1], [True]]
 
 
 # Half the bodies keep to the fields and the model of their endpoint, so that many pass validation
@@ -250,6 +260,7 @@ OWN = {
     K: ("sst", ["input"]),
     A: ("pos", ["input"]),
     G: ("lm", ["input", "kind", "beam"]),
+    E: ("mlm", ["input", "encoding_format", "dimensions"]),
 }
 
 
@@ -271,7 +282,7 @@ def test_random_bodies_never_break_the_server(runs):
     """200 random JSON bodies to every endpoint of a live server: answers are 200, or a JSON error
     with a 4xx status, never a 500; the server answers normally afterwards."""
     rng = random.Random(2024)
-    paths = [C, T, K, A, G, "/v1/models"]
+    paths = [C, T, K, A, G, E, "/v1/models"]
     statuses = set()
     limits = dataclasses.replace(LIMITS, max_tokens=16)  # any accepted completion is short
     with BackgroundServer(create_app(runs, limits=limits)) as server, httpx.Client(base_url=server.url) as http:

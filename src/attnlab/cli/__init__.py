@@ -106,6 +106,10 @@ def check_before_imports(args: argparse.Namespace) -> None:
     run_dir = getattr(args, "run_dir", None)
     if run_dir is not None and not Path(run_dir).exists():
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
+    if run_dir is not None:
+        from attnlab.cli.kinds import refuse_hf_folder
+
+        refuse_hf_folder(run_dir, args.command)
     check = getattr(args, "check", None)
     if check is not None:
         check(args)

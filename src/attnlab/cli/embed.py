@@ -1,6 +1,7 @@
 """attnlab embed RUN_OR_FOLDER TEXT ... [--json]
 
-Calls `attnlab.tasks.encoder.embed_texts` on the encoder of `attnlab.tasks.encoder.load_encoder`."""
+Calls `SentenceEncoder.embed_texts` on `attnlab.tasks.embeddings.load_sentence_encoder`: the vectors of
+`POST /v1/embeddings`, sentence-transformers' for a sentence-transformers folder."""
 
 import argparse
 from pathlib import Path
@@ -12,8 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "embed",
         help="contextual sentence vectors from a BERT encoder",
-        description="Mean of the encoder's last hidden states over each sentence's tokens. RUN_OR_FOLDER is an "
-        "attnlab run with a BERT encoder (pre-training or fine-tuning) or a Hugging Face BERT folder.",
+        description="Mean of the encoder's last hidden states over each sentence's tokens, [CLS] and [SEP] "
+        "included, as sentence-transformers computes it; a sentence-transformers folder's own pooling and "
+        "normalisation (modules.json) where it has them. RUN_OR_FOLDER is an attnlab run with a BERT encoder "
+        "(pre-training or fine-tuning) or a Hugging Face BERT folder.",
     )
     p.add_argument("source", metavar="RUN_OR_FOLDER", help="attnlab run folder or Hugging Face BERT folder")
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to embed")
@@ -29,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.tasks.encoder import embed_texts, load_encoder
+    from attnlab.tasks.embeddings import load_sentence_encoder
     from attnlab.train.config import read_config
 
     texts = read_text_arguments(args.text, args.input, "embed")
@@ -38,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if (Path(args.source) / CONFIG).is_file():  # an attnlab run: is it one with a BERT encoder?
         require_kind(args.source, read_config(Path(args.source)), "embed")
     device = resolve_device(args.device)
-    model, tokenizer = load_encoder(args.source, device)
-    vectors = embed_texts(model, tokenizer, texts, device)
+    vectors = load_sentence_encoder(args.source, device).embed_texts(texts)
     if args.json:
         print_json({"dim": vectors.size(1), "vectors": [[round(x, 6) for x in v.tolist()] for v in vectors]})
     else:

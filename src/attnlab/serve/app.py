@@ -2,7 +2,7 @@
 
 Routes: `GET /` (the page) and `/static/*` (its files, served from this package: the page loads
 nothing from the network), `GET /healthz`, and the API under `/v1` (see /docs): `GET /v1/models`,
-`POST /v1/completions` (OpenAI-compatible), `/v1/translations`, `/v1/classifications`,
+`POST /v1/completions` and `/v1/embeddings` (OpenAI-compatible), `/v1/translations`, `/v1/classifications`,
 `/v1/tags`, `/v1/attention`.
 
 With an API key, every request under `/v1` needs `Authorization: Bearer KEY` (401 otherwise). The
@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from attnlab import __version__
 from attnlab.errors import UserError
-from attnlab.serve import completions
+from attnlab.serve import completions, embeddings
 from attnlab.serve.errors import APIError, error_response, install_error_handlers
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ATTENTION, ServedModel, served_models
@@ -34,6 +34,8 @@ from attnlab.serve.schemas import (
     ClassificationResponse,
     Completion,
     CompletionRequest,
+    EmbeddingRequest,
+    EmbeddingResponse,
     ModelCard,
     ModelList,
     TaggedWord,
@@ -125,6 +127,7 @@ def api_router() -> APIRouter:
     router.add_api_route("/translations", translate, methods=["POST"], response_model=TranslationResponse)
     router.add_api_route("/classifications", classify, methods=["POST"], response_model=ClassificationResponse)
     router.add_api_route("/tags", tag, methods=["POST"], response_model=TaggingResponse)
+    router.add_api_route("/embeddings", embed, methods=["POST"], response_model=EmbeddingResponse)
     router.add_api_route(ATTENTION.removeprefix("/v1"), attention, methods=["POST"], response_model=AttentionResponse)
     return router
 
@@ -212,6 +215,14 @@ async def tag(body: TextsRequest, request: Request) -> TaggingResponse:
         for i, (t, words) in enumerate(zip(texts, found, strict=True))
     ]
     return TaggingResponse(model=model.name, data=data)
+
+
+async def embed(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+    """One vector per text from a BERT encoder (OpenAI's embeddings API)."""
+    model, limits = find(request, body.model, embeddings.ENDPOINT), server_limits(request)
+    rows = embeddings.token_rows(model, body, limits)
+    vectors = await model.call(limits.max_queue, model.embedder.embed, rows)
+    return embeddings.response(model, body, rows, vectors)
 
 
 async def attention(body: AttentionRequest, request: Request) -> JSONResponse:

@@ -1,8 +1,9 @@
 """The models a server holds: run folders loaded by name, and what each one can answer.
 
 The run's task decides its endpoints (`ENDPOINTS`): a language model completes text, a translation
-model translates, an encoder classifies or tags; every text model with attention shows it. A
-request that names a model with the wrong endpoint gets a 400 naming the endpoints it has.
+model translates, an encoder classifies or tags; every text model with attention shows it, every
+BERT encoder embeds (`/v1/embeddings`), a Hugging Face BERT folder too. A request that names a
+model with the wrong endpoint gets a 400 naming the endpoints it has.
 """
 
 import re
@@ -22,7 +23,8 @@ ENDPOINTS = {
     "translation": "/v1/translations",
     "text-classification": "/v1/classifications",
     "token-classification": "/v1/tags",
-    "masked-lm": None,  # a masked language model only shows its attention
+    "masked-lm": None,  # a masked language model embeds and shows its attention
+    "sentence-embedding": None,  # a Hugging Face BERT folder: the same
 }
 ATTENTION = "/v1/attention"
 KINDS = {
@@ -31,6 +33,7 @@ KINDS = {
     "text-classification": "classifier",
     "token-classification": "tagger",
     "masked-lm": "masked language model",
+    "sentence-embedding": "sentence encoder",
 }
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -55,7 +58,7 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
         name, path = parse_model_spec(spec)
         if name in runs:
             raise UserError(f"two models are named {name!r}; tell them apart with NAME=PATH")
-        run = load(path, device=device, checkpoint=checkpoint)
+        run = load_bert_folder(path, device) or load(path, device=device, checkpoint=checkpoint)
         if run.config.task not in ENDPOINTS:
             raise UserError(
                 f"{path} is a {run.config.task!r} run; attnlab serve serves runs of the text tasks "
@@ -65,6 +68,53 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
     return runs
 
 
+@dataclass(frozen=True)
+class FolderConfig:
+    """What the server reads of a run's config, for a model that is not a run: its task."""
+
+    task: str
+
+
+@dataclass
+class BertFolder:
+    """A Hugging Face BERT folder as the server holds it: the encoder and its sentence-transformers
+    pooling (`attnlab.tasks.embeddings`), in the place of a run."""
+
+    path: Path
+    encoder: Any  # SentenceEncoder
+    config: FolderConfig = FolderConfig("sentence-embedding")
+
+    @property
+    def model(self):
+        return self.encoder.model
+
+    @property
+    def tokenizer(self):
+        return self.encoder.tokenizer
+
+
+def load_bert_folder(path: Path, device: str) -> BertFolder | None:
+    """The BERT folder at `path` loaded for its sentence vectors, or None when `path` is not a
+    Hugging Face BERT folder (config.json's model_type "bert")."""
+    import json
+
+    from attnlab.models.hf import is_hf_folder
+
+    if not is_hf_folder(path):
+        return None
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # the folder's own loader says what is wrong with it
+    if model_type != "bert":
+        return None
+    import torch
+
+    from attnlab.tasks.embeddings import load_sentence_encoder
+
+    return BertFolder(Path(path), load_sentence_encoder(path, torch.device(device)))
+
+
 @dataclass
 class ServedModel:
     """One loaded run (`attnlab.load`) and what the server keeps beside it.
@@ -72,12 +122,14 @@ class ServedModel:
     helper: the run's task object (`attnlab.tasks.open_task`) for translation, classification and
         tagging, which know how to apply the model to text; None for the others.
     worker: the decoding thread of a language model (continuous batching); None for the others.
+    embedder: the `SentenceEncoder` of a BERT encoder (`/v1/embeddings`); None for the others.
     """
 
     name: str
     run: Any
     helper: Any = None
     worker: Any = None
+    embedder: Any = None
     created: int = 0
     # Model calls other than decoding run one at a time per model, in a thread of the pool; the
     # count of those running or waiting is bounded like the worker's queue.
@@ -97,6 +149,7 @@ class ServedModel:
         from attnlab.viz.maps import has_attention
 
         own = [ENDPOINTS[self.task]] if ENDPOINTS[self.task] else []
+        own += ["/v1/embeddings"] if self.embedder is not None else []
         return own + ([ATTENTION] if has_attention(self.run.model) else [])
 
     @property
@@ -108,6 +161,8 @@ class ServedModel:
             return self.helper.data_config.max_len
         if self.helper is not None:  # classification, tagging: [CLS] text [SEP]
             return self.helper.max_len - 2
+        if self.embedder is not None:
+            return self.embedder.max_tokens
         config = self.run.model.config
         return config.max_len - 2 if hasattr(config, "max_len") else None
 
@@ -115,11 +170,10 @@ class ServedModel:
         """A 400 naming the endpoints this model has, unless it has `endpoint`."""
         if endpoint not in self.endpoints:
             has = " and ".join(f"POST {e}" for e in self.endpoints) or "nothing"
-            raise APIError(
-                400,
-                f"model {self.name!r} is a {KINDS[self.task]}: it answers {has}, not POST {endpoint}",
-                param="model",
-            )
+            why = f"model {self.name!r} is a {KINDS[self.task]}: it answers {has}, not POST {endpoint}"
+            if endpoint == "/v1/embeddings":
+                why += " (sentence vectors come from a BERT encoder: a Hugging Face BERT folder or an encoder run)"
+            raise APIError(400, why, param="model")
 
     async def call(self, bound: int, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in a thread of the pool, one call of this model at a time; a 429 when `bound`
@@ -139,16 +193,17 @@ class ServedModel:
 
 def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> dict[str, ServedModel]:
     """Each run with its task helper, or its decoding worker (not started) for a language model."""
+    from attnlab.serve.embeddings import sentence_encoder
     from attnlab.tasks import open_task
 
     served = {}
     for name, run in runs.items():
-        model = ServedModel(name, run, created=_created(run.path))
+        model = ServedModel(name, run, created=_created(run.path), embedder=sentence_encoder(run))
         if model.task == "language-model":
             from attnlab.serve.worker import ModelWorker
 
             model.worker = ModelWorker(run.model, run.tokenizer, **worker_options)
-        elif model.task != "masked-lm":
+        elif model.task not in ("masked-lm", "sentence-embedding"):
             model.helper = open_task(run)
         served[name] = model
     return served

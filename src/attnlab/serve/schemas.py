@@ -210,3 +210,43 @@ class AttentionResponse(BaseModel):
     layers: list[list[list[list[float]]]]
     decimals: int
     colours: list[str]
+
+
+# -- embeddings ----------------------------------------------------------------------------------
+
+TokenId = Annotated[int, Field(strict=True, ge=0)]  # strict: JSON true is not the token 1
+
+
+class EmbeddingRequest(Request):
+    """OpenAI's embedding request. A text may be given as its token ids (the model's WordPiece ids,
+    [CLS] and [SEP] left for the server to add)."""
+
+    input: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[list[TokenId]], Field(min_length=1)]  # an empty row: a 400 naming it, after validation
+    ) = Field(description="a text, a list of texts, one text's token ids, or a list of those")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        "float", description="float: lists of numbers; base64: each vector's float32 little-endian bytes"
+    )
+    dimensions: int | None = Field(None, ge=1, description="accepted when it is the model's own width")
+    user: str | None = Field(None, description="accepted for compatibility, not used")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = Field(description="tokens the encoder read, [CLS] and [SEP] included")
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

@@ -1,4 +1,5 @@
-"""The attention weights of a trained run for one text, ready to draw: every layer, every head.
+"""The attention weights of a trained run, or of a Hugging Face checkpoint, for one text, ready to
+draw: every layer, every head.
 
 Shape legend: L layers, H heads, Tq query tokens (rows), Tk key tokens (columns).
 
@@ -15,6 +16,7 @@ References: Bahdanau et al. (2015), Figure 3; Vaswani et al. (2017), Figures 3-5
 Multiscale Visualization of Attention in the Transformer Model" (2019), the layer/head view.
 """
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,7 +85,9 @@ def has_attention(model: torch.nn.Module) -> bool:
 
 
 def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) -> AttentionMaps:
-    """The attention weights of `run` (what `attnlab.load` returns) for `text`.
+    """The attention weights of `run` for `text`: what `attnlab.load` returns, or a Hugging Face
+    checkpoint as `attnlab.models.hf.load_causal_lm` or `load_bert` return it (anything with a
+    `.model` and its `.tokenizer`).
 
     kind: None for the family's natural picture (see the module docstring), "self" or "cross".
     beam: beam size of the translation whose cross-attention is shown (translation runs; 1 = greedy).
@@ -98,15 +102,15 @@ def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) ->
         raise UserError(f"unknown attention kind {kind!r}; choose one of {', '.join(KINDS)}")
     if not text.strip():
         raise UserError("the text is empty: there is no attention to show; pass --text TEXT")
-    if getattr(run.config.model, "attention", "full") == "linformer" and kind != "cross":
+    if getattr(_model_config(run), "attention", "full") == "linformer" and kind != "cross":
         raise UserError(
-            f"{run.path} uses Linformer attention: each query attends to k projections of all the tokens, "
+            f"{_name(run)} uses Linformer attention: each query attends to k projections of all the tokens, "
             "not to tokens, so there is no token-to-token map to draw"
         )
     model = run.model
     if isinstance(model, GPT | Bert):
         if kind == "cross":
-            raise UserError(f"a {run.config.task!r} run has self-attention only; drop --kind cross")
+            raise UserError(f"{_what(run)} has self-attention only; drop --kind cross")
         return _gpt_maps(run, text) if isinstance(model, GPT) else _bert_maps(run, text)
     if has_attention(model):  # a translation model
         if kind == "self" and not isinstance(model, Seq2SeqTransformer):
@@ -118,12 +122,80 @@ def attention_maps(run, text: str, *, kind: str | None = None, beam: int = 5) ->
     )
 
 
+def _model_config(run):
+    """The model's configuration: a run's `config.model`, else the model's own `config`."""
+    config = getattr(run, "config", None)
+    return getattr(config, "model", None) or getattr(run.model, "config", None)
+
+
+def _name(run) -> str:
+    """The run folder, for messages; "this model" for what a Hugging Face loader returned."""
+    return str(getattr(run, "path", "this model"))
+
+
+def _what(run) -> str:
+    """ "a 'language-model' run", or for a Hugging Face checkpoint its model's class: "a GPT"."""
+    task = getattr(getattr(run, "config", None), "task", None)
+    return f"a {task!r} run" if task else f"a {type(run.model).__name__}"
+
+
 def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     """Each id's text, for labels: the tokenizer's own `token_texts` where it has one (BPE,
-    WordPiece), else the decoded token (one character for the character tokenizer)."""
-    if hasattr(tokenizer, "token_texts"):
+    WordPiece), else the decoded token (one character for the character tokenizer).
+
+    Byte-level BPE (GPT-2's, Llama 3's) pieces are read back to their bytes and shown as text
+    ("Ġworld" -> " world"); a piece holding part of a multi-byte character shows those bytes as
+    "<0xC3>", as SentencePiece's byte pieces are written, rather than "Ã" or "�". A SentencePiece
+    vocabulary's word-start pieces ("▁Hello", Llama 2's and Mistral's) decode alone without their
+    space (the decoder strips a text's first space); their labels keep it."""
+    if not hasattr(tokenizer, "token_texts"):
+        return [tokenizer.decode([i]) for i in ids]
+    vocabulary = getattr(tokenizer, "tokenizer", None)  # a `tokenizers.Tokenizer`
+    if vocabulary is None:
         return tokenizer.token_texts(ids)
-    return [tokenizer.decode([i]) for i in ids]
+    from tokenizers import decoders
+
+    pieces = [vocabulary.id_to_token(i) or "" for i in ids]
+    if isinstance(vocabulary.decoder, decoders.ByteLevel):
+        return [_byte_level_text(piece) for piece in pieces]
+    texts = tokenizer.token_texts(ids)
+    return [" " + t if p.startswith("▁") and not t.startswith(" ") else t for t, p in zip(texts, pieces, strict=True)]
+
+
+def _byte_level_text(piece: str) -> str:
+    """A byte-level BPE piece as text: "Ġcaf" -> " caf", "Ã" -> "<0xC3>" (half of "é")."""
+    to_byte = _byte_level_alphabet()
+    if not all(c in to_byte for c in piece):  # an added token spelt in plain text
+        return piece
+    data = bytes(to_byte[c] for c in piece)
+    out, i = [], 0
+    while i < len(data):
+        for n in (1, 2, 3, 4):  # the UTF-8 character starting at i, if the piece holds all of it
+            try:
+                out.append(data[i : i + n].decode("utf-8"))
+                i += n
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<0x{data[i]:02X}>")
+            i += 1
+    return "".join(out)
+
+
+@functools.cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's stand-in character -> the byte it spells (Radford et al. 2019, `bytes_to_unicode` of
+    openai/gpt-2's encoder.py): printable bytes stand for themselves, the others for 256 + n."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            alphabet[chr(b)] = b
+        else:
+            alphabet[chr(256 + extra)] = b
+            extra += 1
+    return alphabet
 
 
 def _device(model: torch.nn.Module) -> torch.device:

@@ -65,7 +65,7 @@
     $("mt-view").hidden = !has(model, "/v1/translations");
     // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
     const tags = has(model, "/v1/tags"), classify = has(model, "/v1/classifications");
-    const attentionOnly = model.endpoints.length === 1 && has(model, "/v1/attention");
+    const attentionOnly = !tags && !classify && has(model, "/v1/attention") && !has(model, "/v1/completions") && !has(model, "/v1/translations");
     $("enc-view").hidden = !(tags || classify || attentionOnly);
     $("enc-title").textContent = tags ? "Tag each word" : classify ? "Classify" : "A text to look at";
     $("enc-run").textContent = tags ? "Tag" : "Classify";
