@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.tasks.encoder import embed_texts, load_encoder, word_vectors
+from attnlab.tasks.embeddings import load_sentence_encoder
+from attnlab.tasks.encoder import load_encoder, word_vectors
 from helpers import assert_user_error, cli, hf_bert_folder, shared
 
 CPU = torch.device("cpu")
@@ -44,17 +45,17 @@ def test_one_vector_of_the_model_width_per_sentence(mlm_run, capsys):
 
 def test_a_sentence_gets_the_same_vector_alone_twice_or_beside_a_longer_one(mlm_run):
     model, tok = load_encoder(mlm_run, CPU)
+    encoder = load_sentence_encoder(mlm_run, CPU)
     text = "the bank of the river"
-    alone = embed_texts(model, tok, [text], CPU)
-    batch = embed_texts(
-        model, tok, [text, text, "a much longer sentence about the history of the town and its river"], CPU
-    )
+    alone = encoder.embed_texts([text])
+    batch = encoder.embed_texts([text, text, "a much longer sentence about the history of the town and its river"])
     assert torch.equal(batch[0], batch[1])
     torch.testing.assert_close(batch[0], alone[0], atol=1e-5, rtol=1e-5)  # padding changes nothing
-    # The mean over the sentence's own tokens of the last hidden states, [CLS] and [SEP] left out.
+    # The mean of the last hidden states over the text's tokens, [CLS] and [SEP] included (as
+    # sentence-transformers pools a folder without modules.json).
     ids = torch.tensor([[tok.cls_id, *tok.encode(text), tok.sep_id]])
     with torch.no_grad():
-        expected = model.encode(ids)[0, 1:-1].mean(0)
+        expected = model.encode(ids)[0].mean(0)
     torch.testing.assert_close(alone[0], expected, atol=1e-5, rtol=1e-5)
 
 

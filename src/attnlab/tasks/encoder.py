@@ -307,22 +307,6 @@ def load_encoder(folder: str | Path, device: torch.device) -> tuple[nn.Module, W
 
 
 @torch.no_grad()
-def embed_texts(model: Bert, tokenizer: WordPieceTokenizer, texts: Sequence[str], device: torch.device) -> torch.Tensor:
-    """Mean of the last hidden states over each text's tokens ([CLS] and [SEP] left out) -> `(N, C)`."""
-    rows = [wrap_ids(tokenizer, ids, model.config.max_len) for ids in tokenizer.encode_batch(list(texts))]
-    ids = pad_rows(rows, tokenizer.pad_id)
-    for text, row in zip(texts, rows, strict=True):
-        if len(row) == 2:  # the normaliser can erase a whole text (e.g. zero-width spaces)
-            raise UserError(
-                f"{text!r} is empty once normalised (no tokens left); give every sentence at least one word"
-            )
-    hidden = model.encode(ids.to(device)).float().cpu()  # (N, T, C)
-    inner = (ids != tokenizer.pad_id) & (ids != tokenizer.cls_id) & (ids != tokenizer.sep_id)
-    weights = inner.float().unsqueeze(-1)
-    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-
-
-@torch.no_grad()
 def word_vectors(
     model: Bert, tokenizer: WordPieceTokenizer, words: Sequence[str], device: torch.device
 ) -> torch.Tensor:
