@@ -26,7 +26,6 @@ BAD = [
     (C, b"[1, 2]", None, "must be a JSON object"),
     (C, b"", None, "the request body is empty"),
     (C, {}, "model", "required"),
-    (C, {"model": "gpt-4"}, "model", "no model 'gpt-4' here; this server has lm, mt"),
     (C, {"model": "lm", "max_tokens": -1}, "max_tokens", "greater than or equal to 0"),
     (C, {"model": "lm", "max_tokens": LIMITS.max_tokens + 1}, "max_tokens", f"at most {LIMITS.max_tokens}"),
     (C, {"model": "lm", "max_tokens": "ten"}, "max_tokens", "valid integer"),
@@ -43,10 +42,15 @@ BAD = [
     (C, b'{"model": "lm", "prompt": "\\ud800"}', "prompt", "lone surrogate"),
     (C, {"model": "lm", "prompt": "a" * 60}, "prompt", "60 tokens, but model 'lm' takes at most 50"),
     (C, {"model": "lm", "prompt": "a" * 401}, "prompt", "400 characters"),
-    (C, {"model": "lm", "prompt": [1, 2]}, "prompt[0]", "valid string"),
+    (C, {"model": "lm", "prompt": [1, 2000]}, "prompt", "token id 2000 is not in the vocabulary"),
+    (C, {"model": "lm", "prompt": [1.5]}, "prompt[0]", "valid string"),
     (C, {"model": "lm", "prompt": []}, "prompt", "at least 1 item"),
     (C, {"model": "lm", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 items"),
-    (C, {"model": "lm", "logprobs": 2}, "logprobs", "unknown field"),
+    (C, {"model": "lm", "logprobs": 6}, "logprobs", "at most 5"),
+    (C, {"model": "lm", "best_of": 2}, "best_of", "does not rank completions"),
+    (C, {"model": "lm", "logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
+    (C, {"model": "lm", "echo": True, "logprobs": 0, "prompt": "a" * 17}, "prompt", "the context of model 'lm'"),
+    (C, {"model": "lm", "best": 2}, "best", "unknown field"),
     (C, {"model": "lm", "stream": "maybe"}, "stream", "valid boolean"),
     (C, {"model": "lm", "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x", "unknown field"),
     (C, {"model": "mt"}, "model", "it answers POST /v1/translations and POST /v1/attention"),
@@ -89,6 +93,10 @@ def test_bad_requests_get_400_naming_the_field(client, path, body, param, fragme
     else:
         response = client.post(path, json=body)
     assert assert_error(response, 400, param, fragment)["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_404_as_in_openais_api(client):
+    assert_error(client.post(C, json={"model": "gpt-4"}), 404, "model", "no model 'gpt-4' here; this server has lm, mt")
 
 
 def test_unknown_paths_and_methods_and_huge_bodies(client):
@@ -213,6 +221,7 @@ def test_other_endpoints_are_bounded_per_model(runs):
 
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "input"]
 FIELDS += ["beam", "kind", "stream_options", "include_usage", "echo", "", "モデル", "encoding_format", "dimensions"]
+FIELDS += ["logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "best_of", "user", "suffix"]
 
 
 def random_value(rng: random.Random, depth: int = 0):
@@ -247,15 +256,27 @@ PLAUSIBLE = {
     "stream_options": [{"include_usage": True}, None, {}],
     "encoding_format": ["float", "base64", "hex", None],
     "dimensions": [32, 1, None],
+    "echo": [True, False, None],
+    "logprobs": [0, 1, 5, 6, None],
+    "presence_penalty": [0, 1.5, -2, 3, None],
+    "frequency_penalty": [0, 0.5, 2.1, None],
+    "logit_bias": [{}, {"3": 100}, {"3": -100, "7": 2}, {"x": 1}, {"99999": 1}, {"3": 200}, None],
+    "best_of": [1, 2, None],
+    "suffix": [None, "", "x"],
 }
-# The embeddings' token-id inputs, good and bad.
+# The embeddings' token-id inputs and the completions' token-id prompts, good and bad.
 PLAUSIBLE["input"] += [[5, 6, 7], [[5], [6, 7]], [[]], [-1], [True]]
+PLAUSIBLE["prompt"] += [[3, 4, 5], [[3], [4, 5]], [999999], [[]], "a" * 17]
 
 
 # Half the bodies keep to the fields and the model of their endpoint, so that many pass validation
 # and reach the models; the other half mix anything.
 OWN = {
-    C: ("lm", ["prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed"]),
+    C: (
+        "lm",
+        ["prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "echo", "logprobs"]
+        + ["presence_penalty", "frequency_penalty", "logit_bias", "best_of", "suffix"],
+    ),
     T: ("mt", ["input", "beam"]),
     K: ("sst", ["input"]),
     A: ("pos", ["input"]),
@@ -291,11 +312,15 @@ def test_random_bodies_never_break_the_server(runs):
             body = random_body(rng, path)
             response = http.post(path, content=body, headers={"content-type": "application/json"}, timeout=60)
             statuses.add(response.status_code)
-            assert response.status_code in (200, 400, 405, 429), (path, body, response.text)
+            assert response.status_code in (200, 400, 404, 405, 429), (path, body, response.text)
             if response.status_code != 200:
                 assert_error(response, response.status_code, response.json()["error"]["param"])
             elif path == C and b'"stream": true' in body:  # a stream ends as OpenAI's do
                 assert response.text.endswith("data: [DONE]\n\n")
+            elif path == C:  # logprobs, where asked: a row per token
+                for choice in response.json()["choices"]:
+                    rows = choice["logprobs"] or {}
+                    assert len({len(v) for v in rows.values()}) <= 1, rows
         assert http.get("/healthz").json() == {"status": "ok"}
         ok = http.post(C, json={"model": "lm", "prompt": "ROMEO:", "max_tokens": 5, "temperature": 0})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5

@@ -58,7 +58,7 @@ def test_errors_are_the_clients_exceptions(client):
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="lm", prompt="KING", max_tokens=5)
     assert "never saw: 'K'" in bad.value.message and bad.value.body["param"] == "prompt"
-    with pytest.raises(openai.BadRequestError, match="no model 'gpt-4'"):
+    with pytest.raises(openai.NotFoundError, match="no model 'gpt-4'"):  # as OpenAI answers
         client.completions.create(model="gpt-4", prompt="hi")
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="lm", prompt="hi", max_tokens=-1)

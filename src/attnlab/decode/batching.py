@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from attnlab.decode.runner import Runner, takes_row_positions
-from attnlab.decode.sampling import Picker, pick_rows
+from attnlab.decode.sampling import Picker, penalize, pick_rows, prompt_scores, token_scores
 from attnlab.decode.scheduler import Scheduler, Sequence
 
 
@@ -103,7 +103,13 @@ class Batcher:
     def join_all(self, seqs: list[Sequence]) -> list[Sequence]:
         """Prefill new sequences (each with a prompt of at least one token and nothing generated
         yet) and pick their first tokens. Prompts of similar lengths share one forward. Returns
-        seqs; those already done left at once."""
+        seqs; those already done left at once. Those with `echo_logprobs` get their prompt's
+        scores first (a forward of its own: a prompt that asks for no new token is scored too)."""
+        for seq in seqs:
+            if seq.echo_logprobs:
+                if len(seq.prompt) > self.scheduler.block:
+                    raise ValueError(f"a prompt scored whole holds at most {self.scheduler.block} tokens")
+                seq.prompt_scores = prompt_scores(self.runner.score(seq.prompt), seq.prompt, seq.logprobs or 0)
         starting = self.scheduler.admit(seqs)
         for group in self.scheduler.prefill_groups(starting, self.runner.prefill_mode):
             logits = self.runner.prefill([self.scheduler.window(s) for s in group], self.scheduler.free_row)
@@ -138,8 +144,12 @@ class Batcher:
         self.scheduler.leave(seq)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Pick each sequence's next token from its logits row; finished sequences leave."""
-        self.scheduler.record(seqs, pick_rows([q.pick for q in seqs], logits))
+        """Pick each sequence's next token from its logits row, after its penalties; score it
+        under the model's own logits where asked; finished sequences leave."""
+        adjusted = penalize(logits, [q.penalties for q in seqs], [q.tokens for q in seqs])
+        tokens = pick_rows([q.pick for q in seqs], adjusted)
+        scores = token_scores(logits, tokens, [q.logprobs for q in seqs])
+        self.scheduler.record(seqs, tokens, scores)
 
 
 __all__ = ["Batcher", "Sequence", "takes_row_positions"]

@@ -111,6 +111,13 @@ class Runner:
             idx = torch.tensor(windows, dtype=torch.long, device=self.device)
             return self.model(idx, last_only=True)[:, -1]
 
+    def score(self, prompt: list[int]) -> torch.Tensor:
+        """The model's next-token logits after every token of prompt (at most block_size ids),
+        read in full with no cache `(T, V)`: what `echo` with `logprobs` reports of a prompt."""
+        with _eval_mode(self.model):
+            idx = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            return self.model(idx)[0]
+
     def move_row(self, from_row: int, to_row: int, slots: int) -> None:
         """Copy the first `slots` slots of every layer's cache row from_row into row to_row."""
         for layer in self.cache:

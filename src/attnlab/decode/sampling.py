@@ -98,6 +98,85 @@ class Sampler:
         return self.top_k is None and self.top_p is None
 
 
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI's penalties and logit bias for one sequence, applied to its logits before a token
+    is picked (OpenAI's "Frequency and presence penalties" guide):
+
+        logits[j] -= c[j] * frequency + (c[j] > 0) * presence + ...; logits[j] += bias[j]
+
+    where c[j] counts token j among the tokens generated so far (not the prompt's)."""
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), each id once
+
+    @property
+    def active(self) -> bool:
+        """Whether they change any logit (all zero: the row is left as it is)."""
+        return self.presence != 0 or self.frequency != 0 or any(b != 0 for _, b in self.bias)
+
+
+def penalize(logits: torch.Tensor, penalties: list[Penalties | None], generated: list[list[int]]) -> torch.Tensor:
+    """Row i of logits `(B, V)` with penalties[i] applied over the tokens generated[i]; the same
+    tensor when no row has any (no copy on the common path). Float32 rows `(B, V)` otherwise."""
+    rows = [i for i, p in enumerate(penalties) if p is not None and p.active]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    counts = torch.zeros(len(rows), out.size(-1), device=out.device)  # c[j] of each penalized row
+    for r, i in enumerate(rows):
+        if generated[i]:
+            ids = torch.tensor(generated[i], dtype=torch.long, device=out.device)
+            counts[r].index_add_(0, ids, torch.ones(len(ids), device=out.device))
+    frequency = out.new_tensor([[penalties[i].frequency] for i in rows])
+    presence = out.new_tensor([[penalties[i].presence] for i in rows])
+    adjusted = out[rows] - counts * frequency - (counts > 0).float() * presence
+    for r, i in enumerate(rows):
+        for token, bias in penalties[i].bias:
+            adjusted[r, token] += bias
+    out[rows] = adjusted
+    return out
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """A token's log-probability under the model, and the `top` most likely tokens at its
+    position with theirs, most likely first: OpenAI's `logprobs` of one token."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_scores(logits: torch.Tensor, tokens: list[int], tops: list[int | None]) -> list[TokenScore | None]:
+    """Row i's score of tokens[i] under log_softmax(logits[i]) `(B, V)` (the model's own
+    distribution: no temperature, filter or penalty), with its tops[i] most likely tokens; None for
+    the rows whose tops[i] is None (nobody asked)."""
+    scores: list[TokenScore | None] = [None] * len(tokens)
+    rows = [i for i, n in enumerate(tops) if n is not None]
+    if not rows:
+        return scores
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)  # (R, V)
+    chosen = logprobs.gather(1, logprobs.new_tensor([[tokens[i]] for i in rows], dtype=torch.long))[:, 0]
+    most = max(tops[i] for i in rows)
+    best = torch.topk(logprobs, min(most, logprobs.size(-1)), dim=-1) if most > 0 else None
+    for r, i in enumerate(rows):
+        top = ()
+        if best is not None and tops[i]:
+            ids, values = best.indices[r, : tops[i]].tolist(), best.values[r, : tops[i]].tolist()
+            top = tuple(zip(ids, values, strict=True))
+        scores[i] = TokenScore(tokens[i], float(chosen[r]), top)
+    return scores
+
+
+def prompt_scores(logits: torch.Tensor, prompt: list[int], top: int) -> list[TokenScore | None]:
+    """Each prompt token's score given the tokens before it, from the model's logits over the
+    prompt `(T, V)` (row t predicts token t + 1); the first token has none (None), as in OpenAI's
+    `echo`."""
+    return [None, *token_scores(logits[:-1], prompt[1:], [top] * (len(prompt) - 1))]
+
+
 def pick_rows(pickers: list[Picker | None], logits: torch.Tensor) -> list[int]:
     """Row i's next token by pickers[i] (each with its own settings and generator; None: greedy,
     the argmax of every such row taken at once), logits `(B, V)`.

@@ -13,7 +13,7 @@ cache row over.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnlab.decode.sampling import Picker
+from attnlab.decode.sampling import Penalties, Picker, TokenScore
 
 PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see `Scheduler.prefill_groups`)
 
@@ -37,6 +37,11 @@ class Sequence:
     finish_reason: str | None = None  # "stop" (the end-of-text token) or "length"
     row: int = -1  # its row of the cache; -1 once its window slides (or before it joins)
     filled: int = 0  # cache slots written: the position the next token is written at
+    penalties: Penalties | None = None  # presence, frequency, logit bias: its logits before the pick
+    logprobs: int | None = None  # score each new token, with this many most likely others (None: no scores)
+    echo_logprobs: bool = False  # score the prompt's tokens too, when it joins (`prompt_scores`)
+    scores: list[TokenScore] = field(default_factory=list)  # tokens[i]'s score, when logprobs is set
+    prompt_scores: list[TokenScore | None] = field(default_factory=list)  # prompt[0]'s is None
 
     @property
     def done(self) -> bool:
@@ -127,10 +132,13 @@ class Scheduler:
         for seq in self.cached:
             seq.filled += 1
 
-    def record(self, seqs: list[Sequence], tokens: list[int]) -> None:
-        """Give each sequence its next token; those that it finishes leave."""
-        for seq, token in zip(seqs, tokens, strict=True):
+    def record(self, seqs: list[Sequence], tokens: list[int], scores: list[TokenScore | None] | None = None) -> None:
+        """Give each sequence its next token (and its score, where there is one); those that it
+        finishes leave."""
+        for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             seq.tokens.append(token)
+            if scores is not None and scores[i] is not None:
+                seq.scores.append(scores[i])
             if seq.eos_id is not None and token == seq.eos_id:
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.max_new_tokens:

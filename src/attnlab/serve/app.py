@@ -135,8 +135,8 @@ def api_router() -> APIRouter:
 def find(request: Request, name: str, endpoint: str) -> ServedModel:
     """The served model `name`, checked to answer `endpoint`; a 400 naming the models there are."""
     served: dict[str, ServedModel] = request.app.state.models
-    if name not in served:
-        raise APIError(400, f"model: no model {name!r} here; this server has {', '.join(served)}", param="model")
+    if name not in served:  # OpenAI answers an unknown model with 404 (model_not_found)
+        raise APIError(404, f"model: no model {name!r} here; this server has {', '.join(served)}", param="model")
     served[name].require(endpoint)
     return served[name]
 
@@ -160,12 +160,12 @@ async def complete(body: CompletionRequest, request: Request) -> Any:
     """Continue each prompt with a language model (OpenAI's legacy completions API)."""
     model, limits = find(request, body.model, "/v1/completions"), server_limits(request)
     completions.check_caps(body, limits)
+    completions.check_fields(model, body)
     prompts = completions.encode_prompts(model, body, limits)
     streams = completions.submit(model, prompts, body)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return completions.stream_response(model, streams, prompts, include_usage=include_usage)
-    return await completions.complete(model, streams, prompts, request)
+        return completions.stream_response(model, streams, prompts, body)
+    return await completions.complete(model, streams, prompts, request, body)
 
 
 async def translate(body: TranslationRequest, request: Request) -> TranslationResponse:
@@ -247,8 +247,19 @@ async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
 
 
 def model_card(model: ServedModel) -> ModelCard:
+    """A model's card. A language model's context is its own (block_size), and the longest prompt
+    the server takes is said apart: the model reads a longer prompt's last `context` tokens."""
+    if model.worker is None:
+        context, longest = model.context, None
+    else:
+        context, longest = completions.model_context(model), model.context
     return ModelCard(
-        id=model.name, created=model.created, task=model.task, endpoints=model.endpoints, context=model.context
+        id=model.name,
+        created=model.created,
+        task=model.task,
+        endpoints=model.endpoints,
+        context=context,
+        max_prompt_tokens=longest,
     )
 
 

@@ -10,6 +10,7 @@ batch slots are free at the next decoding step.
 """
 
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -22,34 +23,104 @@ from fastapi.responses import StreamingResponse
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ServedModel
-from attnlab.serve.schemas import Completion, CompletionChoice, CompletionRequest, Usage
+from attnlab.serve.schemas import MAX_LOGPROBS, Completion, CompletionChoice, CompletionRequest, Logprobs, Usage
 
 DISCONNECT_POLL = 0.25  # seconds between checks that the client of a whole (unstreamed) completion is there
 
 
 def encode_prompts(served: ServedModel, request: CompletionRequest, limits: Limits) -> list[list[int]]:
-    """Each prompt's token ids; a 400 for a prompt that is too long or that holds characters the
-    tokenizer never saw. An empty prompt starts from the end-of-text token, or a newline
-    (`attnlab.decode.encode_prompt`)."""
-    from attnlab.decode import encode_prompt
-    from attnlab.errors import UserError
-
+    """Each prompt's token ids (a text encoded, or ids checked against the vocabulary); a 400 for a
+    prompt that is too long or that holds characters the tokenizer never saw. An empty prompt starts
+    from the end-of-text token, or a newline (`attnlab.decode.encode_prompt`). A prompt scored whole
+    (`echo` with `logprobs`) fits the model's context: past it, its tokens would be scored against
+    windows of a sliding context that no single forward computes."""
     longest = served.context  # the worker's max_prompt_tokens
+    scored = request.echo and request.logprobs is not None
     out = []
     for i, prompt in enumerate(request.prompts()):
-        param = "prompt" if isinstance(request.prompt, str) else f"prompt[{i}]"
-        if len(prompt) > limits.max_text_chars:
-            raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
-        try:
-            ids = encode_prompt(served.run.tokenizer, prompt)[0].tolist()
-        except UserError as e:
-            raise APIError(400, f"{param}: {e}", param=param) from None
+        param = "prompt" if request.single_prompt else f"prompt[{i}]"
+        ids = _prompt_ids(served, prompt, param, limits)
         if len(ids) > longest:
             raise APIError(
                 400, f"{param}: {len(ids)} tokens, but model {served.name!r} takes at most {longest}", param=param
             )
+        if scored and len(ids) > model_context(served):
+            raise APIError(
+                400,
+                f"{param}: {len(ids)} tokens; echo with logprobs scores at most {model_context(served)}, the "
+                f"context of model {served.name!r}",
+                param=param,
+            )
         out.append(ids)
     return out
+
+
+def _prompt_ids(served: ServedModel, prompt: str | list[int], param: str, limits: Limits) -> list[int]:
+    """One prompt's token ids: a text encoded, or token ids checked to be in the vocabulary."""
+    from attnlab.decode import encode_prompt
+    from attnlab.errors import UserError
+
+    if isinstance(prompt, list):
+        vocab = vocabulary(served)
+        bad = next((t for t in prompt if t >= vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{param}: token id {bad} is not in the vocabulary (0 to {vocab - 1})", param=param)
+        return list(prompt)
+    if len(prompt) > limits.max_text_chars:
+        raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
+    try:
+        return encode_prompt(served.run.tokenizer, prompt)[0].tolist()
+    except UserError as e:
+        raise APIError(400, f"{param}: {e}", param=param) from None
+
+
+def model_context(served: ServedModel) -> int:
+    """The most tokens a language model reads at once (its block_size)."""
+    return served.run.model.config.block_size
+
+
+def vocabulary(served: ServedModel) -> int:
+    """How many token ids both the tokenizer and the model know: a prompt's ids and `logit_bias`'s
+    keys are below it."""
+    return min(served.run.tokenizer.vocab_size, served.run.model.config.vocab_size)
+
+
+def check_fields(served: ServedModel, request: CompletionRequest) -> None:
+    """A 400 for a value of an OpenAI field that this server does not serve: `logprobs` past
+    OpenAI's 5, `best_of` other than 1 or n (nothing ranks completions here), a `suffix`, a
+    `logit_bias` key that is no token id of the model."""
+    if request.logprobs is not None and request.logprobs > MAX_LOGPROBS:
+        raise APIError(
+            400,
+            f"logprobs: at most {MAX_LOGPROBS} most likely tokens per position, as in OpenAI's API",
+            param="logprobs",
+        )
+    if request.best_of not in (None, 1, request.per_prompt):
+        raise APIError(
+            400,
+            f"best_of: {request.best_of} is not served; this server does not rank completions: leave it out, or "
+            "make it 1 or n",
+            param="best_of",
+        )
+    if request.suffix:
+        raise APIError(400, "suffix: text after the completion (insertion) is not served; leave it out", param="suffix")
+    penalties(served, request)  # checks logit_bias
+
+
+def penalties(served: ServedModel, request: CompletionRequest):
+    """The request's presence and frequency penalties and logit bias, checked (`logit_bias`'s keys
+    token ids of the model); None when all are at their defaults."""
+    from attnlab.decode.sampling import Penalties
+
+    vocab, bias = vocabulary(served), []
+    for key, value in (request.logit_bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab:
+            raise APIError(
+                400, f"logit_bias: key {key!r} is not a token id of this model (0 to {vocab - 1})", param="logit_bias"
+            )
+        bias.append((int(key), value))
+    found = Penalties(request.presence_penalty or 0.0, request.frequency_penalty or 0.0, tuple(bias))
+    return found if found.active else None
 
 
 def check_caps(request: CompletionRequest, limits: Limits) -> None:
@@ -68,10 +139,11 @@ def submit(served: ServedModel, prompts: Sequence[list[int]], request: Completio
     from attnlab.serve.worker import QueueFull
 
     streams = []
+    adjust = penalties(served, request)
     try:
         for ids in prompts:
             for j in range(request.per_prompt):
-                streams.append(served.worker.submit(ids, sampling(request, j)))
+                streams.append(served.worker.submit(ids, sampling(request, j, adjust)))
     except QueueFull as e:
         for s in streams:
             s.cancel()
@@ -82,9 +154,10 @@ def submit(served: ServedModel, prompts: Sequence[list[int]], request: Completio
     return streams
 
 
-def sampling(request: CompletionRequest, choice: int):
+def sampling(request: CompletionRequest, choice: int, adjust=None):
     """The worker's sampling settings for completion `choice` of a prompt: seed + choice, so that
-    the choices of one request differ and choice 0 is what the same seed gives alone."""
+    the choices of one request differ and choice 0 is what the same seed gives alone. `adjust`:
+    the request's `Penalties` (`penalties`), None for none."""
     from attnlab.serve.worker import Sampling
 
     return Sampling(
@@ -94,15 +167,24 @@ def sampling(request: CompletionRequest, choice: int):
         top_k=request.top_k,
         seed=None if request.seed is None else request.seed + choice,
         stop=request.stops(),
+        penalties=adjust,
+        logprobs=request.logprobs,
+        echo_logprobs=bool(request.echo) and request.logprobs is not None,
     )
 
 
-async def complete(served: ServedModel, streams: list, prompts: Sequence[list[int]], request: Request) -> Completion:
+async def complete(
+    served: ServedModel, streams: list, prompts: Sequence[list[int]], request: Request, body: CompletionRequest
+) -> Completion:
     """The whole completion, once every stream has finished. A client that goes away meanwhile
     cancels the streams: nobody is waiting for the answer any more."""
 
-    async def collect(stream) -> str:
-        return "".join([piece.text async for piece in stream])
+    async def collect(stream) -> tuple[str, list]:
+        texts, scores = [], []
+        async for piece in stream:
+            texts.append(piece.text)
+            scores.extend(piece.scores)
+        return "".join(texts), scores
 
     async def watch() -> None:
         while not await request.is_disconnected():
@@ -112,7 +194,7 @@ async def complete(served: ServedModel, streams: list, prompts: Sequence[list[in
 
     watcher = asyncio.ensure_future(watch())
     try:
-        texts = await asyncio.gather(*(collect(s) for s in streams))
+        found = await asyncio.gather(*(collect(s) for s in streams))
     finally:
         watcher.cancel()
         for s in streams:
@@ -120,22 +202,37 @@ async def complete(served: ServedModel, streams: list, prompts: Sequence[list[in
     failed = next((s.error for s in streams if s.error), None)
     if failed:
         raise APIError(500, failed)
-    choices = [
-        CompletionChoice(text=text, index=i, finish_reason=s.finish_reason)
-        for i, (text, s) in enumerate(zip(texts, streams, strict=True))
-    ]
+    choices = []
+    for i, ((text, scores), s) in enumerate(zip(found, streams, strict=True)):
+        ids = prompts[i // body.per_prompt]
+        head = echo_text(served, body, i) if body.echo else ""
+        logprobs = None
+        if body.logprobs is not None:
+            rows = (list(s.prompt_scores) if body.echo else []) + scores
+            logprobs = logprobs_of(served.run.tokenizer, (ids if body.echo else []) + [r.token for r in scores], rows)
+        choices.append(CompletionChoice(text=head + text, index=i, logprobs=logprobs, finish_reason=s.finish_reason))
     usage = _usage(streams, prompts)
     return Completion(id=_completion_id(), created=int(time.time()), model=served.name, choices=choices, usage=usage)
 
 
 def stream_response(
-    served: ServedModel, streams: list, prompts: Sequence[list[int]], *, include_usage: bool
+    served: ServedModel, streams: list, prompts: Sequence[list[int]], body: CompletionRequest
 ) -> "EventStream":
-    """The completion as server-sent events, as OpenAI's API streams it."""
+    """The completion as server-sent events, as OpenAI's API streams it. With `echo`, each choice's
+    first event is its prompt (and the prompt's `logprobs`); each later event's `logprobs` covers
+    the tokens of its text, their `text_offset` counted in the choice's whole text."""
     head = {"id": _completion_id(), "object": "text_completion", "created": int(time.time()), "model": served.name}
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    tokenizer, sent = served.run.tokenizer, [-1] * len(streams)  # characters sent per choice; -1: none yet
 
     def event(choices: list[dict], usage: dict | None = None) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, 'usage': usage}, ensure_ascii=False)}\n\n"
+
+    def chunk(index: int, text: str, ids: list[int], rows: list, reason: str | None = None) -> str:
+        logprobs = logprobs_of(tokenizer, ids, rows, sent[index]) if body.logprobs is not None and ids else None
+        sent[index] += len(text)
+        dumped = logprobs.model_dump() if logprobs else None
+        return event([{"text": text, "index": index, "logprobs": dumped, "finish_reason": reason}])
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -143,11 +240,15 @@ def stream_response(
                 if piece is None and streams[index].error:  # decoding failed: say so, as OpenAI's streams do
                     yield f"data: {json.dumps(error_body(500, streams[index].error))}\n\n"
                     return
+                if sent[index] < 0:
+                    sent[index] = 0
+                    if body.echo:
+                        ids = prompts[index // body.per_prompt]
+                        yield chunk(index, echo_text(served, body, index), ids, streams[index].prompt_scores)
                 if piece is None:  # stream `index` has ended
-                    reason = streams[index].finish_reason
-                    yield event([{"text": "", "index": index, "logprobs": None, "finish_reason": reason}])
-                elif piece.text:
-                    yield event([{"text": piece.text, "index": index, "logprobs": None, "finish_reason": None}])
+                    yield chunk(index, "", [], [], streams[index].finish_reason)
+                elif piece.text or piece.scores:
+                    yield chunk(index, piece.text, [r.token for r in piece.scores], list(piece.scores))
             if include_usage:
                 yield event([], _usage(streams, prompts).model_dump())
             yield "data: [DONE]\n\n"
@@ -192,6 +293,43 @@ async def merged(streams: Sequence) -> AsyncIterator[tuple[int, object]]:
     finally:
         for future in waiting:
             future.cancel()
+
+
+def echo_text(served: ServedModel, request: CompletionRequest, choice: int) -> str:
+    """The prompt of choice `choice` as `echo` repeats it: the text sent, or token ids decoded."""
+    prompt = request.prompts()[choice // request.per_prompt]
+    return prompt if isinstance(prompt, str) else served.run.tokenizer.decode(prompt)
+
+
+def logprobs_of(tokenizer, ids: list[int], rows: list, start: int = 0) -> Logprobs:
+    """OpenAI's `logprobs` of tokens `ids` and their `TokenScore`s (None: a prompt's first token,
+    which nothing predicts), their text starting at character `start` of the choice's text. Each
+    row's `top_logprobs` holds the most likely tokens and the token itself, as OpenAI's does."""
+    texts = {t: tokenizer.decode([t]) for t in set(ids) | {t for r in rows if r for t, _ in r.top}}
+    tokens = [texts[t] for t in ids]
+    top = []
+    for row in rows:
+        if row is None:
+            top.append(None)
+            continue
+        best = {texts[t]: lp for t, lp in row.top}
+        best.setdefault(texts[row.token], row.logprob)
+        top.append(best)
+    return Logprobs(
+        tokens=tokens,
+        token_logprobs=[None if r is None else r.logprob for r in rows],
+        top_logprobs=top,
+        text_offset=text_offsets(tokenizer, ids, tokens, start),
+    )
+
+
+def text_offsets(tokenizer, ids: list[int], tokens: list[str], start: int) -> list[int]:
+    """Where each token's text starts: the lengths of the tokens' own texts added up, where they
+    join into the text of ids; else (a character split between byte-level tokens shows as U+FFFD
+    in each) the length of the text decoded before each token."""
+    if "".join(tokens) == tokenizer.decode(ids):
+        return list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=start)) if tokens else []
+    return [start + len(tokenizer.decode(ids[:k])) for k in range(len(ids))]
 
 
 def _usage(streams: Sequence, prompts: Sequence[list[int]]) -> Usage:

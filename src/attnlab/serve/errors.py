@@ -84,8 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
 def describe_validation_error(errors: Sequence[dict]) -> tuple[str, str | None]:
     """pydantic's first error as one line and the field it is about ("stop", "input[2]"); the
     others are usually the same mistake seen by another branch of a union type."""
-    # A list given to a `str | list[str]` field fails both branches; the list branch says why.
-    first = next((e for e in errors if not (e.get("type") == "string_type" and isinstance(e.get("input"), list))), None)
+    # A list given to a `str | list[str]` field fails both branches; the list branch says why (and
+    # of `prompt`'s token ids, the branch of lists of lists, not that of plain ids).
+    scalar = ("string_type", "int_type")
+    first = next((e for e in errors if not (e.get("type") in scalar and isinstance(e.get("input"), list))), None)
     first = first or errors[0]
     loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":

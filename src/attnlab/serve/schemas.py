@@ -2,8 +2,9 @@
 
 The completion bodies follow OpenAI's legacy completions API (`POST /v1/completions`, the
 `text_completion` object and its stream chunks), so the official `openai` client reads them
-unchanged; `top_k` is ours. Requests reject unknown fields (a 400 naming the field) instead of
-silently ignoring an option the server does not implement (`logprobs`, `echo`, `best_of`, ...).
+unchanged; `top_k` is ours. Every field of OpenAI's completion request is taken and means what it
+means there (`logprobs`, `echo`, the penalties, `logit_bias`; `best_of` 1 or n, `suffix` empty);
+other unknown fields are refused (a 400 naming the field) rather than silently ignored.
 """
 
 from typing import Annotated, Literal
@@ -23,6 +24,8 @@ def _unicode(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_unicode)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # what torch.Generator.manual_seed takes
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+MAX_LOGPROBS = 5  # OpenAI's cap on `logprobs` of the legacy completions API
 
 
 class Request(BaseModel):
@@ -43,8 +46,12 @@ class StreamOptions(BaseModel):
 class CompletionRequest(Request):
     """OpenAI's legacy completion request. null means the default, as in OpenAI's API."""
 
-    prompt: Text | Annotated[list[Text], Field(min_length=1)] = Field(
-        "", description="text to continue, or a list of texts; empty: start from the end-of-text token"
+    prompt: (
+        Text | Annotated[list[Text], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    ) = Field(
+        "",
+        description="text to continue, a list of texts, token ids, or a list of token-id lists; empty: start "
+        "from the end-of-text token",
     )
     max_tokens: int | None = Field(16, ge=0, description="new tokens per completion (default 16)")
     temperature: float | None = Field(1.0, ge=0, le=2, description="softmax temperature; 0 = greedy")
@@ -58,6 +65,24 @@ class CompletionRequest(Request):
     )
     seed: Seed | None = Field(None, description="the same seed gives the same text; choice i uses seed + i")
     user: str | None = Field(None, description="accepted for compatibility, not used")
+    echo: bool | None = Field(False, description="the prompt before the completion (and in `logprobs`)")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        description=f"each token's log-probability under the model, with the N (at most {MAX_LOGPROBS}) most "
+        "likely tokens at its position",
+    )
+    presence_penalty: float | None = Field(
+        0.0, ge=-2, le=2, description="subtracted from the logit of every token generated so far"
+    )
+    frequency_penalty: float | None = Field(
+        0.0, ge=-2, le=2, description="times its count, subtracted from the logit of each token generated so far"
+    )
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description='token id (as a string) -> added to its logit, -100 to 100: {"50256": -100} bans it'
+    )
+    best_of: int | None = Field(1, ge=1, description="completions to choose the n best from: 1, or n (no choice)")
+    suffix: Text | None = Field(None, description="text after the completion: not supported, empty only")
 
     @property
     def new_tokens(self) -> int:
@@ -71,8 +96,15 @@ class CompletionRequest(Request):
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return tuple(s for s in stop if s)  # an empty stop string would end every completion at once
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text or a list of token ids."""
+        single = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if single else list(self.prompt)
+
+    @property
+    def single_prompt(self) -> bool:
+        """Whether `prompt` is one prompt (a text or token ids) rather than a list of them."""
+        return isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
 
 
 class Usage(BaseModel):
@@ -81,10 +113,22 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class Logprobs(BaseModel):
+    """OpenAI's `logprobs` of a legacy completion choice: a row per token, the prompt's first with
+    `echo` (its `token_logprobs` and `top_logprobs` null: nothing comes before it)."""
+
+    tokens: list[str] = Field(description="each token's text")
+    token_logprobs: list[float | None] = Field(description="its log-probability under the model")
+    top_logprobs: list[dict[str, float] | None] = Field(
+        description="the `logprobs` most likely tokens at its position and the token itself, with theirs"
+    )
+    text_offset: list[int] = Field(description="where it starts in the prompt and completion's text")
+
+
 class CompletionChoice(BaseModel):
     text: str
     index: int
-    logprobs: None = None
+    logprobs: Logprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -113,7 +157,10 @@ class ModelCard(BaseModel):
         "or masked-lm"
     )
     endpoints: list[str] = Field(description="the paths this model answers, besides /v1/models")
-    context: int | None = Field(description="longest prompt or text in tokens")
+    context: int | None = Field(description="the most tokens the model reads at once")
+    max_prompt_tokens: int | None = Field(
+        None, description="language models: the longest prompt taken (the model reads its last `context` tokens)"
+    )
 
 
 class ModelList(BaseModel):

@@ -21,7 +21,7 @@ from torch import nn
 from attnlab.accel.fused import by_default
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.batching import Batcher, Sequence
-from attnlab.decode.sampling import Picker, sampling_picker
+from attnlab.decode.sampling import Penalties, Picker, TokenScore, sampling_picker
 from attnlab.decode.text import TextPieces
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None  # a generator of the stream's own: the same seed gives the same text
     stop: tuple[str, ...] = ()  # the text ends before the first stop string
+    penalties: Penalties | None = None  # presence, frequency, logit bias (OpenAI's)
+    logprobs: int | None = None  # score every new token, with this many most likely others
+    echo_logprobs: bool = False  # score the prompt's tokens too (`Stream.prompt_scores`)
 
     def picker(self, device: torch.device) -> Picker | None:
         """The stream's token picker; None for greedy (which the batch takes for all rows at once)."""
@@ -63,6 +66,7 @@ class QueueFull(Exception):
 class Piece:
     text: str  # new text: whole characters, never part of a stop string
     tokens: int  # the new tokens it covers
+    scores: tuple[TokenScore, ...] = ()  # their scores, when the stream asked for logprobs
 
 
 class Stream:
@@ -77,10 +81,12 @@ class Stream:
         self.completion_tokens = 0
         self.finish_reason: str | None = None  # "stop" or "length" once finished
         self.error: str | None = None  # set when decoding failed on the server
+        self.prompt_scores: list[TokenScore | None] = []  # set when it joins, before its first piece
         self.cancelled = False
         self._loop, self._outbox = loop, outbox
         self._pieces: asyncio.Queue[Piece | None] = asyncio.Queue()
         self._unsent = 0  # tokens not yet covered by a piece (no whole character yet)
+        self._unsent_scores: list[TokenScore] = []  # and their scores
 
     def cancel(self) -> None:
         """Stop decoding this completion; its batch row is freed at the next step. Thread-safe."""
@@ -96,18 +102,22 @@ class Stream:
                 if more is None:
                     ended = True
                     break
-                piece = Piece(piece.text + more.text, piece.tokens + more.tokens)
+                piece = Piece(piece.text + more.text, piece.tokens + more.tokens, piece.scores + more.scores)
             yield piece
 
     # The decoding thread's side.
-    def _send(self, text: str, count: int) -> None:
+    def _send(self, text: str, count: int, scores: list[TokenScore] | None = None) -> None:
         self.completion_tokens += count
         self._unsent += count
+        self._unsent_scores.extend(scores or ())
         if text:
-            self._put(Piece(text, self._unsent))
-            self._unsent = 0
+            self._put(Piece(text, self._unsent, tuple(self._unsent_scores)))
+            self._unsent, self._unsent_scores = 0, []
 
     def _end(self, finish_reason: str | None, error: str | None = None) -> None:
+        if self._unsent_scores:  # tokens whose text never came (held back, then cut by a stop string)
+            self._put(Piece("", self._unsent, tuple(self._unsent_scores)))
+            self._unsent, self._unsent_scores = 0, []
         self.finish_reason, self.error = finish_reason, error
         self._put(None)
 
@@ -241,14 +251,27 @@ class ModelWorker:
             if stream.cancelled:
                 stream._end(None)
                 continue
-            s = stream.sampling
-            seq = Sequence(list(stream.prompt_ids), s.max_tokens, s.picker(self.batcher.device), self.tokenizer.eos_id)
+            seq = self._sequence(stream)
             starting.append(seq)
-            self._running[seq] = (stream, TextPieces(self.tokenizer, s.stop))
+            self._running[seq] = (stream, TextPieces(self.tokenizer, stream.sampling.stop))
         for seq in self.batcher.join_all(starting):  # the prompts that arrived together: prefilled together
+            self._running[seq][0].prompt_scores = seq.prompt_scores
             self._deliver(seq)
         for seq in self.batcher.step():
             self._deliver(seq)
+
+    def _sequence(self, stream: Stream) -> Sequence:
+        """The batch's sequence of a stream: its prompt, and how its tokens are picked and scored."""
+        s = stream.sampling
+        return Sequence(
+            list(stream.prompt_ids),
+            s.max_tokens,
+            s.picker(self.batcher.device),
+            self.tokenizer.eos_id,
+            penalties=s.penalties,
+            logprobs=s.logprobs,
+            echo_logprobs=s.echo_logprobs,
+        )
 
     def _deliver(self, seq: Sequence) -> None:
         """Hand the sequence's newest token to its stream as text; end the stream when it is done."""
@@ -263,15 +286,16 @@ class ModelWorker:
             self._finish(seq, "stop")
             return
         text, stopped = pieces.add(token)
+        scores = seq.scores[-1:] if seq.logprobs is not None else []
         if stopped:
-            stream._send(text, 1)
+            stream._send(text, 1, scores)
             self.batcher.leave(seq)
             self._finish(seq, "stop")
         elif seq.done:
-            stream._send(text + pieces.finish(), 1)
+            stream._send(text + pieces.finish(), 1, scores)
             self._finish(seq, "length")
         else:
-            stream._send(text, 1)
+            stream._send(text, 1, scores)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         stream, _ = self._running.pop(seq)

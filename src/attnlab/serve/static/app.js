@@ -60,7 +60,8 @@
     if (state.controller) state.controller.abort();
     localStorage.setItem(MODEL, model.id);
     showError("");
-    $("model-info").textContent = model.task + (model.context ? " · up to " + model.context + " tokens in" : "");
+    // The model's own context (a language model reads a longer prompt's last `context` tokens).
+    $("model-info").textContent = model.task + (model.context ? " · context " + model.context + " tokens" : "");
     $("lm-view").hidden = !has(model, "/v1/completions");
     $("mt-view").hidden = !has(model, "/v1/translations");
     // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
