@@ -258,3 +258,60 @@ def test_serve_a_folder_from_the_command_line(folders):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_the_page_chats(server):
+    """The page's chat mode in headless Chromium: two turns of a conversation streamed in, a
+    template's refusal shown, the tabs to completion, a model without a template without chat."""
+    from serve.browser import by_id, chromium, fill, missing, open_page, pick_model, wait
+
+    if missing():
+        pytest.skip(missing())
+
+    def turns(driver) -> list[str]:
+        return driver.execute_script(
+            "return [...document.querySelectorAll('#conversation .turn')].map(t => t.textContent)"
+        )
+
+    def idle(driver) -> bool:
+        return by_id(driver, "conversation").get_attribute("data-state") == "idle"
+
+    with chromium() as driver:
+        open_page(driver, server.url, 4)
+        pick_model(driver, "bytes")
+        fill(driver, "chat-max-tokens", "20")
+        assert by_id(driver, "chat-view").is_displayed() and not by_id(driver, "lm-view").is_displayed()
+        # ChromeDriver types no character outside the BMP (the emoji): set the text itself.
+        driver.execute_script("document.getElementById('message').value = arguments[0]", "你好 😀")
+        by_id(driver, "send").click()
+        wait(driver, lambda d: idle(d) and len(turns(d)) == 2)
+        assert turns(driver) == ["你好 😀", REPLY]
+        assert by_id(driver, "conversation").get_attribute("data-finish") == "stop"
+        assert by_id(driver, "message").get_attribute("value") == ""
+
+        # Another model, a new conversation of two turns; a message past its context: the error
+        # shows, and the conversation stays as it was.
+        pick_model(driver, "mixtral")
+        assert turns(driver) == []
+        fill(driver, "chat-max-tokens", "3")  # a random model's bytes make many tokens once read back
+        for message in ("ROMEO: What say you?", "Again?"):
+            fill(driver, "message", message)
+            by_id(driver, "send").click()
+            wait(driver, lambda d: idle(d) and turns(d)[-2:-1] == [message])  # noqa: B023
+        assert len(turns(driver)) == 4 and "tokens in" in by_id(driver, "chat-status").text
+        fill(driver, "message", "ROMEO " * 40)
+        by_id(driver, "send").click()
+        wait(driver, lambda d: "takes at most 64" in by_id(d, "error").text)
+        assert len(turns(driver)) == 4 and idle(driver)
+        by_id(driver, "chat-clear").click()
+        assert turns(driver) == []
+
+        # The tabs: the same model completes a text; a model without a template has no chat.
+        by_id(driver, "mode-complete").click()
+        assert by_id(driver, "lm-view").is_displayed() and not by_id(driver, "chat-view").is_displayed()
+        pick_model(driver, "gpt2")
+        assert not by_id(driver, "mode").is_displayed() and by_id(driver, "lm-view").is_displayed()
+        errors = [
+            e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "400 (Bad Request)" not in e["message"]
+        ]
+        assert errors == [], errors
