@@ -16,13 +16,20 @@ INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip ins
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="a web page and an OpenAI-compatible API over trained runs",
-        description="Serve trained runs over HTTP: a page to talk to them at /, and an API under /v1 "
-        "(completions as OpenAI's API has them, translations, classifications, tags, attention; "
-        "documented at /docs). One process serves every run given; concurrent completions of a model "
+        help="a web page and an OpenAI-compatible API over trained runs and Hugging Face checkpoints",
+        description="Serve trained runs and Hugging Face causal-LM folders (GPT-2, Llama, Mixtral) over "
+        "HTTP: a page to talk to them at /, and an API under /v1 (completions and, for a folder with a "
+        "chat template, chat completions as OpenAI's API has them; translations, classifications, tags, "
+        "attention; documented at /docs). One process serves every run given; concurrent completions of a model "
         "are decoded together. To serve more traffic, start several and put a load balancer in front.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="a run folder, or NAME=FOLDER to name the model")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run folder or a Hugging Face causal-LM folder (config.json, weights, tokenizer.json), "
+        "or NAME=FOLDER to name the model",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument(
@@ -35,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting per model; past it: 429 (64)")
     p.add_argument("--max-tokens", type=positive_int, default=1024, help="largest max_tokens of a completion (1024)")
     p.add_argument("--max-n", type=positive_int, default=8, help="most completions per request, n x prompts (8)")
-    p.add_argument("--max-prompt-tokens", type=positive_int, help="longest prompt in tokens (default 4096)")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=positive_int,
+        help="longest prompt in tokens (default 4096; a Hugging Face folder's at most its context)",
+    )
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time (a baseline)")
     p.add_argument(
         "--fused",

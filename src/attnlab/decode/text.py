@@ -69,8 +69,9 @@ class TextPieces:
         return piece, False
 
     def finish(self) -> str:
-        """What was held back, once no token will follow."""
-        text = self.tokenizer.decode(self.ids)
+        """What was held back, once no token will follow; the first bytes of a character that
+        the text ended inside (a max_tokens cut) are dropped rather than sent as U+FFFD."""
+        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
         piece = text[self.emitted :]
         self.emitted = len(text)
         return piece

@@ -2,8 +2,8 @@
 
 Routes: `GET /` (the page) and `/static/*` (its files, served from this package: the page loads
 nothing from the network), `GET /healthz`, and the API under `/v1` (see /docs): `GET /v1/models`,
-`POST /v1/completions` and `/v1/embeddings` (OpenAI-compatible), `/v1/translations`, `/v1/classifications`,
-`/v1/tags`, `/v1/attention`.
+`POST /v1/completions`, `/v1/chat/completions` and `/v1/embeddings` (OpenAI-compatible),
+`/v1/translations`, `/v1/classifications`, `/v1/tags`, `/v1/attention`.
 
 With an API key, every request under `/v1` needs `Authorization: Bearer KEY` (401 otherwise). The
 page itself, its assets and /healthz hold no secret and stay open: the page asks for the key and
@@ -23,13 +23,15 @@ from fastapi.staticfiles import StaticFiles
 
 from attnlab import __version__
 from attnlab.errors import UserError
-from attnlab.serve import completions, embeddings
+from attnlab.serve import chat, completions, embeddings
 from attnlab.serve.errors import APIError, error_response, install_error_handlers
 from attnlab.serve.limits import Limits
-from attnlab.serve.registry import ATTENTION, ServedModel, served_models
+from attnlab.serve.registry import ATTENTION, CHAT, ServedModel, served_models
 from attnlab.serve.schemas import (
     AttentionRequest,
     AttentionResponse,
+    ChatCompletion,
+    ChatCompletionRequest,
     Classification,
     ClassificationResponse,
     Completion,
@@ -51,9 +53,10 @@ DEFAULT_BEAM = 5  # as `attnlab translate`
 # The page runs only its own scripts and talks only to its own server.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 
-DESCRIPTION = """Trained attnlab runs over HTTP. `POST /v1/completions` and `GET /v1/models` follow
-OpenAI's API, so the `openai` client works with `base_url="http://HOST:PORT/v1"`. Errors are
-OpenAI's JSON error body. One process serves every model it was started with; to serve more
+DESCRIPTION = """Trained attnlab runs and Hugging Face checkpoints over HTTP. `POST /v1/completions`,
+`POST /v1/chat/completions` (models with a chat template) and `GET /v1/models` follow OpenAI's API,
+so the `openai` client works with `base_url="http://HOST:PORT/v1"`. Errors are OpenAI's JSON error
+body. One process serves every model it was started with; to serve more
 traffic, start several and put any HTTP load balancer in front."""
 
 
@@ -124,6 +127,7 @@ def api_router() -> APIRouter:
     router.add_api_route("/models", list_models, methods=["GET"], response_model=ModelList)
     router.add_api_route("/models/{name}", get_model, methods=["GET"], response_model=ModelCard)
     router.add_api_route("/completions", complete, methods=["POST"], response_model=Completion)
+    router.add_api_route(CHAT.removeprefix("/v1"), chat_complete, methods=["POST"], response_model=ChatCompletion)
     router.add_api_route("/translations", translate, methods=["POST"], response_model=TranslationResponse)
     router.add_api_route("/classifications", classify, methods=["POST"], response_model=ClassificationResponse)
     router.add_api_route("/tags", tag, methods=["POST"], response_model=TaggingResponse)
@@ -166,6 +170,21 @@ async def complete(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         return completions.stream_response(model, streams, prompts, body)
     return await completions.complete(model, streams, prompts, request, body)
+
+
+async def chat_complete(body: ChatCompletionRequest, request: Request) -> Any:
+    """Reply to a conversation, through the model's chat template (OpenAI's chat completions API)."""
+    served: dict[str, ServedModel] = request.app.state.models
+    if body.model in served:
+        chat.check_chat(served[body.model])  # a language model without a template: say why
+    model, limits = find(request, body.model, CHAT), server_limits(request)
+    new_tokens = chat.check_caps(body, limits)
+    ids = chat.encode_chat(model, body, limits)
+    streams = chat.submit(model, ids, body, new_tokens)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return chat.stream_response(model, streams, ids, include_usage=include_usage)
+    return await chat.complete(model, streams, ids, request)
 
 
 async def translate(body: TranslationRequest, request: Request) -> TranslationResponse:

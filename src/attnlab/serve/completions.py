@@ -173,11 +173,10 @@ def sampling(request: CompletionRequest, choice: int, adjust=None):
     )
 
 
-async def complete(
-    served: ServedModel, streams: list, prompts: Sequence[list[int]], request: Request, body: CompletionRequest
-) -> Completion:
-    """The whole completion, once every stream has finished. A client that goes away meanwhile
-    cancels the streams: nobody is waiting for the answer any more."""
+async def finished(streams: list, request: Request) -> list[tuple[str, list]]:
+    """Each stream's whole text and token scores, once every stream has finished (a 500 if one
+    failed). A client that goes away meanwhile cancels the streams: nobody is waiting for the
+    answer any more."""
 
     async def collect(stream) -> tuple[str, list]:
         texts, scores = [], []
@@ -202,6 +201,14 @@ async def complete(
     failed = next((s.error for s in streams if s.error), None)
     if failed:
         raise APIError(500, failed)
+    return list(found)
+
+
+async def complete(
+    served: ServedModel, streams: list, prompts: Sequence[list[int]], request: Request, body: CompletionRequest
+) -> Completion:
+    """The whole completion, once every stream has finished."""
+    found = await finished(streams, request)
     choices = []
     for i, ((text, scores), s) in enumerate(zip(found, streams, strict=True)):
         ids = prompts[i // body.per_prompt]

@@ -4,6 +4,10 @@ The run's task decides its endpoints (`ENDPOINTS`): a language model completes t
 model translates, an encoder classifies or tags; every text model with attention shows it, every
 BERT encoder embeds (`/v1/embeddings`), a Hugging Face BERT folder too. A request that names a
 model with the wrong endpoint gets a 400 naming the endpoints it has.
+
+A Hugging Face causal-LM folder (GPT-2, Llama, Mixtral: `attnlab.models.hf.load_causal_lm`) is
+served as a language-model run (`HFCausalLM`), whose prompts are as long as its context; with a
+chat template in its files it also answers `POST /v1/chat/completions`.
 """
 
 import re
@@ -27,6 +31,7 @@ ENDPOINTS = {
     "sentence-embedding": None,  # a Hugging Face BERT folder: the same
 }
 ATTENTION = "/v1/attention"
+CHAT = "/v1/chat/completions"
 KINDS = {
     "language-model": "language model",
     "translation": "translation model",
@@ -52,13 +57,16 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
     """Each `NAME=PATH` or `PATH` loaded with `attnlab.load`, by name; a `UserError` for a missing or
     broken run folder, a run of a task the server has no endpoint for, or two runs of one name."""
     from attnlab import load
+    from attnlab.models.hf.auto import is_hf_folder
 
     runs: dict[str, Any] = {}
     for spec in specs:
         name, path = parse_model_spec(spec)
         if name in runs:
             raise UserError(f"two models are named {name!r}; tell them apart with NAME=PATH")
-        run = load_bert_folder(path, device) or load(path, device=device, checkpoint=checkpoint)
+        run = load_bert_folder(path, device) or (
+            load_hf_causal_lm(path, device) if is_hf_folder(path) else load(path, device=device, checkpoint=checkpoint)
+        )
         if run.config.task not in ENDPOINTS:
             raise UserError(
                 f"{path} is a {run.config.task!r} run; attnlab serve serves runs of the text tasks "
@@ -115,6 +123,41 @@ def load_bert_folder(path: Path, device: str) -> BertFolder | None:
     return BertFolder(Path(path), load_sentence_encoder(path, torch.device(device)))
 
 
+@dataclass(frozen=True)
+class HFConfig:
+    """What the server reads of a run's config, for a Hugging Face folder."""
+
+    model: Any  # attnlab's config of the imported model (a GPTConfig)
+    task: str = "language-model"
+
+
+@dataclass
+class HFCausalLM:
+    """A Hugging Face causal-LM folder dressed as a language-model run (`attnlab.load`'s `Run`):
+    the server decodes it like any other. context: the longest prompt, the model's positions.
+    chat: the folder's chat template, or None."""
+
+    path: Path
+    config: HFConfig
+    tokenizer: Any  # BPETokenizer
+    model: Any  # GPT, in eval mode
+    context: int
+    chat: Any = None  # ChatTemplate
+    step: int = 0
+
+
+def load_hf_causal_lm(path: Path, device: str = "cpu") -> HFCausalLM:
+    """The GPT-2, Llama or Mixtral folder at `path` with its tokenizer and chat template; a
+    `CheckpointError` for anything wrong with its files."""
+    from attnlab.models.hf.auto import load_causal_lm
+    from attnlab.serve.chat_template import read_chat_template
+
+    loaded = load_causal_lm(path)
+    model = loaded.model.to(device).eval()
+    chat = read_chat_template(path, loaded.tokenizer.decode)
+    return HFCausalLM(Path(path), HFConfig(model.config), loaded.tokenizer, model, model.config.block_size, chat)
+
+
 @dataclass
 class ServedModel:
     """One loaded run (`attnlab.load`) and what the server keeps beside it.
@@ -150,7 +193,14 @@ class ServedModel:
 
         own = [ENDPOINTS[self.task]] if ENDPOINTS[self.task] else []
         own += ["/v1/embeddings"] if self.embedder is not None else []
-        return own + ([ATTENTION] if has_attention(self.run.model) else [])
+        chat = [CHAT] if self.chat is not None else []
+        return own + chat + ([ATTENTION] if has_attention(self.run.model) else [])
+
+    @property
+    def chat(self):
+        """The chat template (`attnlab.serve.chat_template.ChatTemplate`) of a Hugging Face folder
+        that has one; None for the others (attnlab's runs were never taught a chat format)."""
+        return getattr(self.run, "chat", None)
 
     @property
     def context(self) -> int | None:
@@ -202,7 +252,10 @@ def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> di
         if model.task == "language-model":
             from attnlab.serve.worker import ModelWorker
 
-            model.worker = ModelWorker(run.model, run.tokenizer, **worker_options)
+            options = dict(worker_options)
+            if isinstance(run, HFCausalLM):  # a published checkpoint's prompts are at most its context
+                options["max_prompt_tokens"] = min(options.get("max_prompt_tokens", run.context), run.context)
+            model.worker = ModelWorker(run.model, run.tokenizer, **options)
         elif model.task not in ("masked-lm", "sentence-embedding"):
             model.helper = open_task(run)
         served[name] = model

@@ -43,6 +43,20 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="end the stream with a chunk that holds only `usage`")
 
 
+# OpenAI's logit adjustments, the same in completions and chat (`attnlab.serve.completions.penalties`).
+PresencePenalty = Annotated[
+    float | None, Field(ge=-2, le=2, description="subtracted from the logit of every token generated so far")
+]
+FrequencyPenalty = Annotated[
+    float | None,
+    Field(ge=-2, le=2, description="times its count, subtracted from the logit of each token generated so far"),
+]
+LogitBias = Annotated[
+    dict[str, Annotated[float, Field(ge=-100, le=100)]] | None,
+    Field(description='token id (as a string) -> added to its logit, -100 to 100: {"50256": -100} bans it'),
+]
+
+
 class CompletionRequest(Request):
     """OpenAI's legacy completion request. null means the default, as in OpenAI's API."""
 
@@ -72,15 +86,9 @@ class CompletionRequest(Request):
         description=f"each token's log-probability under the model, with the N (at most {MAX_LOGPROBS}) most "
         "likely tokens at its position",
     )
-    presence_penalty: float | None = Field(
-        0.0, ge=-2, le=2, description="subtracted from the logit of every token generated so far"
-    )
-    frequency_penalty: float | None = Field(
-        0.0, ge=-2, le=2, description="times its count, subtracted from the logit of each token generated so far"
-    )
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description='token id (as a string) -> added to its logit, -100 to 100: {"50256": -100} bans it'
-    )
+    presence_penalty: PresencePenalty = 0.0
+    frequency_penalty: FrequencyPenalty = 0.0
+    logit_bias: LogitBias = None
     best_of: int | None = Field(1, ge=1, description="completions to choose the n best from: 1, or n (no choice)")
     suffix: Text | None = Field(None, description="text after the completion: not supported, empty only")
 
@@ -297,3 +305,92 @@ class EmbeddingResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingUsage
+
+
+# -- chat completions ----------------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"] = Field(description="only text parts: these models read text")
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation, as OpenAI's chat API writes it. A list of text parts is joined
+    with newlines into one text before the chat template sees it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: Text | list[TextPart]
+    name: str | None = Field(None, description="passed to the chat template; most templates ignore it")
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(Request):
+    """OpenAI's chat completion request. The conversation goes through the model's chat template;
+    null means the default, as in OpenAI's API."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] = Field(description="the conversation so far")
+    max_completion_tokens: int | None = Field(
+        None, ge=0, description="new tokens per reply (default: the server's --max-tokens)"
+    )
+    max_tokens: int | None = Field(None, ge=0, description="the older name of max_completion_tokens")
+    temperature: float | None = Field(1.0, ge=0, le=2, description="softmax temperature; 0 = greedy")
+    top_p: float | None = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens (an attnlab extension)")
+    n: int | None = Field(1, ge=1, description="replies to the conversation")
+    stream: bool | None = Field(False, description="send the reply as server-sent events as it is generated")
+    stream_options: StreamOptions | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = Field(
+        None, description="up to 4 strings; the reply ends before the first (it also ends at the model's end of turn)"
+    )
+    seed: Seed | None = Field(None, description="the same seed gives the same reply; choice i uses seed + i")
+    presence_penalty: PresencePenalty = 0.0
+    frequency_penalty: FrequencyPenalty = 0.0
+    logit_bias: LogitBias = None
+    logprobs: Literal[False] | None = Field(
+        None, description="false only: log-probabilities are served by /v1/completions (logprobs, echo)"
+    )
+    top_logprobs: Literal[0] | None = Field(None, description="0 or null, as logprobs is false")
+    user: str | None = Field(None, description="accepted for compatibility, not used")
+
+    def new_tokens(self, default: int) -> int:
+        """max_completion_tokens, else max_tokens, else `default`."""
+        for value in (self.max_completion_tokens, self.max_tokens):
+            if value is not None:
+                return value
+        return default
+
+    def stops(self) -> tuple[str, ...]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(s for s in stop if s)
+
+
+class ChatReply(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatReply
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletion(BaseModel):
+    """A whole reply (`stream: false`). Streamed, each server-sent event is a `chat.completion.chunk`
+    whose choices hold a `delta` (the first `{"role": "assistant", "content": ""}`, then the new
+    text) and, in the last of each choice, the `finish_reason`."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage

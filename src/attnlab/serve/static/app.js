@@ -1,12 +1,16 @@
 // attnlab serve: the page. It speaks only the server's own HTTP API (/v1/...), as any client would:
 // completions stream in as server-sent events read from fetch's ReadableStream; Stop aborts the
-// fetch, and the server cancels the generation when the connection goes.
+// fetch, and the server cancels the generation when the connection goes. A model with a chat
+// template also gets a chat: the conversation is kept here and sent whole with each message.
 "use strict";
 
 (function () {
   const $ = (id) => document.getElementById(id);
   const KEY = "attnlab-api-key", MODEL = "attnlab-model";
-  const state = { models: [], key: localStorage.getItem(KEY) || "", controller: null, views: 0 };
+  const CHAT = "/v1/chat/completions";
+  const state = {
+    models: [], key: localStorage.getItem(KEY) || "", controller: null, views: 0, mode: "chat", conversation: [],
+  };
 
   // -- talking to the server -----------------------------------------------------------------
   async function api(path, body, signal) {
@@ -62,7 +66,9 @@
     showError("");
     // The model's own context (a language model reads a longer prompt's last `context` tokens).
     $("model-info").textContent = model.task + (model.context ? " · context " + model.context + " tokens" : "");
-    $("lm-view").hidden = !has(model, "/v1/completions");
+    $("mode").hidden = !(has(model, CHAT) && has(model, "/v1/completions"));
+    clearChat();
+    showMode();
     $("mt-view").hidden = !has(model, "/v1/translations");
     // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
     const tags = has(model, "/v1/tags"), classify = has(model, "/v1/classifications");
@@ -76,6 +82,97 @@
     $("attn-section").hidden = !has(model, "/v1/attention");
     $("attention-box").replaceChildren();
     $("attn-status").textContent = "";
+  }
+
+  // A language model with a chat template: Chat or Complete a text (the tabs); without one, completion only.
+  function showMode() {
+    const model = current(), chat = has(model, CHAT) && (state.mode === "chat" || !has(model, "/v1/completions"));
+    $("chat-view").hidden = !chat;
+    $("lm-view").hidden = chat || !has(model, "/v1/completions");
+    $("mode-chat").setAttribute("aria-selected", String(chat));
+    $("mode-complete").setAttribute("aria-selected", String(!chat));
+  }
+
+  function setMode(mode) {
+    if (state.controller) state.controller.abort();
+    state.mode = mode;
+    showMode();
+  }
+
+  // -- chat ------------------------------------------------------------------------------------
+  function addTurn(role, text) {
+    const turn = element("div", "turn " + role, text);
+    $("conversation").querySelector(".placeholder").hidden = true;
+    $("conversation").append(turn);
+    return turn;
+  }
+
+  function clearChat() {
+    if (state.controller) state.controller.abort();
+    state.conversation = [];
+    $("conversation").querySelectorAll(".turn").forEach((t) => t.remove());
+    $("conversation").querySelector(".placeholder").hidden = false;
+    $("chat-status").textContent = "";
+  }
+
+  function setChatRunning(running) {
+    $("send").disabled = running;
+    $("chat-stop").disabled = !running;
+    $("conversation").dataset.state = running ? "running" : "idle";
+  }
+
+  async function send() {
+    const text = $("message").value, system = $("system").value.trim();
+    if (!text.trim() || state.controller) return;
+    showError("");
+    const history = state.conversation.concat([{ role: "user", content: text }]);
+    const body = {
+      model: current().id,
+      messages: (system ? [{ role: "system", content: system }] : []).concat(history),
+      max_tokens: numberOr("chat-max-tokens", 200),
+      temperature: Number($("chat-temperature").value),
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    const asked = addTurn("user", text), reply = addTurn("assistant", "");
+    const controller = new AbortController(), started = performance.now();
+    state.controller = controller;
+    setChatRunning(true);
+    let finish = null, usage = null;
+    try {
+      const response = await api(CHAT, body, controller.signal);
+      $("chat-status").textContent = "replying…";
+      for await (const chunk of events(response)) {
+        if (chunk.usage) usage = chunk.usage;
+        for (const choice of chunk.choices) {
+          if (choice.delta && choice.delta.content) reply.append(choice.delta.content);
+          if (choice.finish_reason) finish = choice.finish_reason;
+        }
+      }
+      const seconds = (performance.now() - started) / 1000, tokens = usage ? usage.completion_tokens : 0;
+      $("chat-status").textContent = tokens + " tokens in " + seconds.toFixed(1) + " s · " +
+        (finish === "length" ? "reached max tokens" : "end of the model's turn");
+      $("conversation").dataset.finish = finish || "";
+      state.conversation = history.concat([{ role: "assistant", content: reply.textContent }]);
+      $("message").value = "";
+    } catch (e) {
+      if (e.name === "AbortError") {  // what was written stays in the conversation
+        $("chat-status").textContent = "stopped";
+        $("conversation").dataset.finish = "stopped";
+        if (reply.isConnected) {  // not a stop by "New chat" or another model
+          state.conversation = history.concat([{ role: "assistant", content: reply.textContent }]);
+          $("message").value = "";
+        }
+      } else {  // the message was not taken (a refusal of the template, a full queue): try again
+        asked.remove();
+        reply.remove();
+        showError(e.message);
+        $("chat-status").textContent = "";
+      }
+    } finally {
+      if (state.controller === controller) state.controller = null;
+      setChatRunning(false);
+    }
   }
 
   // -- completion ------------------------------------------------------------------------------
@@ -315,6 +412,7 @@
 
   // -- the attention explorer of `attnlab attention`, fed by /v1/attention --------------------
   function typedText(model) {
+    if (!$("chat-view").hidden) return $("message").value;
     if (has(model, "/v1/completions")) return $("prompt").value;
     if (has(model, "/v1/translations")) return $("source").value;
     return $("enc-input").value.split("\n").find((l) => l.trim()) || "";  // the first sentence
@@ -365,10 +463,18 @@
     $("translate").addEventListener("click", translate);
     $("enc-run").addEventListener("click", runEncoder);
     $("show-attention").addEventListener("click", showAttention);
+    $("send").addEventListener("click", send);
+    $("chat-stop").addEventListener("click", stop);
+    $("chat-clear").addEventListener("click", clearChat);
+    $("mode-chat").addEventListener("click", () => setMode("chat"));
+    $("mode-complete").addEventListener("click", () => setMode("complete"));
+    $("message").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) send();
+    });
     $("prompt").addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) generate();
     });
-    ["temperature", "top-p"].forEach((id) => {
+    ["temperature", "top-p", "chat-temperature"].forEach((id) => {
       $(id).addEventListener("input", () => { $(id + "-value").textContent = $(id).value; });
     });
     $("key-form").addEventListener("submit", (e) => {

@@ -1,0 +1,162 @@
+"""`POST /v1/chat/completions`: a conversation through the model's chat template, replies as
+OpenAI's chat API writes them.
+
+The messages become one prompt (`chat_template.ChatTemplate.render`, tokenized without the
+tokenizer's own additions, as `transformers`' `apply_chat_template` does), decoded by the model's
+worker like any completion: continuous batching, the same caps, the same cancellation when the
+client goes away. A reply ends at the model's end of turn (the template's eos token and
+generation_config.json's, as text), at a stop string, or at `max_completion_tokens`. Streamed,
+each choice first gets `{"role": "assistant", "content": ""}`, then its text in pieces of whole
+characters (`decode.text.TextPieces` holds back a character's first bytes until its last arrives),
+then an empty delta with its `finish_reason`; `data: [DONE]` ends the stream.
+
+Only Hugging Face folders whose files hold a chat template answer here; a model without one gets
+a 400 that says so (an attnlab run was trained on plain text, not on conversations: its
+`/v1/completions` continues text).
+"""
+
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from attnlab.serve import completions
+from attnlab.serve.chat_template import ChatTemplateError
+from attnlab.serve.errors import APIError, error_body
+from attnlab.serve.limits import Limits
+from attnlab.serve.registry import ServedModel
+from attnlab.serve.schemas import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatReply, Usage
+
+
+def check_chat(served: ServedModel) -> None:
+    """A 400 saying why a language model has no chat, unless it has one."""
+    if served.task == "language-model" and served.chat is None:
+        raise APIError(
+            400,
+            f"model {served.name!r} has no chat template (a Hugging Face folder brings one in its "
+            "tokenizer_config.json or chat_template.jinja; an attnlab run was trained on plain text): "
+            "use POST /v1/completions to continue a text",
+            param="model",
+        )
+
+
+def check_caps(body: ChatCompletionRequest, limits: Limits) -> int:
+    """The new tokens per reply; a 400 when the request asks for more than the server's caps allow."""
+    new = body.new_tokens(limits.max_tokens)
+    if new > limits.max_tokens:
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        raise APIError(400, f"{param}: at most {limits.max_tokens} on this server", param=param)
+    if (body.n or 1) > limits.max_n:
+        raise APIError(400, f"n: at most {limits.max_n} replies on this server", param="n")
+    return new
+
+
+def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits) -> list[int]:
+    """The conversation's token ids through the model's chat template (with the assistant's turn
+    opened); a 400 for a text past the server's length, a template that refuses the messages, or a
+    prompt longer than the model's context."""
+    messages = []
+    for i, message in enumerate(body.messages):
+        text = message.text()
+        if len(text) > limits.max_text_chars:
+            param = f"messages[{i}].content"
+            raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
+        messages.append({"role": message.role, "content": text, "name": message.name})
+    try:
+        ids = served.chat.encode(served.run.tokenizer, messages, add_generation_prompt=True)
+    except ChatTemplateError as e:
+        raise APIError(400, f"messages: the model's chat template refused them: {e}", param="messages") from None
+    if not ids:
+        raise APIError(400, "messages: the chat template made an empty prompt of them", param="messages")
+    if len(ids) > served.context:
+        raise APIError(
+            400,
+            f"messages: {len(ids)} tokens with the chat template, but model {served.name!r} takes at most "
+            f"{served.context}",
+            param="messages",
+        )
+    return ids
+
+
+def submit(served: ServedModel, ids: list[int], body: ChatCompletionRequest, new_tokens: int) -> list:
+    """One stream per choice; a 429 (nothing left queued) when the model's queue is full."""
+    from attnlab.serve.worker import QueueFull, Sampling
+
+    stop = body.stops() + served.chat.end_of_turn
+    adjust = completions.penalties(served, body)  # checks logit_bias's keys
+    streams = []
+    try:
+        for j in range(body.n or 1):
+            sampling = Sampling(
+                max_tokens=new_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=body.top_k,
+                seed=None if body.seed is None else body.seed + j,
+                stop=stop,
+                penalties=adjust,
+            )
+            streams.append(served.worker.submit(ids, sampling))
+    except QueueFull as e:
+        for s in streams:
+            s.cancel()
+        retry = str(max(1, math.ceil(e.retry_after)))
+        raise APIError(
+            429, f"model {served.name!r} has a full queue; retry after {retry} s", headers={"Retry-After": retry}
+        ) from None
+    return streams
+
+
+async def complete(served: ServedModel, streams: list, ids: list[int], request: Request) -> ChatCompletion:
+    """The whole reply of each choice, once every stream has finished (a client gone meanwhile
+    cancels them, as for completions)."""
+    found = await completions.finished(streams, request)
+    choices = [
+        ChatChoice(index=i, message=ChatReply(content=text), finish_reason=s.finish_reason)
+        for i, ((text, _), s) in enumerate(zip(found, streams, strict=True))
+    ]
+    usage, created = _usage(streams, ids), int(time.time())
+    return ChatCompletion(id=_chat_id(), created=created, model=served.name, choices=choices, usage=usage)
+
+
+def stream_response(served: ServedModel, streams: list, ids: list[int], *, include_usage: bool):
+    """The replies as server-sent `chat.completion.chunk` events, as OpenAI's API streams them."""
+    head = {"id": _chat_id(), "object": "chat.completion.chunk", "created": int(time.time()), "model": served.name}
+
+    def event(index: int | None, delta: dict | None = None, finish: str | None = None, usage=None) -> str:
+        choices = [] if index is None else [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        return f"data: {json.dumps({**head, 'choices': choices, 'usage': usage}, ensure_ascii=False)}\n\n"
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            for i in range(len(streams)):
+                yield event(i, {"role": "assistant", "content": ""})
+            async for index, piece in completions.merged(streams):
+                if piece is None and streams[index].error:  # decoding failed: say so, as OpenAI's streams do
+                    yield f"data: {json.dumps(error_body(500, streams[index].error))}\n\n"
+                    return
+                if piece is None:  # stream `index` has ended
+                    yield event(index, {}, streams[index].finish_reason)
+                elif piece.text:
+                    yield event(index, {"content": piece.text})
+            if include_usage:
+                yield event(None, usage=_usage(streams, ids).model_dump())
+            yield "data: [DONE]\n\n"
+        finally:
+            for s in streams:
+                s.cancel()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return completions.EventStream(events(), media_type="text/event-stream", headers=headers)
+
+
+def _usage(streams: list, ids: list[int]) -> Usage:
+    completion = sum(s.completion_tokens for s in streams)
+    return Usage(prompt_tokens=len(ids), completion_tokens=completion, total_tokens=len(ids) + completion)
+
+
+def _chat_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
