@@ -118,8 +118,8 @@ class LanguageModeling:
             )
         # Only a new run reads the source; afterwards the run folder holds all it needs of it.
         source = load_source(data.init_from) if data.init_from and not resume else None
+        # A new fine-tuning run's first weights, until `initialize` puts them into its model.
         self.initial_weights: dict[str, torch.Tensor] | None = None
-        """A new fine-tuning run's first weights, until `initialize` puts them into its model."""
         if source is not None:
             config = fine_tune_config(source, model, data.block_size)
             self.initial_weights = cropped_state(source, config)
@@ -138,7 +138,7 @@ class LanguageModeling:
             if len(tokens) <= block:
                 raise UserError(
                     f"the {name} split of the corpus has {len(tokens)} tokens, fewer than one block of "
-                    f"{block} + 1; use a longer corpus or a smaller model.block_size"
+                    f"{block} + 1; use a longer corpus or a smaller model.block_size (data.block_size with init_from)"
                 )
 
     def _tokenizer(self, path: Path, resume: bool, source: "Source | None", train_text: str, text: str) -> Tokenizer:
