@@ -43,6 +43,7 @@ FAMILIES = (
 MORE = (  # the other presets, run with --all or named with --presets
     ("GPT", "shakespeare-char-cpu", None),
     ("GPT", "demo", None),
+    ("GPT", "finetune-lm", None),  # without --init-from: from scratch, the preset's recipe alone
     ("BERT tagger", "ud-pos", "ud-english-ewt"),
     ("BERT masked LM", "ud-mlm", "ud-english-ewt"),
     ("BiLSTM classifier", "sst2-bilstm", "sst2"),

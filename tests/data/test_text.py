@@ -42,8 +42,25 @@ def test_missing_file_is_a_user_error(tmp_path: Path):
         read_corpus(str(tmp_path / "missing.txt"))
 
 
-def test_directory_is_a_user_error(tmp_path: Path):
-    with pytest.raises(UserError, match="not a file"):
+def test_folder_without_txt_files_is_a_user_error(tmp_path: Path):
+    (tmp_path / "notes.md").write_text("not a .txt file", encoding="utf-8")
+    with pytest.raises(UserError, match="no .txt files"):
+        read_corpus(str(tmp_path))
+
+
+def test_folder_of_txt_files_is_read_in_name_order_each_file_on_new_lines(tmp_path: Path):
+    (tmp_path / "b.txt").write_text("second\n", encoding="utf-8")
+    (tmp_path / "a.txt").write_text("first", encoding="utf-8")  # no newline at its end: one is added
+    (tmp_path / "c.txt").write_text("third", encoding="utf-8")
+    (tmp_path / "skipped.md").write_text("not text for the corpus", encoding="utf-8")
+    (tmp_path / "sub.txt").mkdir()  # a folder named like a text file is no file
+    assert read_corpus(str(tmp_path)) == "first\nsecond\nthird"
+
+
+def test_a_bad_file_in_a_folder_is_named(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("fine\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_bytes(b"bad \xff byte\n")
+    with pytest.raises(UserError, match="b.txt"):
         read_corpus(str(tmp_path))
 
 

@@ -178,7 +178,7 @@ def test_init_from_errors(mlm_run, capsys, tmp_path, tmp_path_factory, tiny_toml
     assert_user_error(sst2(tmp_path / "empty"), "empty", "config.toml", "config.json")
     assert_user_error(sst2(mlm_run, "--set=model.kind=bilstm"), "model.kind", "bert")
     result = cli(capsys, "train", str(tiny_toml), "--init-from", mlm_run, "--out", tmp_path / "lm", "--quiet")
-    assert_user_error(result, "--init-from", "'language-model'")
+    assert_user_error(result, "--init-from", "'masked-lm' run, not a language model")
     bilstm = shared(tmp_path_factory, "sst2-bilstm")
     capsys.readouterr()  # the training log, when this test trained the BiLSTM
     assert_user_error(sst2(bilstm), "BiLSTM", "BERT")

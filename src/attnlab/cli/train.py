@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init-from",
         metavar="FOLDER",
-        help="start from a pre-trained encoder: an attnlab run folder or a Hugging Face BERT folder "
-        "(sets data.init_from; classification and tagging fine-tune it, masked-LM pre-training continues it)",
+        help="fine-tune a pre-trained model (sets data.init_from): a language model from a Hugging Face GPT-2, Llama "
+        "or Mixtral folder or an attnlab language-model run; an encoder task from an attnlab run or a BERT folder",
     )
     add_device_argument(p, sets_config=True)
     p.add_argument(
@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from:
         if not hasattr(config.data, "init_from"):
             raise UserError(
-                "--init-from is for encoder tasks (text-classification, token-classification, masked-lm), "
-                f"not a {config.task!r} run"
+                "--init-from is for language models and the encoder tasks (text-classification, "
+                f"token-classification, masked-lm), not a {config.task!r} run"
             )
         overrides.setdefault("data", {})["init_from"] = args.init_from
         config = resolve(apply_overrides(doc, overrides))

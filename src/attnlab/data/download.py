@@ -142,7 +142,7 @@ def _tinyshakespeare() -> DataSet:
         "tinyshakespeare",
         "Tiny Shakespeare (Karpathy's char-rnn corpus; attnlab ships a copy, this is its source)",
         "the text is Shakespeare (public domain); the char-rnn repository says MIT",
-        ("shakespeare-char", "shakespeare-char-cpu", "demo"),
+        ("shakespeare-char", "shakespeare-char-cpu", "demo", "finetune-lm"),
         (RemoteFile("input.txt", url, sha, 1115394),),
     )
 

@@ -1,9 +1,9 @@
 """Plain-text corpora for language modelling.
 
-Any UTF-8 file is a corpus. It is split into train and validation text (the last `val_fraction`
-of the characters is validation, as in nanoGPT), encoded once into token files beside the run
-(numpy memmaps, reused while the corpus and tokenizer are unchanged), and served as random
-contiguous blocks.
+Any UTF-8 file is a corpus, and so is a folder of `.txt` files (joined in the order of their
+names). It is split into train and validation text (the last `val_fraction` of the characters is
+validation, as in nanoGPT), encoded once into token files beside the run (numpy memmaps, reused
+while the corpus and tokenizer are unchanged), and served as random contiguous blocks.
 """
 
 import hashlib
@@ -29,18 +29,34 @@ def bundled_shakespeare() -> str:
 
 
 def read_corpus(path: str) -> str:
-    """The text of a UTF-8 corpus file; an empty path means the bundled Tiny Shakespeare."""
+    """The text of a UTF-8 corpus: a file, or a folder's `.txt` files (`read_folder`); an empty
+    path means the bundled Tiny Shakespeare."""
     if not path:
         return bundled_shakespeare()
     p = Path(path).expanduser()
     if not p.exists():
-        raise UserError(f"corpus file {p} does not exist; set data.path to a UTF-8 text file")
-    if not p.is_file():
-        raise UserError(f"corpus path {p} is not a file; set data.path to a UTF-8 text file")
-    text = decode_utf8(p.read_bytes(), f"corpus {p}")
+        raise UserError(f"corpus file {p} does not exist; set data.path to a UTF-8 text file or a folder of .txt files")
+    text = read_folder(p) if p.is_dir() else _read_text_file(p)
     if not text.strip():
         raise UserError(f"corpus {p} is empty; give a text file with some content")
     return text
+
+
+def read_folder(folder: Path) -> str:
+    r"""The `.txt` files directly in `folder`, in sorted order of their names, joined into one text;
+    a file that does not end with a newline gets one, so the next starts on a line of its own.
+    Example: a.txt "one", b.txt "two\n" -> "one\ntwo\n"."""
+    files = sorted(f for f in folder.iterdir() if f.suffix == ".txt" and f.is_file())
+    if not files:
+        raise UserError(f"corpus folder {folder} has no .txt files; put the text in .txt files there")
+    texts = [_read_text_file(f) for f in files]
+    return "".join(t if t.endswith("\n") else t + "\n" for t in texts[:-1]) + texts[-1]
+
+
+def _read_text_file(p: Path) -> str:
+    if not p.is_file():
+        raise UserError(f"corpus path {p} is not a file; set data.path to a UTF-8 text file or a folder of .txt files")
+    return decode_utf8(p.read_bytes(), f"corpus {p}")
 
 
 def split_text(text: str, val_fraction: float) -> tuple[str, str]:

@@ -3,44 +3,69 @@
 The task knows which model (GPT), which data (a text corpus split 90/10, char or BPE tokens),
 which loss (next-token cross-entropy) and which metric (validation loss and perplexity). The
 trainer and the CLI know nothing more specific than this interface.
+
+Fine-tuning (`data.init_from`, `attnlab train finetune-lm --init-from FOLDER`): a new run takes
+the model (config and weights) and the tokenizer of a Hugging Face GPT-2, Llama or Mixtral folder
+or of an attnlab language-model run, never retraining the tokenizer (nanoGPT's `init_from`, and
+Howard & Ruder 2018 for fine-tuning a language model on one's own text). Its `source.json` records
+the folder and the hash of its weights (`source_record`); a resumed run reads none of the source.
 """
 
 import dataclasses
+import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.checkpoints import CONFIG, TOKENIZER, weights_sha256
 from attnlab.data.text import encode_splits, random_blocks, read_corpus, sequential_blocks, split_text, train_tokenizer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
-from attnlab.errors import UserError
+from attnlab.errors import CheckpointError, UserError
 from attnlab.eval import perplexity
+from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
 
 TOKENIZER_KINDS = ("char", "bpe")
+SOURCE_FILE = "source.json"
+SOURCE_FORMAT_VERSION = 1
+POSITION_TABLE = "positions.embedding.weight"  # learned positions: the one tensor a shorter context crops
 
 
 @dataclass(frozen=True)
 class LMDataConfig:
     """Where the text comes from and how it becomes tokens."""
 
-    path_fields: ClassVar[tuple[str, ...]] = ("path",)
+    path_fields: ClassVar[tuple[str, ...]] = ("path", "init_from")
     """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     path: str = ""
-    """A UTF-8 text file; empty means the bundled Tiny Shakespeare."""
+    """A UTF-8 text file, or a folder of .txt files (joined in name order); empty means the bundled
+    Tiny Shakespeare."""
     tokenizer: str = "char"
-    """"char" (one token per character) or "bpe" (byte-level BPE trained on the corpus)."""
+    """"char" (one token per character) or "bpe" (byte-level BPE trained on the corpus); not used
+    with init_from, which brings its own."""
     vocab_size: int = 4096
     """Target vocabulary size of the BPE tokenizer (ignored for "char")."""
     val_fraction: float = 0.1
     """Share of the corpus (its end) held out for validation."""
+    init_from: str = ""
+    """A checkpoint to fine-tune: a Hugging Face GPT-2, Llama or Mixtral folder or an attnlab
+    language-model run. Its model (config and weights) and tokenizer replace the model section's
+    shape and data.tokenizer; the model section's dropout is kept. Empty: train from scratch."""
+    block_size: int = 0
+    """With init_from: tokens per training block, an error past the checkpoint's context. 0 takes
+    model.block_size capped at that context (the log says so). The run's model.block_size is the
+    block (a learned position table keeps its first rows, as nanoGPT's crop_block_size)."""
 
     def __post_init__(self) -> None:
+        if self.block_size < 0:
+            raise ValueError(f"block_size must be >= 0 (0: model.block_size), got {self.block_size}")
         if self.tokenizer not in TOKENIZER_KINDS:
             raise ValueError(f"tokenizer must be one of {list(TOKENIZER_KINDS)}, got {self.tokenizer!r}")
         if not 0.0 < self.val_fraction < 1.0:
@@ -80,30 +105,71 @@ class LanguageModeling:
         batch_size: int = 12,
         splits: tuple[str, ...] = ("train", "val"),
     ) -> None:
-        """Read the corpus, train the tokenizer (or reload the run's own when resuming), and encode
-        both splits into `run_dir/data`. (`splits` is part of the common task interface; a text
-        corpus always yields both.)"""
+        """Read the corpus, train the tokenizer (or, with data.init_from, take the checkpoint's model
+        config, weights and tokenizer; or reload the run's own when resuming), and encode both
+        splits into `run_dir/data`. (`splits` is part of the common task interface; a text corpus
+        always yields both.)"""
         self.data_config = data
         self.batch_size = batch_size
+        if data.block_size and not data.init_from:
+            raise UserError(
+                "data.block_size is for a run that starts from a checkpoint (data.init_from); "
+                "a model trained from scratch takes model.block_size"
+            )
+        # Only a new run reads the source; afterwards the run folder holds all it needs of it.
+        source = load_source(data.init_from) if data.init_from and not resume else None
+        # A new fine-tuning run's first weights, until `initialize` puts them into its model.
+        self.initial_weights: dict[str, torch.Tensor] | None = None
+        if source is not None:
+            config = fine_tune_config(source, model, data.block_size)
+            self.initial_weights = cropped_state(source, config)
         text = read_corpus(data.path)
         train_text, val_text = split_text(text, data.val_fraction)
-        tokenizer_path = run_dir / "tokenizer.json"
-        if resume:
-            self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
-        else:
-            self.tokenizer = train_tokenizer(data.tokenizer, train_text, text, data.vocab_size)
-            self.tokenizer.save(tokenizer_path)
+        tokenizer_path = run_dir / TOKENIZER
+        self.tokenizer = self._tokenizer(tokenizer_path, resume, source, train_text, text)
+        if source is not None:
+            write_source_record(run_dir, source.record)
         self.splits = encode_splits(
             self.tokenizer, train_text, val_text, tokenizer_path.read_text(encoding="utf-8"), run_dir / "data"
         )
-        self.model_config = dataclasses.replace(model, vocab_size=self.tokenizer.vocab_size)
+        self.model_config = config if source is not None else self._saved_or_new_config(model, run_dir)
         block = self.model_config.block_size
         for name, tokens in (("train", self.splits.train), ("val", self.splits.val)):
             if len(tokens) <= block:
                 raise UserError(
                     f"the {name} split of the corpus has {len(tokens)} tokens, fewer than one block of "
-                    f"{block} + 1; use a longer corpus or a smaller model.block_size"
+                    f"{block} + 1; use a longer corpus or a smaller model.block_size (data.block_size with init_from)"
                 )
+
+    def _tokenizer(self, path: Path, resume: bool, source: "Source | None", train_text: str, text: str) -> Tokenizer:
+        """The run's tokenizer, saved at `path`: its own when resuming, else the checkpoint's, else
+        one trained on the corpus."""
+        if resume:
+            return load_tokenizer(path)
+        if source is not None:
+            # Read back from the run's file, as a resumed run and `attnlab sample RUN` read it: the
+            # corpus is one stream of text, so the checkpoint's rule of adding "<s>" before each
+            # text it encodes (Llama's post-processor) does not cut into it.
+            source.tokenizer.save(path)
+            return load_tokenizer(path)
+        tokenizer = train_tokenizer(self.data_config.tokenizer, train_text, text, self.data_config.vocab_size)
+        tokenizer.save(path)
+        return tokenizer
+
+    def _saved_or_new_config(self, wanted: GPTConfig, run_dir: Path) -> GPTConfig:
+        """A fine-tuning run resumed (or loaded for use) has the model its config.toml saved, the
+        checkpoint's shape; a run from scratch the one asked for, sized to its tokenizer."""
+        if self.data_config.init_from:
+            from attnlab.tasks.trained import saved_model_config  # it imports the task registry, which imports this
+
+            return saved_model_config(run_dir)[1]
+        return dataclasses.replace(wanted, vocab_size=self.tokenizer.vocab_size)
+
+    def initialize(self, model: GPT) -> None:
+        """A new fine-tuning run's model starts from the checkpoint's weights (no-op otherwise)."""
+        if self.initial_weights is not None:
+            model.load_state_dict(self.initial_weights)
+            self.initial_weights = None  # the model holds them now
 
     def build_model(self) -> GPT:
         return GPT(self.model_config)
@@ -198,3 +264,152 @@ def check_context(model: GPT, context: int) -> None:
             f"block_size {limit} tokens, not {context}; evaluate at --context {limit} or less "
             "(rope, alibi, relative, sinusoidal, fourier and none can run past their training length)"
         )
+
+
+# -- fine-tuning: the checkpoint a run starts from ---------------------------------------------------
+ATTNLAB_RUN = "attnlab"
+"""`SourceRecord.kind` of an attnlab run folder (a Hugging Face folder's is its model_type)."""
+_SOURCES = (
+    "give a Hugging Face GPT-2, Llama or Mixtral folder (config.json, weights, tokenizer.json) "
+    "or an attnlab language-model run folder"
+)
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """What a fine-tuning run started from: its `source.json`, read back by `source_record`."""
+
+    path: Path
+    """The checkpoint folder, absolute."""
+    kind: str
+    """"gpt2", "llama" or "mixtral" (a Hugging Face folder's model_type) or "attnlab" (a run folder)."""
+    weights_sha256: str
+    """`attnlab.checkpoints.weights_sha256(path)` when the run started."""
+
+
+@dataclass
+class Source:
+    """A checkpoint loaded to fine-tune from (`load_source`)."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    record: SourceRecord
+
+    @property
+    def context(self) -> int:
+        """The longest sequence the checkpoint was made for: its block_size (GPT-2's n_positions,
+        Llama's max_position_embeddings)."""
+        return self.model.config.block_size
+
+
+def load_source(folder: str | Path) -> Source:
+    """The model, tokenizer and record of a Hugging Face GPT-2, Llama or Mixtral folder
+    (`attnlab.models.hf.load_causal_lm`) or of an attnlab language-model run (its newest weights),
+    on the CPU in float32. A `UserError` naming the problem for anything else."""
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        raise UserError(f"--init-from {path}: no such folder; {_SOURCES}")
+    if (path / CONFIG).is_file():
+        model, tokenizer, kind = _run_source(path)
+    elif (path / "config.json").is_file():
+        model, tokenizer, kind = _hf_source(path)
+    else:
+        raise UserError(f"--init-from {path}: not a checkpoint (no config.toml or config.json in it); {_SOURCES}")
+    return Source(model.float().eval(), tokenizer, SourceRecord(path, kind, weights_sha256(path)))
+
+
+def _run_source(path: Path) -> tuple[GPT, Tokenizer, str]:
+    from attnlab.tasks.trained import load_trained, saved_model_config  # they import the task registry
+
+    task, config = saved_model_config(path)
+    if task != LanguageModeling.name:
+        raise UserError(f"--init-from {path}: a {task!r} run, not a language model; {_SOURCES}")
+    trained = load_trained(path, task, config, best=True)
+    return trained.model, trained.tokenizer, ATTNLAB_RUN
+
+
+def _hf_source(path: Path) -> tuple[GPT, Tokenizer, str]:
+    from attnlab.models.hf import CAUSAL_LM_LOADERS, load_causal_lm
+
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        model_type = None  # load_causal_lm names what is wrong with the file
+    if isinstance(model_type, str) and model_type not in CAUSAL_LM_LOADERS:
+        raise UserError(
+            f"--init-from {path}: config.json's model_type is {model_type!r}, not a language model attnlab "
+            f"imports ({', '.join(CAUSAL_LM_LOADERS)}); a BERT folder goes with the encoder tasks' --init-from"
+        )
+    loaded = load_causal_lm(path)
+    return loaded.model, loaded.tokenizer, loaded.model_type
+
+
+def fine_tune_config(source: Source, wanted: GPTConfig, block_size: int) -> GPTConfig:
+    """The checkpoint's model config with this run's dropout and training block (`block_size`, or
+    else `wanted.block_size` capped at the checkpoint's context), said in one line on stderr."""
+    context = source.context
+    if block_size > context:
+        raise UserError(
+            f"data.block_size {block_size} is past the context of {source.record.path} ({context} tokens); "
+            f"set data.block_size to {context} or less"
+        )
+    block = block_size or min(wanted.block_size, context)
+    config = dataclasses.replace(source.model.config, dropout=wanted.dropout, block_size=block)
+    r, c = source.record, config
+    what = "attnlab run" if r.kind == ATTNLAB_RUN else f"Hugging Face {r.kind} checkpoint"
+    capped = f" (model.block_size {wanted.block_size} capped at its context)" if block < wanted.block_size else ""
+    sys.stderr.write(
+        f"--init-from {r.path}: the model and tokenizer of this {what} ({c.n_layers} layers, d_model "
+        f"{c.d_model}, {c.n_heads} heads, {c.vocab_size} token ids, context {context}); the model section's "
+        f"shape is not used, its dropout {c.dropout} is; training blocks of {block} tokens{capped}\n"
+    )
+    return config
+
+
+def cropped_state(source: Source, config: GPTConfig) -> dict[str, Any]:
+    """The checkpoint's weights for a model of `config`, its shape with a context no longer than its
+    own: a learned position table keeps its first block_size rows (nanoGPT's crop_block_size); any
+    other tensor must fit as it is."""
+    with torch.device("meta"):  # the shapes alone, no memory
+        shapes = {k: v.shape for k, v in GPT(config).state_dict().items()}
+    state = source.model.state_dict()
+    if POSITION_TABLE in state:
+        state[POSITION_TABLE] = state[POSITION_TABLE][: config.block_size]
+    misfits = [k for k, v in state.items() if shapes.get(k) != v.shape]
+    if misfits:
+        raise UserError(
+            f"--init-from {source.record.path}: its {misfits[0]} is made for {source.context} tokens, not the "
+            f"training blocks of {config.block_size}; set data.block_size = {source.context}"
+        )
+    return state
+
+
+def write_source_record(run_dir: Path, record: SourceRecord) -> None:
+    """`run_dir/source.json`: what the run started from (a format version, the folder, its kind and
+    the hash of its weights)."""
+    doc = {
+        "format_version": SOURCE_FORMAT_VERSION,
+        "path": str(record.path),
+        "kind": record.kind,
+        "weights_sha256": record.weights_sha256,
+    }
+    atomic_write_text(run_dir / SOURCE_FILE, json.dumps(doc, indent=2) + "\n")
+
+
+def source_record(run_dir: str | Path) -> SourceRecord | None:
+    """What the language-model run in `run_dir` was fine-tuned from (its source.json), or None for a
+    run trained from scratch. A `CheckpointError` where the file is damaged."""
+    path = Path(run_dir) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        version, fields = doc["format_version"], (doc["path"], doc["kind"], doc["weights_sha256"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is damaged ({type(e).__name__}: {e}); restore it or train again") from None
+    if version != SOURCE_FORMAT_VERSION or not all(isinstance(f, str) and f for f in fields):
+        raise CheckpointError(
+            f"{path}: expected format_version {SOURCE_FORMAT_VERSION} and the strings path, kind and "
+            "weights_sha256; restore it or train the run again"
+        )
+    return SourceRecord(Path(fields[0]), fields[1], fields[2])
