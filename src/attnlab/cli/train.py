@@ -62,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--strategy",
         choices=("ddp", "fsdp"),
         default="ddp",
+        metavar="NAME",  # (the choices are in the help; a long metavar would widen every option's column)
         help="with --nproc: ddp (default) keeps a whole copy of the model and its optimizer state in every "
         "process; fsdp shards weights, gradients and optimizer state across the processes (PyTorch's "
         "fully_shard), for a model whose training state does not fit one device. Checkpoints are the same files",
