@@ -1,4 +1,4 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N] [--seeds N]
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N [--strategy S]] [--seeds N]
 
 Calls `attnlab.train.train` on the config `attnlab.train.resolve` builds (--seeds: once per seed)."""
 
@@ -59,6 +59,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "GPU per process): launches torchrun with the same arguments; train.batch_size is the global batch",
     )
     p.add_argument(
+        "--strategy",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        metavar="NAME",  # (the choices are in the help; a long metavar would widen every option's column)
+        help="with --nproc: ddp (default) keeps a whole copy of the model and its optimizer state in every "
+        "process; fsdp shards weights, gradients and optimizer state across the processes (PyTorch's "
+        "fully_shard), for a model whose training state does not fit one device. Checkpoints are the same files",
+    )
+    p.add_argument(
         "--seeds",
         type=positive_int,
         metavar="N",
@@ -113,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.train.signals import StopRequest
     from attnlab.train.trainer import check_run_dir
 
+    if args.strategy == "fsdp" and args.nproc is None and not ranks_from_environment().launched:
+        raise UserError("--strategy fsdp shards the model across processes: add --nproc N (N >= 2)")
     name, doc = load_preset_or_file(args.config)
     overrides = parse_overrides(args.overrides)
     if args.device:
@@ -139,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return _train_seeds(args, config, out)
     ranks = ranks_from_environment()
     if args.nproc is not None and not ranks.launched:
-        preflight(config, args.nproc, resolve_device(config.train.device))
+        preflight(config, args.nproc, resolve_device(config.train.device), args.strategy)
         check_run_dir(out, args.resume)
         return launch(args.nproc, _without_nproc(args.argv))
     if args.nproc is not None and args.nproc != ranks.world_size:
@@ -147,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # SIGINT/SIGTERM: finish the step, save, and say how to go on (a second signal stops at once).
         with StopRequest() as stop:
-            result = train(config, out, resume=args.resume, progress=not args.quiet and not args.json, stop=stop)
+            progress = not args.quiet and not args.json
+            result = train(config, out, resume=args.resume, progress=progress, stop=stop, strategy=args.strategy)
     except UserError:
         if ranks.is_main:
             raise
@@ -258,6 +270,8 @@ def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None
             words += [flag, value]
     if nproc is not None:
         words += ["--nproc", str(nproc)]
+        if args.strategy != "ddp":
+            words += ["--strategy", args.strategy]
     if args.seeds is not None:
         words += ["--seeds", str(args.seeds)]
     if args.eval_split:

@@ -17,7 +17,8 @@ from attnlab.train.selection import Selection
 
 
 class Checkpointer:
-    """Saves and restores one run's training state; rank 0 alone writes."""
+    """Saves and restores one run's training state; rank 0 alone writes (under FSDP, what every
+    rank gathered onto it: the file is the one a single process writes)."""
 
     def __init__(
         self,
@@ -36,9 +37,11 @@ class Checkpointer:
     def restore(self) -> dict[str, Any]:
         """Load the newest checkpoint's weights, optimizer, generators and scaler; returns the
         rest of its state (step, elapsed_sec, the guard's and the selection's) for their owners."""
-        load_weights(self.run_dir, self.model)
+        weights = self.ddp.whole_weights(self.model, gather=False)  # the model, unless it is sharded
+        load_weights(self.run_dir, weights)
+        self.ddp.scatter_weights(weights, self.model)
         state = load_train_state(self.run_dir)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.ddp.load_optimizer_state(self.optimizer, state["optimizer"])
         self.batches.set_state(state["batch_rng"])
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng"):
@@ -56,12 +59,13 @@ class Checkpointer:
             "step": step,
             "elapsed_sec": elapsed,
             **selection.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.ddp.optimizer_state(self.optimizer),
             "batch_rng": self.batches.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
             "grad_scaler": self.precision.state_dict(),
             **self.ddp.rng_states(self.device),
         }
+        weights = self.ddp.whole_weights(self.model, gather=True)
         if self.ddp.is_main:
-            save_checkpoint(self.run_dir, self.model, state, best=best, keep_last=self.keep_last)
+            save_checkpoint(self.run_dir, weights, state, best=best, keep_last=self.keep_last)

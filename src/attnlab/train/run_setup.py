@@ -67,18 +67,19 @@ class RunSetup:
         return f"attnlab's C++ kernels: {' and '.join(parts)} only; the rest of the model on PyTorch's operators"
 
 
-def set_up_run(config: RunConfig, run_dir: Path, resume: bool) -> RunSetup:
-    """Check the config against this machine and job, start the ranks, and open the task in
-    `run_dir` (created, or checked for --resume)."""
+def set_up_run(config: RunConfig, run_dir: Path, resume: bool, strategy: str = "ddp") -> RunSetup:
+    """Check the config against this machine and job, start the ranks (`strategy`: "ddp" or
+    "fsdp", `attnlab.train.distributed`), and open the task in `run_dir` (created, or checked for
+    --resume)."""
     config = dataclasses.replace(config, data=absolute_paths(config.data))  # a run folder works from anywhere
     tc = config.train
-    ddp = Distributed(ranks_from_environment())
+    ddp = Distributed(ranks_from_environment(), strategy)
     # Killed before its first checkpoint: the folder has a config but nothing to resume from.
     restart = resume and (run_dir / CONFIG).exists() and not has_checkpoint(run_dir)
     device = resolve_device(tc.device)
     if device.type == "cpu":
         keep_freed_memory()  # large activations reused, not page-faulted in again at every step
-    preflight(config, ddp.world_size, device)
+    preflight(config, ddp.world_size, device, strategy)
     if (tc.patience > 0 or tc.watch_loss or tc.ties_count) and TASKS[config.task].selection is None:
         raise ConfigError(
             "train.patience, watch_loss and ties_count need a validation metric to watch; "
@@ -87,7 +88,9 @@ def set_up_run(config: RunConfig, run_dir: Path, resume: bool) -> RunSetup:
     device = ddp.start(device)  # cuda:LOCAL_RANK under torchrun on GPUs
     dtype, why = resolve_dtype(tc.dtype, device)  # "auto": bf16 where the hardware runs it fast
     precision = Precision(device, dtype)
-    fused_kernels, kernels_line = choose_kernels(tc.fused_kernels, device, run_dir if resume else None)
+    # FSDP splits the weight matrices the kernels read whole ("auto": off; true: refused in preflight).
+    kernels_setting = False if ddp.shards else tc.fused_kernels
+    fused_kernels, kernels_line = choose_kernels(kernels_setting, device, run_dir if resume else None)
     config = dataclasses.replace(
         config, train=dataclasses.replace(tc, fused_kernels=fused_kernels)
     )  # saved with the run

@@ -84,14 +84,16 @@ def train(
     resume: bool = False,
     progress: bool = True,
     stop: StopRequest | None = None,
+    strategy: str = "ddp",
 ) -> TrainResult:
     """Train the model `config` describes into `run_dir` (created), or continue it with `resume`.
 
     stop: once its signal has arrived (on any rank), the loop saves a checkpoint after the current
     step and returns.
     Under torchrun (RANK, WORLD_SIZE in the environment) this is one rank of a data-parallel job:
-    every rank returns the same result; rank 0 alone writes the run folder."""
-    run = set_up_run(config, Path(run_dir), resume)  # the folder, the ranks, device and precision, the task
+    every rank returns the same result; rank 0 alone writes the run folder. strategy: "ddp" (a
+    whole model per rank) or "fsdp" (the model sharded across the ranks; `train.distributed`)."""
+    run = set_up_run(config, Path(run_dir), resume, strategy)  # the folder, the ranks, device and precision, the task
     tc, ddp, schedule = run.config.train, run.ddp, Schedule(run.config.train)
     model, step_loss, tuned = _build_model(run)
     optimizer = _optimizer(model, tc, run.device)
@@ -248,7 +250,7 @@ class TrainingStep:
         # asked); the gradients are all-reduced already. So every rank takes the same decisions.
         asked = float(stop is not None and stop.signal_name is not None)
         shared = run.ddp.mean(torch.stack([loss_sum, loss_sum.new_tensor(asked)]))
-        norm = grad_norm(self.model, tc.grad_clip, self.optimizer)
+        norm = run.ddp.full(grad_norm(self.model, tc.grad_clip, self.optimizer))  # (FSDP: a DTensor)
         loss_value, stop_votes, norm = torch.cat([shared, norm[None]]).tolist()
         # fp16 overflow: the scaler skips that update and lowers its scale; that is how fp16 training
         # finds its scale, not a sign of divergence, so the guard neither sees nor counts it.
@@ -273,21 +275,24 @@ class TrainingStep:
 
 class Evaluator:
     """The task's evaluation during training, on rank 0 (the others wait for its results: N copies
-    of the same estimate would share the CPU), in eval mode and the run's precision."""
+    of the same estimate would share the CPU; under FSDP every rank takes part), in eval mode and
+    the run's precision."""
 
     def __init__(self, run: RunSetup, model: nn.Module, log: Callable[[str], None]) -> None:
         self.run, self.model, self.log = run, model, log
 
     def __call__(self, at_step: int) -> dict[str, float]:
-        run, tc, out = self.run, self.run.config.train, None
-        if run.ddp.is_main:
-            self.model.eval()
-            with torch.no_grad(), autocast(run.device, run.dtype):
-                out = run.task.evaluate_during_training(
-                    self.model, run.device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed, log=self.log
-                )
-            self.model.train()
-        return run.ddp.broadcast(out)
+        return self.run.ddp.evaluation(lambda: self._evaluate(at_step))  # rank 0's (every rank's under FSDP)
+
+    def _evaluate(self, at_step: int) -> dict[str, float]:
+        run, tc = self.run, self.run.config.train
+        self.model.eval()
+        with torch.no_grad(), autocast(run.device, run.dtype):
+            out = run.task.evaluate_during_training(
+                self.model, run.device, step=at_step, eval_iters=tc.eval_iters, seed=tc.seed, log=self.log
+            )
+        self.model.train()
+        return out
 
 
 class Evaluations:
@@ -493,6 +498,8 @@ def _say_accelerations(
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
     if line := run.kernels_line(model):
+        log(line)
+    if line := run.ddp.sharding_line(model):
         log(line)
     if tuned is not None and tuned.uncovered:
         log(f"attnlab's C++ kernels: {tuned.uncovered}: those blocks run on PyTorch's path")
