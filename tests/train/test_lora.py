@@ -184,3 +184,43 @@ def test_lora_config_round_trips_through_toml():
     text = dump_toml({"train": as_dict(config)})
     assert "[train.lora]" in text
     assert build(TrainConfig, tomllib.loads(text)["train"], "train") == config
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"),
+    [
+        ("gpt2", ("query", "value", "output", "ff-in", "ff-out")),  # c_attn: q and v rows of one Conv1D
+        ("gpt2", ("key",)),
+        ("llama", ("query", "key", "value", "output", "gate", "ff-in", "ff-out")),
+    ],
+)
+def test_peft_adapter_of_a_causal_lm_is_what_peft_puts_on_the_base(tmp_path, family, targets):
+    """attnlab's adapters on an imported GPT-2 or Llama, written as a peft adapter folder, and peft's
+    PeftModel on the transformers model of the same folder: the same logits."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from attnlab.models.hf.auto import load_causal_lm
+    from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
+    from hf_folders import causal_lm_folder
+
+    transformers = pytest.importorskip("transformers")
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    causal_lm_folder(base_dir, family)
+    model = load_causal_lm(base_dir).model
+    add_lora(model, targets, rank=2, alpha=4.0)
+    randomise_adapters(model)
+    config, tensors = peft_adapter(model.eval(), base=str(base_dir))
+    adapter_dir.mkdir()
+    (adapter_dir / ADAPTER_CONFIG).write_text(json.dumps(config), encoding="utf-8")
+    save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    theirs = peft.PeftModel.from_pretrained(hf, adapter_dir).eval()
+    idx = torch.randint(2, 250, (2, 12))
+    with torch.no_grad():
+        want, got = model(idx), theirs(input_ids=idx).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        base_only = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()(input_ids=idx).logits
+    assert (base_only - want).abs().max() > 1e-3  # the adapters change the logits: the check has teeth

@@ -96,16 +96,25 @@ def check_base(run_dir: Path, recorded: dict[str, Any] | None, path: str, *, doi
     return now
 
 
-def load_base(model: nn.Module, path: str) -> None:
+def load_base(model: nn.Module, path: str) -> frozenset[str]:
     """Copy the weights of the base in `path` (an attnlab run's best, or a Hugging Face folder)
     into `model`, a model of the same shape: all of them, or for a BERT with a new head, the
-    encoder's (`Bert.load_encoder`)."""
+    encoder's (`Bert.load_encoder`). Returns the state-dict names it loaded: what a LoRA
+    checkpoint leaves to the base (a BERT's pooler that the base lacks is saved with the run)."""
     from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
+    from attnlab.models.hf.bert import load_bert
     from attnlab.tasks.encoder import load_pretrained
 
     if isinstance(model, Bert):
-        model.load_encoder(load_pretrained(path).model.state_dict())
-        return
+        if is_hf_folder(path):
+            # A BertForMaskedLM folder has no pooler: load_bert leaves it at a random initialisation,
+            # which the run must save as its own, since reading the folder again would draw another.
+            loaded = load_bert(path)
+            source, absent = loaded.model.state_dict(), set(loaded.missing)
+        else:
+            source, absent = load_pretrained(path).model.state_dict(), set()
+        missing = model.load_encoder(source)
+        return frozenset(name for name in source if name in model.state_dict()) - set(missing) - absent
     if is_hf_folder(path):
         base = load_causal_lm(path).model
     else:
@@ -113,37 +122,38 @@ def load_base(model: nn.Module, path: str) -> None:
 
         base = load_trained(Path(path), *saved_model_config(Path(path)), best=True).model
     model.load_state_dict(base.state_dict())
+    return frozenset(model.state_dict())
 
 
 def set_up_lora(model: nn.Module, config: RunConfig, run_dir: Path, *, resume: bool) -> LoRASetup | None:
-    """The trainer's one call (None where `train.lora` is off): on a resumed run, the base checked
-    against the checkpoint's record and loaded into `model` (a new run's task has loaded it
-    already); then `apply_lora`."""
+    """The trainer's one call (None where `train.lora` is off): the base checked against the
+    checkpoint's record (on resume) and loaded into `model` (again, in a new run whose task has
+    loaded it: so that what the checkpoints leave out is exactly what the base holds); then
+    `apply_lora`."""
     lora = config.train.lora
     if lora is None:
         return None
     check_task(config)
-    path, base = base_path(config), None
-    if path:
-        recorded = latest_checkpoint(run_dir).manifest.get("base") if resume else None
-        base = check_base(run_dir, recorded, path, doing="resume")
-        if resume:
-            load_base(model, path)
+    path = base_path(config)
+    if not path:
+        return LoRASetup(apply_lora(model, lora), frozenset(), None)
+    recorded = latest_checkpoint(run_dir).manifest.get("base") if resume else None
+    base = check_base(run_dir, recorded, path, doing="resume")
+    provided = load_base(model, path)
     wrapped = apply_lora(model, lora)
-    frozen = frozenset(model.state_dict()) - trainable_names(model) if base else frozenset()
-    return LoRASetup(wrapped, frozen, base)
+    return LoRASetup(wrapped, provided - trainable_names(model), base)
 
 
 def prepare_for_use(model: nn.Module, config: RunConfig, run_dir: Path) -> frozenset[str]:
     """A LoRA run's model as `attnlab.load` builds it, before its checkpoint is read: the base
     loaded (and checked) and the adapters added. Returns the state-dict names the checkpoint
     does not hold (those of the base)."""
-    path = base_path(config)
+    path, provided = base_path(config), frozenset()
     if path:
         check_base(run_dir, latest_checkpoint(run_dir).manifest.get("base"), path, doing="load")
-        load_base(model, path)
+        provided = load_base(model, path)
     apply_lora(model, config.train.lora)
-    return frozenset(model.state_dict()) - trainable_names(model) if path else frozenset()
+    return provided - trainable_names(model)
 
 
 def trainable_share(model: nn.Module) -> tuple[int, int]:

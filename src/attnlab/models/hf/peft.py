@@ -9,7 +9,8 @@ The layers by family (i = block index), attnlab -> transformers:
             fc1 -> ...mlp.{gate,up}_proj, fc2 -> ...mlp.down_proj
     BERT    in_proj -> bert.encoder.layer.i.attention.self.{query,key,value},
             out_proj -> ...attention.output.dense, fc1 -> ...intermediate.dense, fc2 -> ...output.dense;
-            a classifier or tagger head -> classifier (peft's modules_to_save: trained in full)
+            a classifier or tagger head -> classifier, a sequence classifier's pooler -> bert.pooler.dense
+            (peft's modules_to_save: saved in full)
 Where attnlab's adapted slices are separate transformers layers (Llama's and BERT's q, k, v), each
 slice's (A, B) is that layer's adapter. GPT-2's c_attn is one layer: its adapter stacks the
 slices' A matrices (rank k·r for k slices) and places each B on its own rows of a block matrix
@@ -87,9 +88,9 @@ def peft_adapter(
         for part in layer.slices:
             tensors |= _pair(stem + parts[part], layer, part)
     targets = sorted({key.removeprefix(PREFIX).rsplit(".lora_", 1)[0] for key in tensors})
-    if isinstance(model, Bert):
-        tensors[PREFIX + "classifier.weight"] = model.head.proj.weight.detach().clone()
-        tensors[PREFIX + "classifier.bias"] = model.head.proj.bias.detach().clone()
+    saved = _trained_in_full(model, task)
+    for hf, tensor in saved.items():
+        tensors[PREFIX + hf] = tensor.detach().clone()
     config = {
         "peft_type": "LORA",
         "task_type": TASK_TYPES[task],
@@ -104,7 +105,7 @@ def peft_adapter(
         "alpha_pattern": alpha_pattern,
         "fan_in_fan_out": family == "gpt2",  # GPT-2's Conv1D stores its weight (in, out)
         "bias": "none",
-        "modules_to_save": ["classifier"] if isinstance(model, Bert) else None,
+        "modules_to_save": sorted({name.rsplit(".", 1)[0] for name in saved}) or None,
         "init_lora_weights": True,
         "inference_mode": True,
         "use_rslora": False,
@@ -124,6 +125,18 @@ def _family(model: nn.Module) -> tuple[str, str]:
     if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
         return "bert", model.config.head
     raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
+
+
+def _trained_in_full(model: nn.Module, task: str) -> dict[str, torch.Tensor]:
+    """The tensors peft's modules_to_save carry, by transformers name: a BERT classifier's head,
+    and for a sequence classifier its pooler too, which a BertForMaskedLM base does not have (the
+    run then trained on its own initialisation of it)."""
+    if not isinstance(model, Bert):
+        return {}
+    found = {"classifier.weight": model.head.proj.weight, "classifier.bias": model.head.proj.bias}
+    if task == "sequence":
+        found |= {"bert.pooler.dense.weight": model.pooler.weight, "bert.pooler.dense.bias": model.pooler.bias}
+    return found
 
 
 def _pair(target: str, layer: LoRALinear, part: str) -> dict[str, torch.Tensor]:
