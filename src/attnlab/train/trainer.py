@@ -114,9 +114,7 @@ def train(
     guard.load_state_dict(state)
     evaluate = Evaluator(run, model, console.log)
     results = _first_results(run, step, evaluate, metrics, console.log)
-    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log)
-    if lora is not None and ddp.is_main:
-        console.log(describe_lora(lora, model))
+    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log, lora)
     model.train()
     clock = Clock(state.get("elapsed_sec", 0.0))
     one_step = TrainingStep(run, model, step_loss, optimizer, batches, guard, fused_kernels, clock, console.log)
@@ -508,9 +506,15 @@ def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch
 
 
 def _say_accelerations(
-    run: RunSetup, model: nn.Module, tuned: Applied | None, step_loss: StepLoss, log: Callable[[str], None]
+    run: RunSetup,
+    model: nn.Module,
+    tuned: Applied | None,
+    step_loss: StepLoss,
+    log: Callable[[str], None],
+    lora: LoRASetup | None,
 ) -> bool:
-    """Log whether torch.compile and attnlab's C++ kernels are on; returns whether the kernels are."""
+    """Log whether torch.compile and attnlab's C++ kernels are on, and what LoRA trains; returns
+    whether the kernels are."""
     tc = run.config.train
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
@@ -518,6 +522,8 @@ def _say_accelerations(
         log(line)
     if tuned is not None and tuned.uncovered:
         log(f"attnlab's C++ kernels: {tuned.uncovered}: those blocks run on PyTorch's path")
+    if lora is not None:
+        log(describe_lora(lora, model))
     return tc.fused_kernels
 
 
