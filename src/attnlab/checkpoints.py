@@ -14,6 +14,8 @@ training state by `attnlab.train.checkpointer`, and a run loaded for use by `att
                              loaded with `weights_only=True`
         checkpoint.json      written last: step, SHA-256 of the two files above, and the record of
                              the best checkpoint so far
+        (a LoRA run's model.safetensors holds what trains alone: the adapters, a new head; its
+        checkpoint.json the base's path and weights_sha256, under "base")
     model.safetensors, train_state.pt, checkpoint.json
                          the newest checkpoint again, at the top of the folder for the commands and
                          for tools that read the files directly (hard links: no extra disk space)
