@@ -98,6 +98,23 @@ def one_mode(args: argparse.Namespace) -> dict:
     }
 
 
+def print_table(results: list[dict]) -> None:
+    gib, mib = 2**30, 2**20
+    head = ("mode", "trainable", "peak GiB", "over model", "grads MiB", "Adam MiB", "tok/s")
+    print("{:<6} {:>12} {:>9} {:>11} {:>10} {:>9} {:>8}".format(*head))
+    for r in results:
+        row = (
+            r["mode"],
+            f"{r['trainable']:,}",
+            f"{r['peak_bytes'] / gib:.2f}",
+            f"{r['peak_over_model_bytes'] / gib:.2f}",
+            f"{r['gradient_bytes'] / mib:.1f}",
+            f"{r['optimizer_state_bytes'] / mib:.1f}",
+            f"{r['tokens_per_sec']:.0f}",
+        )
+        print("{:<6} {:>12} {:>9} {:>11} {:>10} {:>9} {:>8}".format(*row))
+
+
 def main() -> None:
     args = arguments()
     if args.mode is not None:
@@ -107,15 +124,11 @@ def main() -> None:
     child = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     results = []
     for mode in MODES:
-        out = subprocess.run([sys.executable, __file__, *child, "--mode", mode], capture_output=True, text=True, check=True)
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    gib = 2**30
-    print(f"{'mode':<6} {'trainable':>12} {'peak GiB':>9} {'over model':>11} {'grads MiB':>10} {'Adam MiB':>9} {'tok/s':>8}")
-    for r in results:
-        print(
-            f"{r['mode']:<6} {r['trainable']:>12,} {r['peak_bytes'] / gib:>9.2f} {r['peak_over_model_bytes'] / gib:>11.2f} "
-            f"{r['gradient_bytes'] / 2**20:>10.1f} {r['optimizer_state_bytes'] / 2**20:>9.1f} {r['tokens_per_sec']:>8.0f}"
+        out = subprocess.run(
+            [sys.executable, __file__, *child, "--mode", mode], capture_output=True, text=True, check=True
         )
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print_table(results)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"settings": settings, "results": results, "run": run_info()}, f, indent=2)
