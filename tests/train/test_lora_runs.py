@@ -208,3 +208,52 @@ def test_language_model_lora_trains_resumes_exactly_and_exports(tiny_toml, tmp_p
     idx = torch.randint(0, run.model.config.vocab_size, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, run.model(idx), rtol=0, atol=1e-5)
+
+
+# -- a language model fine-tuned from a Hugging Face folder (its base) ------------------------------
+def lm_takes_a_base() -> bool:
+    import dataclasses
+
+    from attnlab.tasks.lm import LMDataConfig
+
+    return "init_from" in {f.name for f in dataclasses.fields(LMDataConfig)}
+
+
+@pytest.mark.skipif(not lm_takes_a_base(), reason="language-model runs take no data.init_from in this checkout")
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_language_model_lora_on_a_hugging_face_base(family, corpus, tmp_path, capsys):
+    from hf_folders import causal_lm_folder
+
+    base = tmp_path / "base"
+    causal_lm_folder(base, family)
+    settings = [
+        "--set=train.max_iters=4",
+        "--set=train.lr_decay_iters=4",
+        "--set=train.eval_interval=2",
+        "--set=train.eval_iters=2",
+        "--set=train.gradient_accumulation_steps=1",
+        "--set=train.device=cpu",
+        "--set=train.lora.rank=2",
+        "--set=train.lora.targets=['query','value','ff-out']",
+        "--quiet",
+    ]
+    common = ["train", "finetune-lm", "--init-from", str(base), f"--set=data.path={corpus}", *settings]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(capsys, *common, "--out", str(whole))[0] == 0
+    assert cli(capsys, *common, "--out", str(resumed), "--set=train.max_iters=2")[0] == 0
+    assert cli(capsys, *common, "--out", str(resumed), "--resume")[0] == 0
+    assert losses(resumed) == losses(whole)
+    assert all(".lora_" in k for k in load_file(whole / "model.safetensors"))  # the base is not copied
+    apart = load(whole, merge_lora=False).model
+    idx = torch.randint(2, 250, (2, 12))
+    with torch.no_grad():
+        want = apart(idx)
+        for flag in ([], ["--adapter"]):
+            out = tmp_path / f"export{len(flag)}"
+            code, _, err = cli(capsys, "export", str(whole), "--to", "hf", str(out), *flag)
+            assert code == 0, err
+            if flag:
+                hf = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base), out)
+            else:
+                hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+            torch.testing.assert_close(hf.eval()(input_ids=idx).logits, want, rtol=0, atol=1e-5)

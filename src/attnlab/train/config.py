@@ -142,7 +142,7 @@ class TrainConfig:
     the step."""
     lora: LoRAConfig | None = None
     """Fine-tune low-rank adapters on the frozen model instead of all its weights (`[train.lora]`;
-    None: every weight trains). See docs/finetuning.md."""
+    None: every weight trains). See docs/training.md, "Fine-tuning with LoRA"."""
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "warmup_iters"):

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnlab.checkpoints import latest_checkpoint, weights_sha256
 from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.models.bert import Bert, ClassifierHead
 from attnlab.nn.lora import add_lora, lora_layers
+from attnlab.nn.positions import LearnedPositions
 from attnlab.train.config import LoRAConfig, RunConfig
 
 LORA_TASKS = ("language-model", "text-classification", "token-classification")
@@ -121,8 +123,21 @@ def load_base(model: nn.Module, path: str) -> frozenset[str]:
         from attnlab.tasks.trained import load_trained, saved_model_config
 
         base = load_trained(Path(path), *saved_model_config(Path(path)), best=True).model
-    model.load_state_dict(base.state_dict())
+    model.load_state_dict(cropped(base.state_dict(), model))
     return frozenset(model.state_dict())
+
+
+def cropped(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """`state` fitted to `model` where a fine-tuning run trains on a shorter context than its
+    base's: a learned position table keeps its first rows (nanoGPT's crop_block_size); anything
+    else must fit as it is (`load_state_dict` names what does not)."""
+    out = dict(state)
+    for name, module in model.named_modules():
+        if isinstance(module, LearnedPositions):
+            key = f"{name}.embedding.weight" if name else "embedding.weight"
+            if key in out:
+                out[key] = out[key][: module.max_positions]
+    return out
 
 
 def set_up_lora(model: nn.Module, config: RunConfig, run_dir: Path, *, resume: bool) -> LoRASetup | None:
