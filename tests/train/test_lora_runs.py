@@ -230,6 +230,7 @@ def test_language_model_lora_on_a_hugging_face_base(family, corpus, tmp_path, ca
         "--set=train.max_iters=4",
         "--set=train.lr_decay_iters=4",
         "--set=train.eval_interval=2",
+        "--set=train.log_interval=2",  # rows at the same steps in the interrupted run
         "--set=train.eval_iters=2",
         "--set=train.gradient_accumulation_steps=1",
         "--set=train.device=cpu",
