@@ -15,7 +15,7 @@ from attnlab import load
 from attnlab.checkpoints import TRAIN_STATE, load_train_state
 from attnlab.nn.lora import lora_layers
 from attnlab.train import resolve, train
-from helpers import SST2, assert_user_error, cli, encoder_doc, hf_bert_folder, losses
+from helpers import SST2, UD, assert_user_error, cli, encoder_doc, hf_bert_folder, losses
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -141,6 +141,21 @@ def test_export_adapter_is_what_peft_puts_on_the_base(lora_run, base, tmp_path, 
     ids = torch.randint(5, 100, (3, 12))
     with torch.no_grad():
         want = load(lora_run, merge_lora=False).model(ids)
+    torch.testing.assert_close(hf_logits(model, ids), want, rtol=0, atol=1e-5)
+
+
+def test_a_tagger_lora_run_exports_an_adapter_peft_puts_on_the_base(base, tmp_path, capsys):
+    doc = encoder_doc("tagging", UD, data={"init_from": str(base)}, max_iters=2, eval_interval=2)
+    doc["train"]["lora"] = {"rank": 2, "alpha": 4.0, "targets": ["key", "output", "ff-out"]}
+    run_dir, out = tmp_path / "run", tmp_path / "adapter"
+    train(resolve(doc), run_dir, progress=False)
+    assert cli(capsys, "export", str(run_dir), "--to", "hf", str(out), "--adapter")[0] == 0
+    n_labels = len(load(run_dir).model.head.proj.bias)
+    hf_base = transformers.AutoModelForTokenClassification.from_pretrained(base, num_labels=n_labels)
+    model = peft.PeftModel.from_pretrained(hf_base, out).eval()
+    ids = torch.randint(5, 100, (2, 9))
+    with torch.no_grad():
+        want = load(run_dir, merge_lora=False).model(ids)
     torch.testing.assert_close(hf_logits(model, ids), want, rtol=0, atol=1e-5)
 
 
