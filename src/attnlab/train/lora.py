@@ -64,10 +64,12 @@ def new_head(model: nn.Module) -> nn.Module | None:
 
 
 def trainable_names(model: nn.Module) -> set[str]:
+    """The names of the parameters that train (requires_grad)."""
     return {name for name, p in model.named_parameters() if p.requires_grad}
 
 
 def check_task(config: RunConfig) -> None:
+    """A `ConfigError` where `train.lora` is set for a task it does not apply to."""
     if config.task not in LORA_TASKS:
         raise ConfigError(f"train.lora is for the {', '.join(LORA_TASKS)} tasks, not {config.task!r}")
 
