@@ -13,14 +13,15 @@ from attnlab.errors import CheckpointError, ConfigError, ExportError, UserError
 __version__ = "0.1.0"
 
 
-def load(path: str | Path, *, device: str = "cpu", checkpoint: str = "best"):
+def load(path: str | Path, *, device: str = "cpu", checkpoint: str = "best", merge_lora: bool = True):
     """A trained run folder -> a `Run` with `.model` (eval mode), `.tokenizer`, `.config`.
 
     checkpoint: "best" (best validation score; the last checkpoint when the run has no best) or "last".
+    merge_lora: a LoRA run's adapters merged into its base's weights, or kept as `LoRALinear` layers.
     """
     from attnlab.train.load import load_run
 
-    return load_run(path, device=device, checkpoint=checkpoint)
+    return load_run(path, device=device, checkpoint=checkpoint, merge_lora=merge_lora)
 
 
 # Importing `attnlab` stays cheap (the CLI starts with it); each subpackage is imported the first

@@ -14,6 +14,8 @@ training state by `attnlab.train.checkpointer`, and a run loaded for use by `att
                              loaded with `weights_only=True`
         checkpoint.json      written last: step, SHA-256 of the two files above, and the record of
                              the best checkpoint so far
+        (a LoRA run's model.safetensors holds what trains alone: the adapters, a new head; its
+        checkpoint.json the base's path and weights_sha256, under "base")
     model.safetensors, train_state.pt, checkpoint.json
                          the newest checkpoint again, at the top of the folder for the commands and
                          for tools that read the files directly (hard links: no extra disk space)
@@ -41,13 +43,14 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from attnlab.config import read_toml
@@ -122,18 +125,22 @@ def save_checkpoint(
     *,
     best: dict[str, Any] | None = None,
     keep_last: int = 2,
+    frozen: Collection[str] = (),
+    base: dict[str, str] | None = None,
 ) -> Checkpoint:
     """Write checkpoints/step-N (N = train_state["step"]) as one atomic unit, then publish it at
     the top of `run_dir` and prune the step folders to the newest `keep_last`.
 
     best: the record of these weights ({"step": N, metric: value}) when they are the new best on
     validation; otherwise the previous best record is carried over.
+    frozen, base: a LoRA run's state-dict names that its base holds, left out of the weights file,
+    and the base's record ({"path", "weights_sha256"}), kept in the manifest.
     """
     step = train_state["step"]
     staging = run_dir / CHECKPOINTS / f".staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # left by an earlier crash of this pid
     staging.mkdir(parents=True)
-    atomic_write(staging / WEIGHTS, lambda tmp: save_model(model, str(tmp), metadata={"format": "attnlab"}))
+    atomic_write(staging / WEIGHTS, lambda tmp: _save_weights(model, tmp, frozen))
     atomic_write(staging / TRAIN_STATE, lambda tmp: torch.save(train_state, tmp))
     _pause_for_tests("staging", step)
     weights_sha = file_sha256(staging / WEIGHTS)
@@ -143,6 +150,7 @@ def save_checkpoint(
         "weights_sha256": weights_sha,
         "train_state_sha256": file_sha256(staging / TRAIN_STATE),
         "best": {**best, "weights_sha256": weights_sha} if best is not None else _best_record(run_dir),
+        **({"base": base} if base is not None else {}),
     }
     atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=2))
     final = step_dir(run_dir, step)
@@ -154,6 +162,16 @@ def save_checkpoint(
     publish(run_dir, checkpoint)
     prune(run_dir, keep_last)
     return checkpoint
+
+
+def _save_weights(model: nn.Module, path: Path, frozen: Collection[str]) -> None:
+    """The model's weights as safetensors, less the `frozen` state-dict entries (a LoRA base's)."""
+    if not frozen:
+        save_model(model, str(path), metadata={"format": "attnlab"})
+        return
+    # Copies: save_file refuses tensors that share memory, and these few are small.
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in frozen}
+    save_file(tensors, str(path), metadata={"format": "attnlab", "holds": "trainable"})
 
 
 def publish(run_dir: Path, checkpoint: Checkpoint) -> None:
@@ -367,9 +385,12 @@ def _verify_or_point_elsewhere(run_dir: Path, weights: _Weights) -> None:
         ) from None
 
 
-def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False, step: int | None = None) -> int:
+def load_weights(
+    run_dir: Path, model: nn.Module, *, best: bool = False, step: int | None = None, frozen: Collection[str] = ()
+) -> int:
     """Load the checked weights (the newest checkpoint, the best, or those of checkpoint `step`)
-    into `model` and return their step; strict: every tensor must match by name and shape. A
+    into `model` and return their step; strict: every tensor must match by name and shape, but
+    for the `frozen` names (a LoRA base's, in `model` already), which the file may lack. A
     corrupt or missing file is a `CheckpointError` naming the intact step checkpoints."""
     if step is not None:
         weights = _weights_at(run_dir, step)
@@ -381,6 +402,7 @@ def load_weights(run_dir: Path, model: nn.Module, *, best: bool = False, step: i
         missing, unexpected = load_model(model, str(weights.path), strict=False)
     except (SafetensorError, RuntimeError, OSError) as e:
         raise CheckpointError(f"{weights.path} does not fit this model: {str(e).splitlines()[0]}") from None
+    missing = [name for name in missing if name not in frozen]
     if missing or unexpected:
         raise CheckpointError(
             f"{weights.path} does not fit this model "

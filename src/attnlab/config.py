@@ -162,6 +162,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be a list, got {value!r}")
         (item_type, *_rest) = typing.get_args(annotation)
         return tuple(_check_type(v, item_type, where) for v in value)
+    if dataclasses.is_dataclass(annotation) and isinstance(value, dict):  # a table within the section
+        return build(annotation, value, where)
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
@@ -192,7 +194,14 @@ def build(cls: type[T], values: dict[str, Any], section: str) -> T:
 
 def as_dict(obj: Any) -> dict[str, Any]:
     """A dataclass as a TOML-ready table: None values are left out (TOML has no null)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(obj).items() if v is not None}
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):  # a table within the section (train.lora)
+            out[f.name] = as_dict(value)
+        elif value is not None:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def dump_toml(doc: dict[str, Any]) -> str:

@@ -15,15 +15,21 @@ importers (`load_causal_lm`, `load_bert`, `load_marian`) read it back.
 Layer: beside train/ (it reads a run folder through `train.load.load_run`); the `export`
 command calls `export_run`. The conversions themselves live in `attnlab.models.hf`.
 
+A LoRA run (`train.lora`) exports as its base with the adapters merged into the weights; with
+`adapter` (`--adapter`), as a peft adapter folder for the base instead (`attnlab.models.hf.peft`).
+
 Writes are atomic: the folder is built under a temporary name beside OUT_DIR and renamed into place,
 so OUT_DIR is either absent, as before, or complete.
 """
 
+import json
 import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from safetensors.torch import save_file
 
 from attnlab.errors import ExportError, UserError
 from attnlab.models.bert import Bert
@@ -32,6 +38,7 @@ from attnlab.models.hf._common import HFCheckpoint, save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
 from attnlab.models.hf.marian import marian_export
+from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.encoder import read_labels
@@ -77,15 +84,24 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
 
 
 def export_run(
-    run_dir: str | Path, out_dir: str | Path, *, to: str = "hf", force: bool = False, checkpoint: str = "best"
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    to: str = "hf",
+    force: bool = False,
+    checkpoint: str = "best",
+    adapter: bool = False,
 ) -> Exported:
     """Write the run in `run_dir` (its `checkpoint` weights: "best" or "last") as a transformers
-    folder `out_dir` (see the module docstring). An existing non-empty `out_dir` is replaced only
-    with `force`. Raises `UserError` (an `ExportError` for a part transformers lacks) naming the
-    run, the part or the folder, and the fix."""
+    folder `out_dir` (see the module docstring); a LoRA run's adapters merged into the weights,
+    or with `adapter`, alone as a peft adapter folder (`export_adapter`). An existing non-empty
+    `out_dir` is replaced only with `force`. Raises `UserError` (an `ExportError` for a part
+    transformers lacks) naming the run, the part or the folder, and the fix."""
     if to not in EXPORT_FORMATS:
         raise UserError(f"cannot export to {to!r}; the formats are {', '.join(EXPORT_FORMATS)}")
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if adapter:
+        return export_adapter(run_dir, out_dir, force=force, checkpoint=checkpoint)
     run = load_run(run_dir, checkpoint=checkpoint)
     try:
         hf, max_length = hf_checkpoint_of_run(run)
@@ -101,6 +117,29 @@ def export_run(
 
     written = write_folder_atomically(out_dir, write, force=force, keep=run_dir)
     return Exported(out_dir, hf.config["architectures"][0], run.step, written)
+
+
+def export_adapter(run_dir: Path, out_dir: Path, *, force: bool = False, checkpoint: str = "best") -> Exported:
+    """A LoRA run's adapters (and new head) as a peft adapter folder `out_dir` (adapter_config.json,
+    adapter_model.safetensors): `peft.PeftModel.from_pretrained(base, out_dir)` on the transformers
+    model of the run's base (`attnlab export BASE --to hf`, or the Hugging Face folder it started
+    from) computes what the run computes."""
+    run = load_run(run_dir, checkpoint=checkpoint, merge_lora=False)
+    lora = run.config.train.lora
+    if lora is None:
+        raise UserError(f"{run_dir} is not a LoRA run (it has no train.lora); export it without --adapter")
+    try:
+        config, tensors = peft_adapter(run.model, dropout=lora.dropout, base=getattr(run.config.data, "init_from", ""))
+    except ExportError as e:
+        raise ExportError(f"{run_dir}: {e}") from None
+
+    def write(folder: Path) -> list[str]:
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        return [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+
+    written = write_folder_atomically(out_dir, write, force=force, keep=run_dir)
+    return Exported(out_dir, f"peft LoRA adapter ({config['task_type']})", run.step, written)
 
 
 def write_folder_atomically(

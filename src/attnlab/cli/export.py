@@ -1,4 +1,4 @@
-"""attnlab export RUN --to hf OUT_DIR [--force] [--checkpoint best|last] [--json]
+"""attnlab export RUN --to hf OUT_DIR [--adapter] [--force] [--checkpoint best|last] [--json]
 
 Calls `attnlab.export.export_run`."""
 
@@ -25,12 +25,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write a run as a folder that transformers' from_pretrained loads offline (config.json, "
         "model.safetensors, tokenizer files): a GPT becomes GPT-2 or Llama, a BERT run BertForMaskedLM / "
         "BertForSequenceClassification / BertForTokenClassification, a translation Transformer MarianMTModel. "
-        "A run with a part transformers lacks (ALiBi, ReZero, experts, ...) is refused, naming it.",
+        "A run with a part transformers lacks (ALiBi, ReZero, experts, ...) is refused, naming it. A LoRA run "
+        "exports with its adapters merged, or with --adapter as a peft adapter folder.",
     )
     p.add_argument("run_dir", metavar="RUN", help="a run folder written by `attnlab train`")
     p.add_argument("--to", required=True, choices=["hf"], help="the format: hf (a Hugging Face transformers folder)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist or be empty)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR when it exists and is not empty")
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run: write its adapters alone as a peft adapter folder (adapter_config.json, "
+        "adapter_model.safetensors) for the base, instead of the base with the adapters merged in",
+    )
     add_checkpoint_argument(p)
     add_json_argument(p, "what was written")
     p.set_defaults(run=run)
@@ -40,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.cli import print_json
     from attnlab.export import export_run
 
-    exported = export_run(args.run_dir, args.out_dir, to=args.to, force=args.force, checkpoint=args.checkpoint)
+    exported = export_run(
+        args.run_dir, args.out_dir, to=args.to, force=args.force, checkpoint=args.checkpoint, adapter=args.adapter
+    )
     if args.json:
         print_json(
             {
@@ -50,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
                 "files": exported.files,
             }
         )
+        return 0
+    if args.adapter:
+        print(
+            f"exported the LoRA adapters of {args.run_dir} (step {exported.step}) as a peft adapter folder "
+            f"{exported.folder}: {', '.join(exported.files)}"
+        )
+        print(f"put it on the base with peft.PeftModel.from_pretrained(base_model, {str(exported.folder)!r})")
         return 0
     print(
         f"exported {args.run_dir} (step {exported.step}) as a transformers {exported.architecture} to "

@@ -7,6 +7,7 @@ registry lives in this layer, so the tasks need nothing from the layers above th
 need a run's model config they read it with `saved_model_config`.
 """
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,24 @@ class Trained:
     """The step of the weights loaded."""
 
 
-def load_trained(run_dir: Path, task: str, model_config: Any, *, best: bool, step: int | None = None) -> Trained:
+def load_trained(
+    run_dir: Path,
+    task: str,
+    model_config: Any,
+    *,
+    best: bool,
+    step: int | None = None,
+    prepare: Callable[[nn.Module], Collection[str]] | None = None,
+) -> Trained:
     """The model of a `task` run in `run_dir`, built from `model_config` with the best weights (or,
     without a best or `best` False, the newest checkpoint's; or checkpoint `step`'s where given), and
-    its tokenizer; on the CPU."""
+    its tokenizer; on the CPU. `prepare(model)`, where given, readies the built model before its
+    checkpoint is read (a LoRA run's base and adapters) and returns the state-dict names that the
+    checkpoint does not hold."""
     task_class = TASKS[task]
     model = task_class.build_model_from_config(model_config)
-    step = load_weights(run_dir, model, best=best, step=step)
+    frozen = prepare(model) if prepare is not None else ()
+    step = load_weights(run_dir, model, best=best, step=step, frozen=frozen)
     tokenizer = load_tokenizer(run_dir / TOKENIZER) if getattr(task_class, "uses_tokenizer", True) else None
     return Trained(model, tokenizer, step)
 

@@ -1,7 +1,8 @@
 """The training state a checkpoint holds beside the weights, saved and restored as one: the step
 and training time, the optimizer, every random generator (batches, torch, CUDA, each rank's), the
 fp16 gradient scaler, the step guard's counts and the best-checkpoint selection. Restoring all of
-it is what makes a resumed run continue bit for bit (`attnlab.checkpoints` writes the files)."""
+it is what makes a resumed run continue bit for bit (`attnlab.checkpoints` writes the files). A LoRA
+run's weights file holds what trains (adapters, a new head), its manifest the base's record."""
 
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 from attnlab.checkpoints import load_train_state, load_weights, save_checkpoint
 from attnlab.train.distributed import Distributed
 from attnlab.train.guards import StepGuard
+from attnlab.train.lora import LoRASetup
 from attnlab.train.precision import Precision
 from attnlab.train.selection import Selection
 
@@ -30,15 +32,19 @@ class Checkpointer:
         ddp: Distributed,
         device: torch.device,
         keep_last: int,
+        lora: LoRASetup | None = None,
     ) -> None:
         self.run_dir, self.model, self.optimizer, self.batches = run_dir, model, optimizer, batches
         self.precision, self.ddp, self.device, self.keep_last = precision, ddp, device, keep_last
+        # A LoRA run with a base saves what trains alone, and the base's record.
+        self.frozen = lora.frozen if lora is not None else frozenset()
+        self.base = lora.base if lora is not None else None
 
     def restore(self) -> dict[str, Any]:
         """Load the newest checkpoint's weights, optimizer, generators and scaler; returns the
         rest of its state (step, elapsed_sec, the guard's and the selection's) for their owners."""
         weights = self.ddp.whole_weights(self.model, gather=False)  # the model, unless it is sharded
-        load_weights(self.run_dir, weights)
+        load_weights(self.run_dir, weights, frozen=self.frozen)
         self.ddp.scatter_weights(weights, self.model)
         state = load_train_state(self.run_dir)
         self.ddp.load_optimizer_state(self.optimizer, state["optimizer"])
@@ -68,4 +74,6 @@ class Checkpointer:
         }
         weights = self.ddp.whole_weights(self.model, gather=True)
         if self.ddp.is_main:
-            save_checkpoint(self.run_dir, weights, state, best=best, keep_last=self.keep_last)
+            save_checkpoint(
+                self.run_dir, weights, state, best=best, keep_last=self.keep_last, frozen=self.frozen, base=self.base
+            )

@@ -23,6 +23,39 @@ OPTIMIZERS = ("adamw", "adam")
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters on a frozen base (Hu et al. 2021; `attnlab.nn.lora`, `attnlab.train.lora`):
+    `[train.lora]`, or `--set train.lora.rank=8`."""
+
+    rank: int = 8
+    """r, the rank of each adapter (the paper finds r = 1..8 enough for GPT-3's q and v, §7.2)."""
+    alpha: float = 16.0
+    """α: the update B A is scaled by α / r."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input (peft's lora_dropout)."""
+    targets: tuple[str, ...] = ("query", "value")
+    """The parts adapted in every block: query, key, value, output (attention's out projection),
+    ff-in, ff-out, and gate (gated feed-forward layers). The paper's choice is query and value (§7.1)."""
+
+    def __post_init__(self) -> None:
+        from attnlab.nn.lora import PARTS  # torch: only where a LoRA config is built
+
+        if self.rank < 1:
+            raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.targets:
+            raise ValueError(f"lora.targets must name at least one part of {', '.join(PARTS)}")
+        for target in self.targets:
+            if target not in PARTS:
+                raise ValueError(f"lora.targets: {target!r} names no part; the parts are {', '.join(PARTS)}")
+        if len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"lora.targets names a part twice: {list(self.targets)}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The optimisation recipe. Names follow nanoGPT where it has one."""
 
@@ -107,6 +140,9 @@ class TrainConfig:
     whenever the selection metric improves (the best weights) and when training stops. For runs
     that evaluate every step (node classification), where writing a checkpoint costs more than
     the step."""
+    lora: LoRAConfig | None = None
+    """Fine-tune low-rank adapters on the frozen model instead of all its weights (`[train.lora]`;
+    None: every weight trains). See docs/training.md, "Fine-tuning with LoRA"."""
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "warmup_iters"):

@@ -7,6 +7,7 @@ It reads the run's config (`train.config.read_config`) and hands the model to
 """
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -14,8 +15,10 @@ from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.errors import CheckpointError
+from attnlab.nn.lora import merge_lora as merge_lora_layers
 from attnlab.tasks.trained import load_trained
 from attnlab.train.config import RunConfig, read_config
+from attnlab.train.lora import prepare_for_use
 
 
 @dataclass
@@ -30,12 +33,17 @@ class Run:
     step: int
 
 
-def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | int = "best") -> Run:
+def load_run(
+    path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | int = "best", merge_lora: bool = True
+) -> Run:
     """A run folder -> its model (in eval mode), tokenizer and config.
 
     checkpoint: "best" (the weights that scored best on validation, when the run has them, else
     the last), "last" (the latest checkpoint) or a step (the checkpoint saved after that step, from
     checkpoints/step-N or, for the best's step, best.safetensors).
+    A LoRA run (`train.lora`) is its base (`data.init_from`, checked against the hash its
+    checkpoint recorded) with its adapters: merged into the weights (`merge_lora`), so that the
+    model is its family's plain model, or kept apart as `LoRALinear` layers.
     """
     is_step = isinstance(checkpoint, int) and not isinstance(checkpoint, bool) and checkpoint >= 0
     if checkpoint not in ("best", "last") and not is_step:
@@ -45,5 +53,11 @@ def load_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
         raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
     config = read_config(run_dir)
     step = checkpoint if is_step else None
-    trained = load_trained(run_dir, config.task, config.model, best=checkpoint == "best", step=step)
-    return Run(run_dir, config, trained.tokenizer, trained.model.to(device).eval(), trained.step)
+    prepare = None if config.train.lora is None else partial(prepare_for_use, config=config, run_dir=run_dir)
+    trained = load_trained(run_dir, config.task, config.model, best=checkpoint == "best", step=step, prepare=prepare)
+    model = trained.model
+    if config.train.lora is not None:
+        model.requires_grad_(True)  # as any loaded model: the freezing was the training's
+        if merge_lora:
+            model = merge_lora_layers(model)
+    return Run(run_dir, config, trained.tokenizer, model.to(device).eval(), trained.step)

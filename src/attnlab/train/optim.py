@@ -81,11 +81,12 @@ def adam_l2(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_d
     penalty acts far more strongly than AdamW's decoupled decay of the same size: at lr 0.005, AdamW
     with 5e-4 would shrink a weight by 2.5e-6 of itself per step, next to nothing.
     """
+    params = [p for p in model.parameters() if p.requires_grad]  # a frozen weight (LoRA's base) has no state
     try:
-        fused = torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+        fused = torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
         return versions_follow_steps(fused)
     except (RuntimeError, TypeError):
-        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ and `Clock` (training time and throughput); `metrics.metrics_sinks` writes metri
 """
 
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -29,12 +30,15 @@ from tqdm.auto import tqdm
 
 from attnlab.accel import Applied, for_training
 from attnlab.device import autocast, slow_dtype_note
+from attnlab.errors import UserError
 from attnlab.nn import collect_aux_loss, moe_stats
 from attnlab.progress import ProgressLines
 from attnlab.train.checkpointer import Checkpointer
 from attnlab.train.config import RunConfig, TrainConfig
 from attnlab.train.distributed import StepLoss
 from attnlab.train.guards import StepGuard, grad_norm
+from attnlab.train.lora import LoRASetup, set_up_lora
+from attnlab.train.lora import describe as describe_lora
 from attnlab.train.metrics import METRICS_FIELDS, describe, last_evaluation, metrics_sinks
 from attnlab.train.optim import adam_l2, adamw
 from attnlab.train.run_setup import RunSetup, check_run_dir, choose_kernels, set_up_run
@@ -95,10 +99,12 @@ def train(
     whole model per rank) or "fsdp" (the model sharded across the ranks; `train.distributed`)."""
     run = set_up_run(config, Path(run_dir), resume, strategy)  # the folder, the ranks, device and precision, the task
     tc, ddp, schedule = run.config.train, run.ddp, Schedule(run.config.train)
-    model, step_loss, tuned = _build_model(run)
-    optimizer = _optimizer(model, tc, run.device)
+    model, step_loss, tuned, lora = _build_model(run)
+    optimizer = _optimizer(model, tc, run.device)  # over the trainable parameters (LoRA: adapters and head)
     batches = torch.Generator().manual_seed(tc.seed)  # every rank draws the same global batches
-    checkpointer = Checkpointer(run.run_dir, model, optimizer, batches, run.precision, ddp, run.device, tc.keep_last)
+    checkpointer = Checkpointer(
+        run.run_dir, model, optimizer, batches, run.precision, ddp, run.device, tc.keep_last, lora
+    )
     state = checkpointer.restore() if run.resume else {}
     step = state.get("step", 0)
     selection = Selection(run.task.selection, tc.patience, tc.watch_loss, run.config.task, tc.ties_count)
@@ -110,7 +116,7 @@ def train(
     guard.load_state_dict(state)
     evaluate = Evaluator(run, model, console.log)
     results = _first_results(run, step, evaluate, metrics, console.log)
-    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log)
+    fused_kernels = _say_accelerations(run, model, tuned, step_loss, console.log, lora)
     model.train()
     clock = Clock(state.get("elapsed_sec", 0.0))
     one_step = TrainingStep(run, model, step_loss, optimizer, batches, guard, fused_kernels, clock, console.log)
@@ -447,14 +453,16 @@ class TrainingLoss:
         return loss if aux is None else loss + aux
 
 
-def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss, Applied | None]:
+def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss, Applied | None, LoRASetup | None]:
     """The task's model on the run's device (a new run's initialised by the task, e.g. with a
-    pre-trained encoder), the training loss through it (compiled, DDP-synchronised), and what
-    attnlab's C++ kernels cover of it where `train.fused_kernels` resolved on (`_tuned`)."""
+    pre-trained encoder; with `train.lora`, frozen with adapters added), the training loss through
+    it (compiled, DDP-synchronised), what attnlab's C++ kernels cover of it where
+    `train.fused_kernels` resolved on (`_tuned`), and the LoRA set-up."""
     tc, device = run.config.train, run.device
     model = run.task.build_model()
     if not run.resume and hasattr(run.task, "initialize"):
         run.task.initialize(model)  # e.g. a pre-trained encoder's weights for fine-tuning
+    lora = _lora(run, model)
     model = model.to(device)
     if device.type == "cuda":
         # TF32 tensor cores for the float32 matmuls that autocast leaves (and all of them in fp32 runs).
@@ -462,15 +470,27 @@ def _build_model(run: RunSetup) -> tuple[nn.Module, StepLoss, Applied | None]:
         torch.backends.cudnn.allow_tf32 = True
     tuned = _tuned(run, model)
     step_model = _compiled(model) if tc.compile else model  # what the training loss runs through
-    return model, run.ddp.wrap(TrainingLoss(run.task, device, tc.label_smoothing), model, step_model), tuned
+    step_loss = run.ddp.wrap(TrainingLoss(run.task, device, tc.label_smoothing), model, step_model)
+    return model, step_loss, tuned, lora
+
+
+def _lora(run: RunSetup, model: nn.Module) -> LoRASetup | None:
+    """`train.lora`'s adapters on `model` (`set_up_lora`). A new run whose targets this model
+    does not have leaves no run folder behind."""
+    try:
+        return set_up_lora(model, run.config, run.run_dir, resume=run.resume)
+    except UserError:
+        if not run.resume and run.ddp.is_main:
+            shutil.rmtree(run.run_dir, ignore_errors=True)
+        raise
 
 
 def _tuned(run: RunSetup, model: nn.Module) -> Applied | None:
     """attnlab's C++ kernels on the model's covered modules (they take their kernels in training
     mode; evaluation runs the reference code), and on the loss of a task that computes its own
     cross-entropy (a `cross_entropy` attribute: the masked LM's); None where they are off."""
-    if not run.config.train.fused_kernels:
-        return None
+    if not run.config.train.fused_kernels or run.config.train.lora is not None:
+        return None  # the blocks' kernels read the weights themselves: they would pass the adapters by
     applied = for_training(model)
     if hasattr(run.task, "cross_entropy"):
         run.task.cross_entropy = applied.cross_entropy
@@ -491,9 +511,15 @@ def _optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch
 
 
 def _say_accelerations(
-    run: RunSetup, model: nn.Module, tuned: Applied | None, step_loss: StepLoss, log: Callable[[str], None]
+    run: RunSetup,
+    model: nn.Module,
+    tuned: Applied | None,
+    step_loss: StepLoss,
+    log: Callable[[str], None],
+    lora: LoRASetup | None,
 ) -> bool:
-    """Log whether torch.compile and attnlab's C++ kernels are on; returns whether the kernels are."""
+    """Log whether torch.compile and attnlab's C++ kernels are on, and what LoRA trains; returns
+    whether the kernels are."""
     tc = run.config.train
     if tc.compile:
         log("torch.compile: " + ("on" if step_loss.compiled else "not available here; training without it"))
@@ -503,6 +529,8 @@ def _say_accelerations(
         log(line)
     if tuned is not None and tuned.uncovered:
         log(f"attnlab's C++ kernels: {tuned.uncovered}: those blocks run on PyTorch's path")
+    if lora is not None:
+        log(describe_lora(lora, model))
     return tc.fused_kernels
 
 

@@ -1,0 +1,163 @@
+"""A model's LoRA adapters (`attnlab.nn.lora.LoRALinear`) as a `peft` adapter folder's contents:
+adapter_config.json and adapter_model.safetensors under peft's names, for the transformers model
+that `attnlab export --to hf` writes of the base (`peft.PeftModel.from_pretrained(base, folder)`).
+
+The layers by family (i = block index), attnlab -> transformers:
+    GPT-2   blocks.i.attn.in_proj -> transformer.h.i.attn.c_attn (q, k and v in one Conv1D)
+            blocks.i.attn.out_proj -> ...attn.c_proj, ffn.fc1 -> ...mlp.c_fc, ffn.fc2 -> ...mlp.c_proj
+    Llama   in_proj -> model.layers.i.self_attn.{q,k,v}_proj, out_proj -> ...o_proj,
+            fc1 -> ...mlp.{gate,up}_proj, fc2 -> ...mlp.down_proj
+    BERT    in_proj -> bert.encoder.layer.i.attention.self.{query,key,value},
+            out_proj -> ...attention.output.dense, fc1 -> ...intermediate.dense, fc2 -> ...output.dense;
+            a classifier or tagger head -> classifier, a sequence classifier's pooler -> bert.pooler.dense
+            (peft's modules_to_save: saved in full)
+Where attnlab's adapted slices are separate transformers layers (Llama's and BERT's q, k, v), each
+slice's (A, B) is that layer's adapter. GPT-2's c_attn is one layer: its adapter stacks the
+slices' A matrices (rank k·r for k slices) and places each B on its own rows of a block matrix
+(zeros elsewhere), with alpha k·α so that alpha / rank stays α / r: the same update, exactly.
+"""
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.errors import ExportError
+from attnlab.models.bert import Bert
+from attnlab.models.gpt import GPT
+from attnlab.models.hf.gpt2 import gpt2_export_problems
+from attnlab.models.hf.llama import llama_export_problems
+from attnlab.nn.lora import LoRALinear, adapter_key, lora_layers
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PREFIX = "base_model.model."  # where peft's PeftModel keeps the transformers model
+
+# attnlab layer (after "blocks.i.") -> the transformers layer of each part it holds (after the block's prefix).
+GPT2_LAYERS = {
+    "attn.in_proj": "attn.c_attn",
+    "attn.out_proj": "attn.c_proj",
+    "ffn.fc1": "mlp.c_fc",
+    "ffn.fc2": "mlp.c_proj",
+}
+LLAMA_PARTS = {
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "output": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "ff-in": "mlp.up_proj",
+    "ff-out": "mlp.down_proj",
+}
+BERT_PARTS = {
+    "query": "attention.self.query",
+    "key": "attention.self.key",
+    "value": "attention.self.value",
+    "output": "attention.output.dense",
+    "ff-in": "intermediate.dense",
+    "ff-out": "output.dense",
+}
+TASK_TYPES = {"lm": "CAUSAL_LM", "sequence": "SEQ_CLS", "token": "TOKEN_CLS"}
+
+
+def peft_adapter(
+    model: nn.Module, *, dropout: float = 0.0, base: str = ""
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(adapter_config.json as a dict, adapter_model.safetensors' tensors) of `model`'s adapters.
+    `base` names the base model in the config. Raises `ExportError` for a model peft's
+    transformers counterpart cannot take (no adapters; a family other than GPT-2, Llama, BERT)."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ExportError("the model has no LoRA adapters to export")
+    first = next(iter(layers.values()))
+    rank, alpha = first.rank, first.alpha
+    family, task = _family(model)
+    tensors: dict[str, torch.Tensor] = {}
+    rank_pattern, alpha_pattern = {}, {}
+    for name, layer in layers.items():
+        block, _, inner = name.partition(".")[2].partition(".")  # "blocks.3.attn.in_proj" -> "3", "attn.in_proj"
+        if family == "gpt2":
+            target = f"transformer.h.{block}.{GPT2_LAYERS[inner]}"
+            tensors |= _stacked(target, layer)
+            if len(layer.slices) > 1 or _partial(layer):
+                k = len(layer.slices)
+                rank_pattern[re.escape(target)], alpha_pattern[re.escape(target)] = k * rank, k * alpha
+            continue
+        parts = LLAMA_PARTS if family == "llama" else BERT_PARTS
+        stem = f"model.layers.{block}." if family == "llama" else f"bert.encoder.layer.{block}."
+        for part in layer.slices:
+            tensors |= _pair(stem + parts[part], layer, part)
+    targets = sorted({key.removeprefix(PREFIX).rsplit(".lora_", 1)[0] for key in tensors})
+    saved = _trained_in_full(model, task)
+    for hf, tensor in saved.items():
+        tensors[PREFIX + hf] = tensor.detach().clone()
+    config = {
+        "peft_type": "LORA",
+        "task_type": TASK_TYPES[task],
+        "base_model_name_or_path": base,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        # One alternation of exact names: peft's suffix match would take "attention.output.dense"
+        # for "output.dense".
+        "target_modules": "(" + "|".join(re.escape(t) for t in targets) + ")",
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": alpha_pattern,
+        "fan_in_fan_out": family == "gpt2",  # GPT-2's Conv1D stores its weight (in, out)
+        "bias": "none",
+        "modules_to_save": sorted({name.rsplit(".", 1)[0] for name in saved}) or None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+    return config, {k: v.contiguous() for k, v in tensors.items()}
+
+
+def _family(model: nn.Module) -> tuple[str, str]:
+    """("gpt2" | "llama" | "bert", "lm" | "sequence" | "token") as `attnlab export --to hf` writes the model."""
+    if isinstance(model, GPT):
+        if not gpt2_export_problems(model.config):
+            return "gpt2", "lm"
+        if not llama_export_problems(model.config):
+            return "llama", "lm"
+        raise ExportError("this GPT has neither GPT-2's nor Llama's parts: transformers has no model for its adapters")
+    if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
+        return "bert", model.config.head
+    raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
+
+
+def _trained_in_full(model: nn.Module, task: str) -> dict[str, torch.Tensor]:
+    """The tensors peft's modules_to_save carry, by transformers name: a BERT classifier's head,
+    and for a sequence classifier its pooler too, which a BertForMaskedLM base does not have (the
+    run then trained on its own initialisation of it)."""
+    if not isinstance(model, Bert):
+        return {}
+    found = {"classifier.weight": model.head.proj.weight, "classifier.bias": model.head.proj.bias}
+    if task == "sequence":
+        found |= {"bert.pooler.dense.weight": model.pooler.weight, "bert.pooler.dense.bias": model.pooler.bias}
+    return found
+
+
+def _pair(target: str, layer: LoRALinear, part: str) -> dict[str, torch.Tensor]:
+    key = adapter_key(part)
+    return {
+        f"{PREFIX}{target}.lora_A.weight": layer.lora_A[key].detach().clone(),
+        f"{PREFIX}{target}.lora_B.weight": layer.lora_B[key].detach().clone(),
+    }
+
+
+def _partial(layer: LoRALinear) -> bool:
+    """Whether the layer's one adapted slice leaves some of its rows unadapted."""
+    ((start, stop),) = layer.slices.values()
+    return (start, stop) != (0, layer.out_features)
+
+
+def _stacked(target: str, layer: LoRALinear) -> dict[str, torch.Tensor]:
+    """One adapter for all of `layer`'s slices: A `(k r, in)` stacked, B `(out, k r)` block-placed."""
+    r = layer.rank
+    a = torch.cat([layer.lora_A[adapter_key(p)].detach() for p in layer.slices])
+    b = torch.zeros(layer.out_features, r * len(layer.slices), dtype=a.dtype)
+    for j, (part, (start, stop)) in enumerate(layer.slices.items()):
+        b[start:stop, j * r : (j + 1) * r] = layer.lora_B[adapter_key(part)].detach()
+    return {f"{PREFIX}{target}.lora_A.weight": a.clone(), f"{PREFIX}{target}.lora_B.weight": b}

@@ -1,0 +1,189 @@
+"""LoRA fine-tuning of a run's model (`train.lora`; Hu et al. 2021; the layers: `attnlab.nn.lora`).
+
+`apply_lora` freezes the model, puts adapters on the targeted parts of every block, and leaves a
+new task head (a classifier's or a tagger's) fully trainable; the trainer calls it before it builds
+the optimizer, which then holds the adapters and the head alone.
+
+The base is the run's `data.init_from` (a Hugging Face folder or an attnlab run): a checkpoint of
+a LoRA run holds only what trains (adapters, head) and, in its manifest, the base's path and
+`attnlab.checkpoints.weights_sha256`. A run resumed, or loaded for use, reads the base again from
+that path and refuses one whose hash has changed. A LoRA run with no `init_from` (a model built from
+its config) has no base elsewhere: its checkpoints hold the whole model.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.checkpoints import latest_checkpoint, weights_sha256
+from attnlab.errors import CheckpointError, ConfigError, UserError
+from attnlab.models.bert import Bert, ClassifierHead
+from attnlab.nn.lora import add_lora, lora_layers
+from attnlab.nn.positions import LearnedPositions
+from attnlab.train.config import LoRAConfig, RunConfig
+
+LORA_TASKS = ("language-model", "text-classification", "token-classification")
+"""The tasks `train.lora` applies to."""
+
+
+@dataclass(frozen=True)
+class LoRASetup:
+    """What a LoRA run's checkpoints need to know: which layers carry adapters, which state-dict
+    entries the base holds (left out of the checkpoints), and the base's record."""
+
+    wrapped: list[str]
+    frozen: frozenset[str]
+    """State-dict names that come from the base, not from the run's checkpoints (none without a base)."""
+    base: dict[str, str] | None
+    """{"path": ..., "weights_sha256": ...}; None for a run with no `init_from`."""
+
+
+def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
+    """Freeze every weight of `model`, add adapters on the `config.targets` parts (trainable) and
+    unfreeze a new task head; returns the names of the linear layers adapted. A target that no
+    layer of this model holds is a `ConfigError`."""
+    model.requires_grad_(False)
+    try:
+        wrapped = add_lora(model, config.targets, config.rank, config.alpha, config.dropout)
+    except ValueError as e:
+        raise ConfigError(f"train.lora.targets: {e}") from None
+    if (head := new_head(model)) is not None:
+        head.requires_grad_(True)  # a task head is new: it has nothing to adapt from
+    return wrapped
+
+
+def new_head(model: nn.Module) -> nn.Module | None:
+    """The part of `model` that fine-tuning adds and trains in full: a BERT's classifier or
+    tagger head (None for a language model, whose output layer is the base's)."""
+    if isinstance(model, Bert) and isinstance(model.head, ClassifierHead):
+        return model.head
+    return None
+
+
+def trainable_names(model: nn.Module) -> set[str]:
+    """The names of the parameters that train (requires_grad)."""
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def check_task(config: RunConfig) -> None:
+    """A `ConfigError` where `train.lora` is set for a task it does not apply to."""
+    if config.task not in LORA_TASKS:
+        raise ConfigError(f"train.lora is for the {', '.join(LORA_TASKS)} tasks, not {config.task!r}")
+
+
+def base_path(config: RunConfig) -> str:
+    """The run's base: its `data.init_from` ("" where it has none)."""
+    return getattr(config.data, "init_from", "") or ""
+
+
+def base_record(path: str) -> dict[str, str]:
+    """The reference a LoRA checkpoint keeps to its base: its path and its weights' hash."""
+    try:
+        return {"path": path, "weights_sha256": weights_sha256(Path(path))}
+    except OSError as e:
+        raise UserError(f"the LoRA base {path} cannot be read ({e}); restore it or start a new run") from None
+
+
+def check_base(run_dir: Path, recorded: dict[str, Any] | None, path: str, *, doing: str) -> dict[str, str]:
+    """The base's record, after checking it against the one the run's checkpoint holds: a
+    `CheckpointError` naming both hashes where the base has changed since."""
+    now = base_record(path)
+    if recorded is not None and recorded.get("weights_sha256") != now["weights_sha256"]:
+        raise CheckpointError(
+            f"cannot {doing} {run_dir}: its LoRA base {path} has changed (weights_sha256 "
+            f"{recorded.get('weights_sha256')} when the run saved its adapters, {now['weights_sha256']} now); "
+            "restore the base the run started from, or fine-tune a new run on this one"
+        )
+    return now
+
+
+def load_base(model: nn.Module, path: str) -> frozenset[str]:
+    """Copy the weights of the base in `path` (an attnlab run's best, or a Hugging Face folder)
+    into `model`, a model of the same shape: all of them, or for a BERT with a new head, the
+    encoder's (`Bert.load_encoder`). Returns the state-dict names it loaded: what a LoRA
+    checkpoint leaves to the base (a BERT's pooler that the base lacks is saved with the run)."""
+    from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
+    from attnlab.models.hf.bert import load_bert
+    from attnlab.tasks.encoder import load_pretrained
+
+    if isinstance(model, Bert):
+        if is_hf_folder(path):
+            # A BertForMaskedLM folder has no pooler: load_bert leaves it at a random initialisation,
+            # which the run must save as its own, since reading the folder again would draw another.
+            loaded = load_bert(path)
+            source, absent = loaded.model.state_dict(), set(loaded.missing)
+        else:
+            source, absent = load_pretrained(path).model.state_dict(), set()
+        missing = model.load_encoder(source)
+        return frozenset(name for name in source if name in model.state_dict()) - set(missing) - absent
+    if is_hf_folder(path):
+        base = load_causal_lm(path).model
+    else:
+        from attnlab.tasks.trained import load_trained, saved_model_config
+
+        base = load_trained(Path(path), *saved_model_config(Path(path)), best=True).model
+    model.load_state_dict(cropped(base.state_dict(), model))
+    return frozenset(model.state_dict())
+
+
+def cropped(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """`state` fitted to `model` where a fine-tuning run trains on a shorter context than its
+    base's: a learned position table keeps its first rows (nanoGPT's crop_block_size); anything
+    else must fit as it is (`load_state_dict` names what does not)."""
+    out = dict(state)
+    for name, module in model.named_modules():
+        if isinstance(module, LearnedPositions):
+            key = f"{name}.embedding.weight" if name else "embedding.weight"
+            if key in out:
+                out[key] = out[key][: module.max_positions]
+    return out
+
+
+def set_up_lora(model: nn.Module, config: RunConfig, run_dir: Path, *, resume: bool) -> LoRASetup | None:
+    """The trainer's one call (None where `train.lora` is off): the base checked against the
+    checkpoint's record (on resume) and loaded into `model` (again, in a new run whose task has
+    loaded it: so that what the checkpoints leave out is exactly what the base holds); then
+    `apply_lora`."""
+    lora = config.train.lora
+    if lora is None:
+        return None
+    check_task(config)
+    path = base_path(config)
+    if not path:
+        return LoRASetup(apply_lora(model, lora), frozenset(), None)
+    recorded = latest_checkpoint(run_dir).manifest.get("base") if resume else None
+    base = check_base(run_dir, recorded, path, doing="resume")
+    provided = load_base(model, path)
+    wrapped = apply_lora(model, lora)
+    return LoRASetup(wrapped, provided - trainable_names(model), base)
+
+
+def prepare_for_use(model: nn.Module, config: RunConfig, run_dir: Path) -> frozenset[str]:
+    """A LoRA run's model as `attnlab.load` builds it, before its checkpoint is read: the base
+    loaded (and checked) and the adapters added. Returns the state-dict names the checkpoint
+    does not hold (those of the base)."""
+    path, provided = base_path(config), frozenset()
+    if path:
+        check_base(run_dir, latest_checkpoint(run_dir).manifest.get("base"), path, doing="load")
+        provided = load_base(model, path)
+    apply_lora(model, config.train.lora)
+    return provided - trainable_names(model)
+
+
+def trainable_share(model: nn.Module) -> tuple[int, int]:
+    """(trainable parameters, all parameters) of `model`."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def describe(setup: LoRASetup, model: nn.Module) -> str:
+    """The log's line on a LoRA run."""
+    trainable, total = trainable_share(model)
+    where = f"base {setup.base['path']}" if setup.base else "no base (the model built from its config)"
+    return (
+        f"LoRA: adapters on {len(lora_layers(model))} layers, {trainable:,} of {total:,} parameters train "
+        f"({100 * trainable / total:.2f}%); {where}"
+    )
