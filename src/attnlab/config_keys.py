@@ -24,7 +24,7 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
     "train": frozenset(
         "batch_size beta1 beta2 checkpoint_interval compile decay_lr device dtype eval_interval eval_iters "
         "fused_kernels grad_clip gradient_accumulation_steps keep_last label_smoothing learning_rate "
-        "log_interval lr_decay_iters max_bad_steps max_iters min_lr optimizer patience schedule seed "
+        "log_interval lora lr_decay_iters max_bad_steps max_iters min_lr optimizer patience schedule seed "
         "spike_factor ties_count warmup_iters watch_loss weight_decay".split()
     ),
     "log": frozenset("tensorboard".split()),
