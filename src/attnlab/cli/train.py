@@ -51,6 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or Mixtral folder or an attnlab language-model run; an encoder task from an attnlab run or a BERT folder",
     )
     add_device_argument(p, sets_config=True)
+    _add_process_arguments(p)
+    _add_seeds_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_argument(p)
+    p.set_defaults(run=run, check=check)
+
+
+def _add_process_arguments(p: argparse.ArgumentParser) -> None:
+    """--nproc and --strategy: training in several processes."""
     p.add_argument(
         "--nproc",
         type=positive_int,
@@ -67,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "process; fsdp shards weights, gradients and optimizer state across the processes (PyTorch's "
         "fully_shard), for a model whose training state does not fit one device. Checkpoints are the same files",
     )
+
+
+def _add_seeds_arguments(p: argparse.ArgumentParser) -> None:
+    """--seeds and --eval-split: one config trained with several seeds."""
     p.add_argument(
         "--seeds",
         type=positive_int,
@@ -80,9 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --seeds: the split each run's best weights are evaluated on (default: the task's reported "
         "split, test for node classification; none for the others)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_json_argument(p)
-    p.set_defaults(run=run, check=check)
 
 
 def check(args: argparse.Namespace) -> None:

@@ -134,20 +134,12 @@ def train(
         if stop_asked and step < tc.max_iters and not selection.patience_spent():  # (else the run ends anyway)
             stopped_by = _stop_after(step, saved, stop, checkpointer, clock, guard, selection)
             break
-    console.close()
-    metrics.close()
+    for sink in (console, metrics):
+        sink.close()
     ddp.stop()
+    timing = (clock.elapsed, clock.mean_tokens_per_sec)
     return TrainResult(
-        run.run_dir,
-        step,
-        results,
-        selection.best,
-        clock.elapsed,
-        clock.mean_tokens_per_sec,
-        step_loss.compiled,
-        fused_kernels,
-        run.dtype,
-        stopped_by,
+        run.run_dir, step, results, selection.best, *timing, step_loss.compiled, fused_kernels, run.dtype, stopped_by
     )
 
 
