@@ -228,3 +228,23 @@ def test_block_size_without_a_checkpoint_is_refused(tiny_toml, tmp_path, capsys)
 def test_init_from_is_refused_for_a_task_without_it(tmp_path, capsys):
     result = cli(capsys, "train", "cora-gcn", "--init-from", tmp_path, "--out", tmp_path / "run")
     assert_user_error(result, "--init-from is for language models and the encoder tasks")
+
+
+def test_a_run_from_scratch_can_take_another_runs_tokenizer(folders, tiny_toml, corpus, tmp_path, capsys):
+    """data.tokenizer_file: the baseline trained from scratch reads the same tokens as the fine-tuned
+    model (a Hugging Face folder's tokenizer.json here), so that their losses per token compare."""
+    given = folders["gpt2"][0] / "tokenizer.json"
+    out = tmp_path / "scratch"
+    code, _, err = cli(capsys, "train", tiny_toml, "--out", out, f"--set=data.tokenizer_file={given}", *FAST)
+    assert code == 0, err
+    run = load(out)
+    assert run.model.config.vocab_size == folders["gpt2"][1].get_vocab_size()
+    text = "ROMEO: What say you?"
+    assert run.tokenizer.encode(text) == folders["gpt2"][1].encode(text, add_special_tokens=False).ids
+    assert source_record(out) is None  # weights from scratch: nothing to record
+    missing = tmp_path / "other"
+    assert_user_error(
+        cli(capsys, "train", tiny_toml, "--out", missing, f"--set=data.tokenizer_file={tmp_path / 'no.json'}", *FAST),
+        "does not exist",
+    )
+    assert not missing.exists()

@@ -41,7 +41,7 @@ POSITION_TABLE = "positions.embedding.weight"  # learned positions: the one tens
 class LMDataConfig:
     """Where the text comes from and how it becomes tokens."""
 
-    path_fields: ClassVar[tuple[str, ...]] = ("path", "init_from")
+    path_fields: ClassVar[tuple[str, ...]] = ("path", "init_from", "tokenizer_file")
     """The fields that name files or folders: stored absolute (`attnlab.train.config.resolve`)."""
 
     path: str = ""
@@ -52,6 +52,10 @@ class LMDataConfig:
     with init_from, which brings its own."""
     vocab_size: int = 4096
     """Target vocabulary size of the BPE tokenizer (ignored for "char")."""
+    tokenizer_file: str = ""
+    """A tokenizer.json (another run's, or a Hugging Face folder's) used as it is instead of
+    training one (data.tokenizer and vocab_size are then not used): a model trained from scratch
+    with a pre-trained model's tokens, so that their losses per token compare."""
     val_fraction: float = 0.1
     """Share of the corpus (its end) held out for validation."""
     init_from: str = ""
@@ -70,6 +74,8 @@ class LMDataConfig:
             raise ValueError(f"tokenizer must be one of {list(TOKENIZER_KINDS)}, got {self.tokenizer!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.tokenizer_file and self.init_from:
+            raise ValueError("give tokenizer_file or init_from, not both: init_from brings its own tokenizer")
         if self.vocab_size < 257:
             raise ValueError(f"vocab_size must be >= 257 (256 bytes + 1 special token), got {self.vocab_size}")
 
@@ -151,6 +157,9 @@ class LanguageModeling:
             # corpus is one stream of text, so the checkpoint's rule of adding "<s>" before each
             # text it encodes (Llama's post-processor) does not cut into it.
             source.tokenizer.save(path)
+            return load_tokenizer(path)
+        if self.data_config.tokenizer_file:  # (a missing or unreadable file: one line, from load_tokenizer)
+            load_tokenizer(self.data_config.tokenizer_file).save(path)
             return load_tokenizer(path)
         tokenizer = train_tokenizer(self.data_config.tokenizer, train_text, text, self.data_config.vocab_size)
         tokenizer.save(path)
