@@ -83,7 +83,7 @@ class AttnlabLM(TemplateLM):
         if max_batch_size is not None:
             self.batch_size = min(self.batch_size, int(max_batch_size))
         self._max_length = self._checked_max_length(max_length)
-        self.custom_prefix_token_id = prefix_token_id
+        self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
 
     def _checked_max_length(self, max_length: int | None) -> int:
         if max_length is None:
