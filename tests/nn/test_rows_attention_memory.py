@@ -20,7 +20,7 @@ def brute_force(memory: ProductKeyMemory, x: torch.Tensor) -> torch.Tensor:
             keys = torch.stack([torch.cat([c[i], c2[j]]) for i in range(n) for j in range(n)])  # (n², C)
             scores, index = (keys @ q[h]).topk(memory.top_k)
             weights = torch.softmax(scores, dim=0)
-            out[t] += sum(w * memory.values.weight[i] for w, i in zip(weights, index))
+            out[t] += sum(w * memory.values.weight[i] for w, i in zip(weights, index, strict=True))
     return out
 
 
