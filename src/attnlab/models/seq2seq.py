@@ -86,6 +86,8 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError("block_sharing 'universal' is for GPT and BERT; use 'all' or 'none' here")
         if self.embedding_dim is not None:
             raise ValueError("embedding_dim (factorized embeddings) is for GPT and BERT; leave it unset here")
+        if self.branched_attention:
+            raise ValueError("branched_attention (the Weighted Transformer) is for GPT and BERT; leave it off here")
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         # causal: the decoder's self-attention, which the spec covers too

@@ -13,11 +13,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
 from attnlab.nn.memory import ProductKeyMemory
 from attnlab.nn.moe import MixtureOfExperts, check_experts
 from attnlab.nn.norms import build_gate, build_norm, check_normalization
 from attnlab.nn.positions import SinusoidalPositions, check_choice
+from attnlab.nn.variants import AttentionSpec
+from attnlab.nn.weighted import BranchedAttention
 
 SHARING = ("none", "all", "universal")
 """Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
@@ -40,6 +43,25 @@ class BlockParts:
     memory_keys: int = 0
     memory_top_k: int = 8
     memory_heads: int = 4
+    branched: bool = False
+
+    def build_attention(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        activation: str,
+        dropout: float,
+        bias: bool,
+        spec: AttentionSpec | None,
+    ) -> nn.Module:
+        """The self-attention: multi-head, or the Weighted Transformer's branches (which hold the
+        block's feed-forward layers: `build_ffn` is then not called)."""
+        kw = dict(dropout=dropout, bias=bias, spec=spec, n_kv_heads=self.n_kv_heads)
+        if self.branched:
+            return BranchedAttention(d_model, n_heads, d_ff, activation=activation, **kw)
+        return MultiHeadAttention(d_model, n_heads, **kw)
 
     def build_norm(self, d_model: int, *, eps: float, bias: bool) -> nn.Module:
         return build_norm(self.normalization, d_model, eps=eps, bias=bias)
@@ -106,6 +128,9 @@ class BlockOptions:
     """Memory heads: each its own query and sub-keys, the values shared, the outputs summed."""
     memory_every: int = 2
     """A memory in place of the feed-forward layer of every n-th block (the last of each group)."""
+    branched_attention: bool = False
+    """The Weighted Transformer (Ahmed et al. 2017, attnlab.nn.weighted): each head a branch with
+    its own projection, κ weight and feed-forward layer, the branches summed with α weights."""
 
     def check_parts(self, activation: str, *, n_heads: int, d_model: int) -> None:
         """ValueError naming the first field that is out of range or unknown."""
@@ -127,6 +152,11 @@ class BlockOptions:
         if self.embedding_dim is not None and not 1 <= self.embedding_dim <= d_model:
             raise ValueError(f"embedding_dim must be between 1 and the model width {d_model}, got {self.embedding_dim}")
         self.check_memory()
+        if self.branched_attention and (is_gated(activation) or self.experts > 0 or self.memory_keys > 0):
+            raise ValueError(
+                "branched_attention gives each head a dense feed-forward layer of its own: it takes a dense "
+                "activation (relu, gelu, ...), and no experts or memory"
+            )
 
     def check_memory(self) -> None:
         """ValueError naming the product key memory's field that is out of range."""
@@ -164,6 +194,7 @@ class BlockOptions:
             memory_keys=self.memory_keys if memory else 0,
             memory_top_k=self.memory_top_k,
             memory_heads=self.memory_heads,
+            branched=self.branched_attention,
         )
 
     @property
