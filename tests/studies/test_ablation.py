@@ -289,6 +289,16 @@ PAPER_ROWS = [
     "moe-top2",
     "switch",
     "universal",
+    # issue 49's attention-side rows
+    "synthesizer-dense",
+    "synthesizer-dense+",
+    "synthesizer-dense+alpha",
+    "synthesizer-factorized",
+    "synthesizer-random",
+    "synthesizer-random+",
+    "synthesizer-random+alpha",
+    "weighted-transformer",
+    "product-key-memory",
 ]
 
 
@@ -322,6 +332,9 @@ def test_shipped_specs_have_the_papers_rows_and_each_variant_changes_its_part(tm
     assert changed["moe-top2"] == {"experts": 4, "capacity_factor": 1.25}  # top-2 is the default
     assert vanilla.expert_top_k == 2
     assert changed["factorized-embeddings"]["embedding_dim"] < vanilla.d_model
+    assert changed["synthesizer-random+alpha"] == {"attention": "synthesizer-random+alpha"}
+    assert changed["weighted-transformer"] == {"branched_attention": True}
+    assert changed["product-key-memory"] == {"memory_keys": 32}
 
 
 def test_every_shipped_variant_builds_and_takes_a_training_step(tmp_path):

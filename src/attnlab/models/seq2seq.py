@@ -32,6 +32,7 @@ from attnlab.nn import (
     build_stack,
     padding_mask_from_ids,
 )
+from attnlab.nn.transparent import TransparentMix
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
     pad_id: int = 0
     """Padding token id of the vocabulary."""
     layer_norm_eps: float = 1e-5
+    transparent_attention: bool = False
+    """Transparent attention (Bapna et al. 2018): each decoder layer's cross-attention reads a
+    learned softmax-weighted mix of all encoder layers' outputs, the embedding included."""
 
     def __post_init__(self) -> None:
         if self.kind != "seq2seq-transformer":
@@ -86,6 +90,8 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError("block_sharing 'universal' is for GPT and BERT; use 'all' or 'none' here")
         if self.embedding_dim is not None:
             raise ValueError("embedding_dim (factorized embeddings) is for GPT and BERT; leave it unset here")
+        if self.branched_attention:
+            raise ValueError("branched_attention (the Weighted Transformer) is for GPT and BERT; leave it off here")
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         # causal: the decoder's self-attention, which the spec covers too
@@ -140,6 +146,7 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder = build_stack(encoder_block, c.n_encoder_layers, c.block_sharing)
         self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.block_sharing)
         self.encoder_norm = self._final_norm()
+        self.transparent = TransparentMix(c.n_encoder_layers, c.n_decoder_layers) if c.transparent_attention else None
         self.decoder_norm = self._final_norm()
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self._init_weights()
@@ -181,17 +188,36 @@ class Seq2SeqTransformer(nn.Module):
 
     def _encode(self, src: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Memory, source mask and, when asked for, each encoder layer's weights `(B, H, S, S)`."""
+        states, src_mask, weights = self._encoder_states(src, need_weights)
+        return self.encoder_norm(states[-1]), src_mask, weights
+
+    def _encoder_states(
+        self, src: torch.Tensor, need_weights: bool = False
+    ) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+        """The embedded source and every encoder layer's output `[(B, S, C)] * (N + 1)`, the source
+        mask and, when asked for, each layer's weights."""
         src_mask = padding_mask_from_ids(src, self.pad_id)
-        x = self._embed(src, self.src_embedding)
+        states = [self._embed(src, self.src_embedding)]
         weights = []
         for block in self.encoder:
-            x, w = block(x, mask=src_mask, need_weights=need_weights)
+            x, w = block(states[-1], mask=src_mask, need_weights=need_weights)
+            states.append(x)
             if w is not None:
                 weights.append(w)
-        return self.encoder_norm(x), src_mask, weights
+        return states, src_mask, weights
 
-    def _memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [block.cross_attn.project_memory(memory) for block in self.decoder]
+    def _memories(self, src: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """What each decoder layer's cross-attention reads `[(B, S, C)] * M`, and the source mask:
+        the encoder's output, or with transparent attention each layer's mix of all its states
+        (each through the encoder's final norm, as the last state is)."""
+        if self.transparent is None:
+            memory, src_mask = self.encode(src)
+            return [memory] * len(self.decoder), src_mask
+        states, src_mask, _ = self._encoder_states(src)
+        return [self.encoder_norm(m) for m in self.transparent(states)], src_mask
+
+    def _memory_kv(self, memories: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [block.cross_attn.project_memory(m) for block, m in zip(self.decoder, memories, strict=True)]
 
     def _decode(
         self,
@@ -213,14 +239,14 @@ class Seq2SeqTransformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher-forced next-token logits `(B, T, V)` for src `(B, S)` and decoder input `(B, T)`."""
-        memory, src_mask = self.encode(src)
-        h, _ = self._decode(tgt_in, self._memory_kv(memory), src_mask)
+        memories, src_mask = self._memories(src)
+        h, _ = self._decode(tgt_in, self._memory_kv(memories), src_mask)
         return self.output(h)
 
     def start(self, src: torch.Tensor, max_len: int) -> TransformerDecoderState:
         """Encode src `(B, S)` once and preallocate self-attention caches for `max_len` target tokens."""
-        memory, src_mask = self.encode(src)
-        c = self.config
+        memories, src_mask = self._memories(src)
+        memory, c = memories[-1], self.config
         caches = [
             KVCache(
                 src.size(0),
@@ -232,7 +258,7 @@ class Seq2SeqTransformer(nn.Module):
             )
             for _ in range(c.n_decoder_layers)
         ]
-        return TransformerDecoderState(self._memory_kv(memory), src_mask, caches)
+        return TransformerDecoderState(self._memory_kv(memories), src_mask, caches)
 
     def step(self, tokens: torch.Tensor, state: TransformerDecoderState) -> torch.Tensor:
         """Previous target tokens `(B,)` -> next-token logits `(B, V)`; the caches grow by one."""
@@ -247,8 +273,8 @@ class Seq2SeqTransformer(nn.Module):
     @torch.no_grad()
     def cross_attention_layers(self, src: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
         """Encoder–decoder attention of every decoder layer: a list of `(B, H, T, S)`."""
-        memory, src_mask = self.encode(src)
-        _, weights = self._decode(tgt_in, self._memory_kv(memory), src_mask, need_weights=True)
+        memories, src_mask = self._memories(src)
+        _, weights = self._decode(tgt_in, self._memory_kv(memories), src_mask, need_weights=True)
         return weights
 
     def cross_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
+from attnlab.nn.synthesizer import Synthesizer
 from attnlab.nn.variants import AttentionSpec
 
 
@@ -303,6 +304,10 @@ class MultiHeadAttention(nn.Module):
             # A few queries against a cache, or the weights asked for: the pattern as a mask.
             sees = self.pattern.key_mask(q_pos, k.size(2), causal=causal or cache is not None)  # (Tq, Tk)
             mask = sees if mask is None else mask & sees
+            if isinstance(self.pattern, Synthesizer):  # its logits are its own, not q kᵀ alone
+                dropout_p = self.dropout if self.training else 0.0
+                y, weights = self.pattern.attend_at(q, k, v, q_pos, mask, self.positions, dropout_p)
+                return self.out_proj(self._merge_heads(y)), (weights if need_weights else None)
         y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights)
         return self.out_proj(self._merge_heads(y)), weights
 

@@ -51,13 +51,16 @@ class TransformerBlock(nn.Module):
         self.pre_norm = norm == "pre"
         self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate1 = parts.build_gate()
-        self.attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, spec=spec, n_kv_heads=parts.n_kv_heads
+        self.attn = parts.build_attention(
+            d_model, n_heads, d_ff, activation=activation, dropout=dropout, bias=bias, spec=spec
         )
+        self.dropout = nn.Dropout(dropout)
+        if parts.branched:  # the Weighted Transformer: the branches hold the feed-forward layers
+            self.norm2 = self.gate2 = self.ffn = None
+            return
         self.norm2 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate2 = parts.build_gate()
         self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(
         self,
@@ -75,11 +78,13 @@ class TransformerBlock(nn.Module):
         if self.pre_norm:
             a, weights = self.attn(self.norm1(x), **kw)
             x = x + self.gate1(self.dropout(a))
-            x = x + self.gate2(self.ffn(self.norm2(x)))
+            if self.ffn is not None:
+                x = x + self.gate2(self.ffn(self.norm2(x)))
         else:
             a, weights = self.attn(x, **kw)
             x = self.norm1(x + self.gate1(self.dropout(a)))
-            x = self.norm2(x + self.gate2(self.ffn(x)))
+            if self.ffn is not None:
+                x = self.norm2(x + self.gate2(self.ffn(x)))
         return x, weights
 
 

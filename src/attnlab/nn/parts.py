@@ -13,10 +13,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
+from attnlab.nn.memory import ProductKeyMemory
 from attnlab.nn.moe import MixtureOfExperts, check_experts
 from attnlab.nn.norms import build_gate, build_norm, check_normalization
 from attnlab.nn.positions import SinusoidalPositions, check_choice
+from attnlab.nn.variants import AttentionSpec
+from attnlab.nn.weighted import BranchedAttention
 
 SHARING = ("none", "all", "universal")
 """Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
@@ -36,6 +40,28 @@ class BlockParts:
     capacity_factor: float = 0.0
     aux_weight: float = 0.01
     z_weight: float = 0.0
+    memory_keys: int = 0
+    memory_top_k: int = 8
+    memory_heads: int = 4
+    branched: bool = False
+
+    def build_attention(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        activation: str,
+        dropout: float,
+        bias: bool,
+        spec: AttentionSpec | None,
+    ) -> nn.Module:
+        """The self-attention: multi-head, or the Weighted Transformer's branches (which hold the
+        block's feed-forward layers: `build_ffn` is then not called)."""
+        kw = dict(dropout=dropout, bias=bias, spec=spec, n_kv_heads=self.n_kv_heads)
+        if self.branched:
+            return BranchedAttention(d_model, n_heads, d_ff, activation=activation, **kw)
+        return MultiHeadAttention(d_model, n_heads, **kw)
 
     def build_norm(self, d_model: int, *, eps: float, bias: bool) -> nn.Module:
         return build_norm(self.normalization, d_model, eps=eps, bias=bias)
@@ -44,6 +70,9 @@ class BlockParts:
         return build_gate(self.normalization)
 
     def build_ffn(self, d_model: int, d_ff: int, *, activation: str, dropout: float, bias: bool) -> nn.Module:
+        if self.memory_keys > 0:  # product key memory: the memory replaces this block's feed-forward layer
+            keys, top_k, heads = self.memory_keys, self.memory_top_k, self.memory_heads
+            return ProductKeyMemory(d_model, keys, top_k=top_k, heads=heads, dropout=dropout)
         if self.experts == 0:
             return build_feedforward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         return MixtureOfExperts(
@@ -90,6 +119,18 @@ class BlockOptions:
     embedding_dim: int | None = None
     """Factorized embeddings (ALBERT): tokens embedded in this many dimensions, then projected
     to the model width; None = the model width."""
+    # Product key memory (Lample et al. 2019, attnlab.nn.memory), in place of some feed-forward layers.
+    memory_keys: int = 0
+    """Sub-keys n per half of a product key memory, which holds n² values; 0 = no memory."""
+    memory_top_k: int = 8
+    """Keys k each memory head reads (of n per half, then of the k² candidates)."""
+    memory_heads: int = 4
+    """Memory heads: each its own query and sub-keys, the values shared, the outputs summed."""
+    memory_every: int = 2
+    """A memory in place of the feed-forward layer of every n-th block (the last of each group)."""
+    branched_attention: bool = False
+    """The Weighted Transformer (Ahmed et al. 2017, attnlab.nn.weighted): each head a branch with
+    its own projection, κ weight and feed-forward layer, the branches summed with α weights."""
 
     def check_parts(self, activation: str, *, n_heads: int, d_model: int) -> None:
         """ValueError naming the first field that is out of range or unknown."""
@@ -110,6 +151,27 @@ class BlockOptions:
             raise ValueError("router_aux_weight and router_z_weight must be >= 0")
         if self.embedding_dim is not None and not 1 <= self.embedding_dim <= d_model:
             raise ValueError(f"embedding_dim must be between 1 and the model width {d_model}, got {self.embedding_dim}")
+        self.check_memory()
+        if self.branched_attention and (is_gated(activation) or self.experts > 0 or self.memory_keys > 0):
+            raise ValueError(
+                "branched_attention gives each head a dense feed-forward layer of its own: it takes a dense "
+                "activation (relu, gelu, ...), and no experts or memory"
+            )
+
+    def check_memory(self) -> None:
+        """ValueError naming the product key memory's field that is out of range."""
+        if self.memory_keys < 0:
+            raise ValueError(f"memory_keys must be >= 0 (0: no product key memory), got {self.memory_keys}")
+        if self.memory_every < 1 or self.memory_heads < 1:
+            raise ValueError("memory_every and memory_heads must be >= 1")
+        if self.memory_keys > 0 and not 1 <= self.memory_top_k <= self.memory_keys:
+            raise ValueError(
+                f"memory_top_k must be between 1 and memory_keys ({self.memory_keys}), got {self.memory_top_k}"
+            )
+        if self.memory_keys > 0 and self.experts > 0:
+            raise ValueError(
+                "a product key memory and a mixture of experts both replace feed-forward layers; choose one"
+            )
 
     def ffn_width(self, activation: str, dense_width: int) -> int:
         """The hidden width of the feed-forward layers (see `ffn_hidden`)."""
@@ -120,6 +182,7 @@ class BlockOptions:
     def block_parts(self, index: int) -> BlockParts:
         """Layer `index`'s parts: a mixture in every `expert_every`-th block (the last of each group)."""
         moe = self.experts > 0 and (index + 1) % self.expert_every == 0
+        memory = self.memory_keys > 0 and (index + 1) % self.memory_every == 0
         return BlockParts(
             normalization=self.normalization,
             n_kv_heads=self.n_kv_heads,
@@ -128,6 +191,10 @@ class BlockOptions:
             capacity_factor=self.capacity_factor,
             aux_weight=self.router_aux_weight,
             z_weight=self.router_z_weight,
+            memory_keys=self.memory_keys if memory else 0,
+            memory_top_k=self.memory_top_k,
+            memory_heads=self.memory_heads,
+            branched=self.branched_attention,
         )
 
     @property

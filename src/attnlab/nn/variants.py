@@ -18,10 +18,15 @@ from attnlab.nn.positions import (
     check_choice,
     check_positions,
 )
-from attnlab.nn.sparse import PATTERNS, build_pattern
+from attnlab.nn.sparse import PATTERNS, PatternOptions, build_pattern
+from attnlab.nn.synthesizer import SYNTHESIZERS, build_synthesizer
 
-PATTERN_NAMES = tuple(PATTERNS)
-"""Attention patterns (`attnlab.nn.sparse`): which keys each query sees."""
+PATTERN_NAMES = (*PATTERNS, *SYNTHESIZERS)
+"""Attention patterns (`attnlab.nn.sparse`): which keys each query sees; and the synthesizers
+(`attnlab.nn.synthesizer`), whose logits are learned rather than dot products."""
+
+FIXED_LENGTH = ("linformer", *SYNTHESIZERS)
+"""Patterns with parameters for each of `max_len` positions: no sequence may be longer."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,9 @@ class AttentionSpec:
         """The pattern module, or None for full attention (MultiHeadAttention's own paths)."""
         if self.pattern == "full":
             return None
+        if self.pattern in SYNTHESIZERS:
+            options = PatternOptions(n_heads, head_dim, self.max_len, 0, 0, 0, 0, 0, self.seed)
+            return build_synthesizer(self.pattern, options)
         return build_pattern(
             self.pattern,
             n_heads=n_heads,
@@ -76,7 +84,10 @@ class AttentionOptions:
     attention: str = "full"
     """Which keys each query sees: "full", "window" (the last `attention_window` keys; both ways in
     an encoder), "bigbird" (blocks: window + global + random, Zaheer et al. 2020) or "linformer"
-    (keys and values projected along the sequence to `linformer_k` rows; encoders only)."""
+    (keys and values projected along the sequence to `linformer_k` rows; encoders only); or one of
+    the synthesizers (Tay et al. 2021): "synthesizer-dense", "synthesizer-dense+",
+    "synthesizer-dense+alpha", "synthesizer-factorized", "synthesizer-random",
+    "synthesizer-random+", "synthesizer-random+alpha" (`attnlab.nn.synthesizer`)."""
     attention_window: int = 128
     """Window width w of "window" attention: a query sees w keys back (and w − 1 ahead in an encoder)."""
     attention_block: int = 64
@@ -137,8 +148,8 @@ class AttentionOptions:
 
 def context_limit(max_positions: int | None, attention: str, length: int) -> int | None:
     """The longest sequence a model can read: its configured `length` where the input positions
-    are a table (`max_positions`, learned) or Linformer's projections are; None (any length) where
-    every position's encoding is computed (sinusoidal, fourier, none, and the schemes inside
-    attention) — those models can be evaluated past their training length."""
-    fixed = max_positions is not None or attention == "linformer"
+    are a table (`max_positions`, learned) or Linformer's projections or a synthesizer's logits
+    are; None (any length) where every position's encoding is computed (sinusoidal, fourier, none,
+    and the schemes inside attention) — those models can be evaluated past their training length."""
+    fixed = max_positions is not None or attention in FIXED_LENGTH
     return length if fixed else None
