@@ -42,6 +42,23 @@ from attnlab.nn.positions import (
 )
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
+# Narang et al. 2021's embedding, initialisation and shape rows (issue 49).
+from attnlab.nn.embeddings import (  # noqa: E402
+    INPUT_EMBEDDINGS,
+    SOFTMAXES,
+    AdaptiveInput,
+    AdaptiveSoftmax,
+    EmbeddingOptions,
+    MixtureOfSoftmaxes,
+    build_input_embedding,
+    build_softmax,
+    rank_by_frequency,
+    tie_embeddings,
+)
+from attnlab.nn.fixup import FixupBias, FixupScale, fixup_init, fixup_scale  # noqa: E402
+from attnlab.nn.parts import BLOCK_NORMALIZATIONS, FIXUP, build_any_norm  # noqa: E402
+from attnlab.nn.shapes import depth_width_shapes  # noqa: E402
+
 __all__ = [
     "EMBEDDING_STD",
     "FEEDFORWARDS",
@@ -106,4 +123,22 @@ __all__ = [
     "segment_sum",
     "sinusoidal_positions",
     "undirected",
+    "INPUT_EMBEDDINGS",
+    "SOFTMAXES",
+    "AdaptiveInput",
+    "AdaptiveSoftmax",
+    "EmbeddingOptions",
+    "MixtureOfSoftmaxes",
+    "build_input_embedding",
+    "build_softmax",
+    "rank_by_frequency",
+    "tie_embeddings",
+    "FixupBias",
+    "FixupScale",
+    "fixup_init",
+    "fixup_scale",
+    "BLOCK_NORMALIZATIONS",
+    "FIXUP",
+    "build_any_norm",
+    "depth_width_shapes",
 ]
