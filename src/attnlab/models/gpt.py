@@ -17,9 +17,9 @@ from torch import nn
 
 from attnlab.nn import (
     EMBEDDING_STD,
+    FIXUP,
     NORM_ORDERS,
     AttentionOptions,
-    FIXUP,
     BlockOptions,
     EmbeddingOptions,
     KVCache,
@@ -239,7 +239,8 @@ class GPT(nn.Module):
         """Next-token logits for every position of idx `(B, T)` (long).
 
         Returns logits `(B, T, V)` (log-probabilities where the softmax is adaptive or a mixture:
-        they are their own log-softmax, so every loss and decoder reads them as logits); with `targets` `(B, T)` (long, -1 = ignore) it returns
+        they are their own log-softmax, so every loss and decoder reads them as logits); with
+        `targets` `(B, T)` (long, -1 = ignore) it returns
         `(logits, loss)`, the mean cross-entropy (plus, in training, the experts' auxiliary
         losses). With `cache`, idx holds only the new tokens and positions continue after those
         cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions

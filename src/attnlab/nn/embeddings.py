@@ -48,7 +48,7 @@ def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
 def check_cutoffs(vocab_size: int, cutoffs: Sequence[int]) -> None:
     """ValueError unless the cutoffs rise strictly inside (0, vocab_size): every cluster non-empty."""
     bounds = cluster_bounds(vocab_size, cutoffs)
-    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+    if any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
         raise ValueError(
             f"adaptive_cutoffs must rise strictly between 0 and vocab_size {vocab_size}, "
             f"got {list(cutoffs) or 'the default (vocab_size // 4, vocab_size // 2)'}"
@@ -85,7 +85,7 @@ class AdaptiveInput(RankedVocabulary):
         self.d_model = d_model
         dims = [cluster_dim(d_model, div, i) for i in range(len(self.bounds) - 1)]
         self.embeddings = nn.ModuleList(
-            nn.Embedding(hi - lo, d) for lo, hi, d in zip(self.bounds, self.bounds[1:], dims)
+            nn.Embedding(hi - lo, d) for lo, hi, d in zip(self.bounds, self.bounds[1:], dims, strict=False)
         )
         # Stored (d_i, C) so that the adaptive softmax can share each one as its (transposed) projection.
         self.proj = nn.ParameterList(nn.Parameter(torch.randn(d, d_model) * d**-0.5) for d in dims[1:])
@@ -93,7 +93,7 @@ class AdaptiveInput(RankedVocabulary):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ranks = self.rank[ids]
         out = None
-        for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
+        for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:], strict=False)):
             inside = (ranks >= lo) & (ranks < hi)
             e = self.embeddings[i]((ranks - lo).clamp(0, hi - lo - 1))  # (B, T, d_i)
             if i > 0:
@@ -119,8 +119,8 @@ class AdaptiveSoftmax(RankedVocabulary):
         self.shortlist = nn.Parameter(torch.randn(self.bounds[1], d_model) * 0.02)
         self.cluster_head = nn.Parameter(torch.randn(n_tail, d_model) * 0.02)
         dims = [cluster_dim(d_model, div, i + 1) if projected else d_model for i in range(n_tail)]
-        sizes = [hi - lo for lo, hi in zip(self.bounds[1:], self.bounds[2:])]
-        self.tails = nn.ParameterList(nn.Parameter(torch.randn(n, d) * 0.02) for n, d in zip(sizes, dims))
+        sizes = [hi - lo for lo, hi in zip(self.bounds[1:], self.bounds[2:], strict=False)]
+        self.tails = nn.ParameterList(nn.Parameter(torch.randn(n, d) * 0.02) for n, d in zip(sizes, dims, strict=False))
         self.proj = (
             nn.ParameterList(nn.Parameter(torch.randn(d, d_model) * d_model**-0.5) for d in dims) if projected else None
         )
@@ -149,7 +149,7 @@ class AdaptiveSoftmax(RankedVocabulary):
         head = F.log_softmax(F.linear(h, torch.cat([self.shortlist, self.cluster_head])), dim=-1)
         short = ranks < self.bounds[1]
         logp = head.gather(1, torch.where(short, ranks, 0)[:, None]).squeeze(1)
-        for i, (lo, hi) in enumerate(zip(self.bounds[1:], self.bounds[2:])):
+        for i, (lo, hi) in enumerate(zip(self.bounds[1:], self.bounds[2:], strict=False)):
             rows = ((ranks >= lo) & (ranks < hi)).nonzero().squeeze(1)
             if rows.numel() == 0:
                 continue

@@ -9,12 +9,12 @@ The paper's three rules, for L residual branches of m weight layers each:
    before the layers.
 
 In a Transformer block each branch (attention: the value projection then the output projection;
-feed-forward: fc1 then fc2) has m = 2 weight layers on its linear path, so the rescaling is L^(−1/2); L counts every branch
-application (2 per GPT block, 3 per decoder block). The scalar biases sit at the branch's input
-(`FixupBias`, where a norm would be) and, with the multiplier, at its output (`FixupScale`, where
-ReZero's α is); the layers' own bias vectors stand in for the scalars between fc1 and fc2. A tied
-output layer is the embedding, so it keeps the embedding's initialisation (rule 1 applies to
-untied heads only).
+feed-forward: fc1 then fc2) has m = 2 weight layers on its linear path, so the rescaling is
+L^(−1/2); L counts every branch application (2 per GPT block, 3 per decoder block). The scalar
+biases sit at the branch's input (`FixupBias`, where a norm would be) and, with the multiplier, at
+its output (`FixupScale`, where ReZero's α is); the layers' own bias vectors stand in for the
+scalars between fc1 and fc2. A tied output layer is the embedding, so it keeps the embedding's
+initialisation (rule 1 applies to untied heads only).
 """
 
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import FeedForward, GatedFeedForward
 from attnlab.nn.moe import Experts
+
 
 def fixup_scale(n_branches: int, m: int = 2) -> float:
     """L^(−1/(2m−2)): `(16, 2)` -> 0.25, `(8, 3)` -> 8^(−1/4)."""

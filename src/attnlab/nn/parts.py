@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
-from attnlab.nn.moe import MixtureOfExperts, check_experts
 from attnlab.nn.fixup import FixupBias, FixupScale
+from attnlab.nn.moe import MixtureOfExperts, check_experts
 from attnlab.nn.norms import NORMALIZATIONS, build_gate, build_norm
 from attnlab.nn.positions import SinusoidalPositions, check_choice
 
