@@ -300,16 +300,21 @@ PAPER_ROWS = [
     "weighted-transformer",
     "product-key-memory",
 ]
+"""The first rows of the language-model specs (their figures are in BENCHMARKS.md); issue 49's
+rows follow them (tests/nn/test_rows_embeddings.py checks those)."""
+
+LM_SPECS = ["shakespeare-char", "wikitext2"]
 
 
 def test_shipped_specs_have_the_papers_rows_and_each_variant_changes_its_part(tmp_path):
-    assert ablation_specs() == ["shakespeare-char", "wikitext2"]
+    assert set(LM_SPECS) <= set(ablation_specs())
     plans = {
         name: plan(load_spec(name), tmp_path / name, data_dir=str(WIKITEXT) if name == "wikitext2" else None)
-        for name in ablation_specs()
+        for name in LM_SPECS
     }
     for runs in plans.values():
-        assert [r.name for r in runs] == [f"{v}/seed{k}" for v in PAPER_ROWS for k in range(3)]
+        names = [r.name for r in runs]
+        assert names[: 3 * len(PAPER_ROWS)] == [f"{v}/seed{k}" for v in PAPER_ROWS for k in range(3)]
         assert len({r.config.train for r in runs if r.name.endswith("seed0")}) == 1  # one budget for all
         assert runs[0].config.train.max_iters % 4 == 0
     assert plans["wikitext2"][0].config.data.path == str((WIKITEXT / "train.txt").resolve())

@@ -56,11 +56,14 @@ def shared_blocks(model: nn.Module) -> set[int]:
 
 
 def covers_gpt(model: GPT) -> bool:
-    """GPT-2's parts throughout: covered blocks, none shared, no factorized embeddings."""
+    """GPT-2's parts throughout: covered blocks, none shared, no factorized, adaptive or mixture
+    embeddings and softmaxes."""
     return (
         all(covers_block(block) for block in model.blocks)
         and not shared_blocks(model)
         and isinstance(model.embedding_proj, nn.Identity)
+        and isinstance(model.token_embedding, nn.Embedding)
+        and isinstance(model.lm_head, nn.Linear)
         and model.step_signal is None
     )
 

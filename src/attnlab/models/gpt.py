@@ -17,26 +17,33 @@ from torch import nn
 
 from attnlab.nn import (
     EMBEDDING_STD,
+    FIXUP,
     NORM_ORDERS,
     AttentionOptions,
     BlockOptions,
+    EmbeddingOptions,
     KVCache,
     StepSignal,
     TransformerBlock,
-    build_norm,
+    build_any_norm,
+    build_input_embedding,
     build_positions,
+    build_softmax,
     build_stack,
     collect_aux_loss,
     context_limit,
+    fixup_init,
     normal_init,
+    tie_embeddings,
 )
 
 
 @dataclass(frozen=True)
-class GPTConfig(AttentionOptions, BlockOptions):
+class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions):
     """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The
     attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`, the
-    block parts' (`normalization`, `experts`, `n_kv_heads`, `block_sharing`, ...) from `BlockOptions`."""
+    block parts' (`normalization`, `experts`, `n_kv_heads`, `block_sharing`, ...) from `BlockOptions`,
+    the input embedding's and softmax's (`input_embedding`, `softmax`, ...) from `EmbeddingOptions`."""
 
     vocab_size: int | None = None
     """Number of token ids. None while the config is still waiting for its tokenizer."""
@@ -66,7 +73,7 @@ class GPTConfig(AttentionOptions, BlockOptions):
     layer_norm_eps: float = 1e-5
     """Epsilon of every norm (LayerNorm or RMSNorm)."""
     tie_weights: bool = True
-    """Share the token embedding matrix with the output projection."""
+    """Share the token embedding matrix with the output projection (False: untied embeddings)."""
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None and self.vocab_size < 1:
@@ -80,6 +87,8 @@ class GPTConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.d_model)
         self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
+        factorized = self.embedding_dim is not None and self.embedding_dim != self.d_model
+        self.check_embeddings(self.vocab_size, tied=self.tie_weights, factorized=factorized)
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         if self.layer_norm_eps <= 0:
@@ -109,8 +118,10 @@ class GPT(nn.Module):
         c = config
         # Factorized embeddings (ALBERT §3.1): tokens live in E < C dimensions, projected up to the
         # model width, and the head projects back down before the (tied) output matrix.
+        # Adaptive input embeddings and softmaxes, and the mixture of softmaxes, are chosen by name
+        # (`attnlab.nn.embeddings`); the defaults are the plain matrix and the full softmax.
         e = c.embedding_dim or c.d_model
-        self.token_embedding = nn.Embedding(c.vocab_size, e)
+        self.token_embedding = build_input_embedding(c, c.vocab_size, e)
         self.embedding_proj = nn.Linear(e, c.d_model, bias=False) if e != c.d_model else nn.Identity()
         self.positions = build_positions(c.positions, c.block_size, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
@@ -135,19 +146,22 @@ class GPT(nn.Module):
         self.step_signal = StepSignal(c.d_model, c.block_size, c.n_layers, scale=EMBEDDING_STD) if universal else None
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
-            build_norm(c.normalization, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
+            build_any_norm(c.normalization, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
             if c.norm == "pre"
             else nn.Identity()
         )
         self.head_proj = nn.Linear(c.d_model, e, bias=False) if e != c.d_model else nn.Identity()
-        self.lm_head = nn.Linear(e, c.vocab_size, bias=False)
+        self.lm_head = build_softmax(c, e, c.vocab_size)
         if c.tie_weights:
-            self.lm_head.weight = self.token_embedding.weight
+            tie_embeddings(self.lm_head, self.token_embedding)
         self.apply(normal_init)
         # GPT-2 §2.3: scale the residual projections by 1/√N, N = number of residual additions.
         for name, p in self.named_parameters():
             if name.endswith("attn.out_proj.weight") or name.endswith("ffn.fc2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
+        if c.normalization == FIXUP:  # two branches a block; an untied full softmax starts at 0
+            untied = None if c.tie_weights or not isinstance(self.lm_head, nn.Linear) else self.lm_head
+            fixup_init(self.blocks, 2 * c.n_layers, head=untied)
 
     @property
     def max_context(self) -> int | None:
@@ -166,7 +180,7 @@ class GPT(nn.Module):
         """One preallocated KV cache per block, for incremental decoding up to `max_len` positions."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
-        p = self.lm_head.weight
+        p = next(self.blocks.parameters())  # the model's device and dtype, whatever its head
         return [
             KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
             for _ in range(c.n_layers)
@@ -224,7 +238,9 @@ class GPT(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits for every position of idx `(B, T)` (long).
 
-        Returns logits `(B, T, V)`; with `targets` `(B, T)` (long, -1 = ignore) it returns
+        Returns logits `(B, T, V)` (log-probabilities where the softmax is adaptive or a mixture:
+        they are their own log-softmax, so every loss and decoder reads them as logits); with
+        `targets` `(B, T)` (long, -1 = ignore) it returns
         `(logits, loss)`, the mean cross-entropy (plus, in training, the experts' auxiliary
         losses). With `cache`, idx holds only the new tokens and positions continue after those
         cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions

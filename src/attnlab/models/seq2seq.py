@@ -21,18 +21,26 @@ import torch
 from torch import nn
 
 from attnlab.nn import (
+    FIXUP,
     NORM_ORDERS,
     AttentionOptions,
     BlockOptions,
     DecoderBlock,
     KVCache,
     TransformerBlock,
-    build_norm,
+    build_any_norm,
     build_positions,
     build_stack,
+    fixup_init,
     padding_mask_from_ids,
 )
 from attnlab.nn.transparent import TransparentMix
+
+EMBEDDING_TIES = ("all", "none", "source-target", "target-output")
+"""Which of the source embedding, the target embedding and the output projection share one matrix:
+all three (the paper, §3.4), none (untied embeddings), the encoder's and the decoder's inputs (tied
+encoder/decoder input embeddings), the decoder's input and output (tied decoder input and output
+embeddings), Narang et al. 2021's rows."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,10 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
     """Position scheme, one of attnlab.nn.POSITIONS (at the input, or inside self-attention)."""
     max_len: int = 256
     """Longest sequence (source or target, in tokens), whatever the position scheme."""
-    tie_embeddings: bool = True
-    """Share one matrix between the source embedding, the target embedding and the output projection."""
+    tie_embeddings: bool | str = True
+    """Which embeddings share one matrix, one of EMBEDDING_TIES: "all" (or true: the source and
+    target embeddings and the output projection), "none" (or false), "source-target",
+    "target-output"."""
     pad_id: int = 0
     """Padding token id of the vocabulary."""
     layer_norm_eps: float = 1e-5
@@ -83,7 +93,12 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
+        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model, encoder_decoder=True)
+        if self.embedding_ties not in EMBEDDING_TIES:
+            raise ValueError(
+                f"tie_embeddings must be true, false or one of {', '.join(map(repr, EMBEDDING_TIES))}, "
+                f"got {self.tie_embeddings!r}"
+            )
         # The encoder–decoder ties its embeddings with `tie_embeddings`; the Universal Transformer
         # and factorized embeddings are the GPT's and BERT's.
         if self.block_sharing == "universal":
@@ -96,6 +111,13 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
         # causal: the decoder's self-attention, which the spec covers too
         self.check_attention(self.positions, causal=True, head_dim=self.d_model // self.n_heads, d_model=self.d_model)
+
+    @property
+    def embedding_ties(self) -> str:
+        """`tie_embeddings` as one of EMBEDDING_TIES (true is "all", false "none")."""
+        if isinstance(self.tie_embeddings, bool):
+            return "all" if self.tie_embeddings else "none"
+        return self.tie_embeddings
 
 
 @dataclass
@@ -124,8 +146,10 @@ class Seq2SeqTransformer(nn.Module):
         self.config = config
         self.pad_id = config.pad_id
         c = config
+        ties = c.embedding_ties
         self.src_embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.tgt_embedding = self.src_embedding if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model)
+        shared = ties in ("all", "source-target")
+        self.tgt_embedding = self.src_embedding if shared else nn.Embedding(c.vocab_size, c.d_model)
         self.positions = build_positions(c.positions, c.max_len, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         block_args = dict(dropout=c.dropout, activation=c.activation, norm=c.norm, eps=c.layer_norm_eps)
@@ -143,20 +167,24 @@ class Seq2SeqTransformer(nn.Module):
                 c.d_model, c.n_heads, d_ff, spec=spec.for_layer(layer), parts=c.block_parts(layer), **block_args
             )
 
-        self.encoder = build_stack(encoder_block, c.n_encoder_layers, c.block_sharing)
-        self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.block_sharing)
+        self.encoder = build_stack(encoder_block, c.n_encoder_layers, c.stack_sharing("encoder"))
+        self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.stack_sharing("decoder"))
         self.encoder_norm = self._final_norm()
         self.transparent = TransparentMix(c.n_encoder_layers, c.n_decoder_layers) if c.transparent_attention else None
         self.decoder_norm = self._final_norm()
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self._init_weights()
-        if c.tie_embeddings:
+        if ties in ("all", "target-output"):
             self.output.weight = self.tgt_embedding.weight
+        if c.normalization == FIXUP:  # two branches an encoder block, three a decoder block
+            branches = 2 * c.n_encoder_layers + 3 * c.n_decoder_layers
+            fixup_init(self.encoder, branches)
+            fixup_init(self.decoder, branches, head=None if ties in ("all", "target-output") else self.output)
 
     def _final_norm(self) -> nn.Module:
         # Post-norm blocks end in a norm; pre-norm stacks need one at the end of each stack.
         c = self.config
-        return build_norm(c.normalization, c.d_model, eps=c.layer_norm_eps) if c.norm == "pre" else nn.Identity()
+        return build_any_norm(c.normalization, c.d_model, eps=c.layer_norm_eps) if c.norm == "pre" else nn.Identity()
 
     def _init_weights(self) -> None:
         # Xavier for projections (as the annotated Transformer); embeddings N(0, d^-1/2), so that

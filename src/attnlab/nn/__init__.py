@@ -2,6 +2,18 @@
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
+from attnlab.nn.embeddings import (
+    INPUT_EMBEDDINGS,
+    SOFTMAXES,
+    AdaptiveInput,
+    AdaptiveSoftmax,
+    EmbeddingOptions,
+    MixtureOfSoftmaxes,
+    build_input_embedding,
+    build_softmax,
+    rank_by_frequency,
+    tie_embeddings,
+)
 from attnlab.nn.feedforward import (
     ACTIVATIONS,
     FEEDFORWARDS,
@@ -11,12 +23,22 @@ from attnlab.nn.feedforward import (
     build_feedforward,
     gated_width,
 )
+from attnlab.nn.fixup import FixupBias, FixupScale, fixup_init, fixup_scale
 from attnlab.nn.graph import add_self_loops, dropout, in_degree, segment_softmax, segment_sum, undirected
 from attnlab.nn.init import EMBEDDING_STD, normal_init
 from attnlab.nn.masks import adjacency_mask, causal_mask, padding_mask, padding_mask_from_ids
 from attnlab.nn.moe import Experts, MixtureOfExperts, collect_aux_loss, moe_stats
 from attnlab.nn.norms import NORMALIZATIONS, ReZero, RMSNorm, build_norm
-from attnlab.nn.parts import SHARING, BlockOptions, BlockParts, StepSignal, build_stack
+from attnlab.nn.parts import (
+    BLOCK_NORMALIZATIONS,
+    FIXUP,
+    SHARING,
+    BlockOptions,
+    BlockParts,
+    StepSignal,
+    build_any_norm,
+    build_stack,
+)
 from attnlab.nn.positions import (
     ATTENTION_POSITIONS,
     INPUT_POSITIONS,
@@ -40,6 +62,7 @@ from attnlab.nn.positions import (
     rope_rotate,
     sinusoidal_positions,
 )
+from attnlab.nn.shapes import depth_width_shapes
 from attnlab.nn.variants import PATTERN_NAMES, AttentionOptions, AttentionSpec, context_limit
 
 __all__ = [
@@ -106,4 +129,22 @@ __all__ = [
     "segment_sum",
     "sinusoidal_positions",
     "undirected",
+    "INPUT_EMBEDDINGS",
+    "SOFTMAXES",
+    "AdaptiveInput",
+    "AdaptiveSoftmax",
+    "EmbeddingOptions",
+    "MixtureOfSoftmaxes",
+    "build_input_embedding",
+    "build_softmax",
+    "rank_by_frequency",
+    "tie_embeddings",
+    "FixupBias",
+    "FixupScale",
+    "fixup_init",
+    "fixup_scale",
+    "BLOCK_NORMALIZATIONS",
+    "FIXUP",
+    "build_any_norm",
+    "depth_width_shapes",
 ]

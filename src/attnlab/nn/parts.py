@@ -15,17 +15,32 @@ from torch import nn
 
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
+from attnlab.nn.fixup import FixupBias, FixupScale
 from attnlab.nn.memory import ProductKeyMemory
 from attnlab.nn.moe import MixtureOfExperts, check_experts
-from attnlab.nn.norms import build_gate, build_norm, check_normalization
+from attnlab.nn.norms import NORMALIZATIONS, build_gate, build_norm
 from attnlab.nn.positions import SinusoidalPositions, check_choice
 from attnlab.nn.variants import AttentionSpec
 from attnlab.nn.weighted import BranchedAttention
 
-SHARING = ("none", "all", "universal")
+SHARING = ("none", "all", "universal", "encoder", "decoder")
 """Block sharing: none; all (ALBERT, Lan et al. 2020: one block's weights in every layer);
 universal (the Universal Transformer, Dehghani et al. 2019: one block applied n_layers times, with
-a position-and-step signal added before each step)."""
+a position-and-step signal added before each step); encoder, decoder (an encoder–decoder's one
+stack shared, the other not: Narang et al. 2021's encoder-only and decoder-only block sharing)."""
+
+FIXUP = "fixup"
+"""The normalization that is none: Fixup's scalar biases and multipliers, and its initialisation
+(`attnlab.nn.fixup`), which the model applies after its own."""
+
+BLOCK_NORMALIZATIONS = (*NORMALIZATIONS, FIXUP)
+"""Every name a config's `normalization` takes."""
+
+
+def build_any_norm(name: str, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """`attnlab.nn.build_norm`, or Fixup's scalar bias where the normalization is "fixup" (also
+    the models' final norm)."""
+    return FixupBias() if name == FIXUP else build_norm(name, d_model, eps=eps, bias=bias)
 
 
 @dataclass(frozen=True)
@@ -64,10 +79,10 @@ class BlockParts:
         return MultiHeadAttention(d_model, n_heads, **kw)
 
     def build_norm(self, d_model: int, *, eps: float, bias: bool) -> nn.Module:
-        return build_norm(self.normalization, d_model, eps=eps, bias=bias)
+        return build_any_norm(self.normalization, d_model, eps=eps, bias=bias)
 
     def build_gate(self) -> nn.Module:
-        return build_gate(self.normalization)
+        return FixupScale() if self.normalization == FIXUP else build_gate(self.normalization)
 
     def build_ffn(self, d_model: int, d_ff: int, *, activation: str, dropout: float, bias: bool) -> nn.Module:
         if self.memory_keys > 0:  # product key memory: the memory replaces this block's feed-forward layer
@@ -96,7 +111,8 @@ class BlockOptions:
 
     normalization: str = "layernorm"
     """Norm around each sublayer, one of attnlab.nn.NORMALIZATIONS: layernorm, rmsnorm, rezero,
-    rezero+layernorm, rezero+rmsnorm (`norm` still says pre or post)."""
+    rezero+layernorm, rezero+rmsnorm (`norm` still says pre or post); or fixup (no norm: Fixup's
+    scalars and initialisation, Zhang et al. 2019)."""
     ffn_hidden: int | None = None
     """The feed-forward hidden width exactly; None: ffn_mult × width, times 2/3 for gated units
     (which have three matrices) so that they keep the dense layer's parameter count."""
@@ -115,7 +131,8 @@ class BlockOptions:
     router_z_weight: float = 0.0
     """Weight of the router z-loss (0 = off)."""
     block_sharing: str = "none"
-    """none, all (ALBERT) or universal (Universal Transformer), see attnlab.nn.parts.SHARING."""
+    """none, all (ALBERT) or universal (Universal Transformer); an encoder–decoder's encoder or
+    decoder alone; see attnlab.nn.parts.SHARING."""
     embedding_dim: int | None = None
     """Factorized embeddings (ALBERT): tokens embedded in this many dimensions, then projected
     to the model width; None = the model width."""
@@ -132,11 +149,16 @@ class BlockOptions:
     """The Weighted Transformer (Ahmed et al. 2017, attnlab.nn.weighted): each head a branch with
     its own projection, κ weight and feed-forward layer, the branches summed with α weights."""
 
-    def check_parts(self, activation: str, *, n_heads: int, d_model: int) -> None:
+    def check_parts(self, activation: str, *, n_heads: int, d_model: int, encoder_decoder: bool = False) -> None:
         """ValueError naming the first field that is out of range or unknown."""
-        check_normalization(self.normalization)
+        check_choice("normalization", self.normalization, BLOCK_NORMALIZATIONS)
         check_activation(activation)
         check_choice("block_sharing", self.block_sharing, SHARING)
+        if self.block_sharing in ("encoder", "decoder") and not encoder_decoder:
+            raise ValueError(
+                f"block_sharing {self.block_sharing!r} shares one stack of an encoder–decoder; this model has "
+                "one stack: use 'all' or 'universal'"
+            )
         if self.ffn_hidden is not None and self.ffn_hidden < 1:
             raise ValueError(f"ffn_hidden must be >= 1, got {self.ffn_hidden}")
         if self.n_kv_heads is not None and (self.n_kv_heads < 1 or n_heads % self.n_kv_heads != 0):
@@ -200,6 +222,10 @@ class BlockOptions:
     @property
     def shared_blocks(self) -> bool:
         return self.block_sharing != "none"
+
+    def stack_sharing(self, stack: str) -> str:
+        """How the "encoder" or "decoder" stack of an encoder–decoder shares its blocks: "all" or "none"."""
+        return "all" if self.block_sharing in ("all", stack) else "none"
 
 
 class StepSignal(nn.Module):

@@ -30,6 +30,7 @@ from attnlab.errors import CheckpointError, UserError
 from attnlab.eval import perplexity
 from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
+from attnlab.nn import rank_by_frequency
 
 TOKENIZER_KINDS = ("char", "bpe")
 SOURCE_FILE = "source.json"
@@ -175,10 +176,16 @@ class LanguageModeling:
         return dataclasses.replace(wanted, vocab_size=self.tokenizer.vocab_size)
 
     def initialize(self, model: GPT) -> None:
-        """A new fine-tuning run's model starts from the checkpoint's weights (no-op otherwise)."""
+        """A new fine-tuning run's model starts from the checkpoint's weights; a new run's adaptive
+        input or softmax ranks its clusters by the training tokens' counts (Baevski & Auli 2019)."""
         if self.initial_weights is not None:
             model.load_state_dict(self.initial_weights)
             self.initial_weights = None  # the model holds them now
+            return
+        c = model.config
+        if c.input_embedding == "adaptive" or c.softmax.startswith("adaptive"):
+            counts = np.bincount(self.splits.train, minlength=c.vocab_size)
+            rank_by_frequency(model, torch.from_numpy(counts))
 
     def build_model(self) -> GPT:
         return GPT(self.model_config)
