@@ -1,17 +1,32 @@
 """Which parts of a model attnlab's tuned code computes: the questions the kernels and the fused
 steps ask of a model, asked here so that `attnlab.nn` and `attnlab.models` need not answer them.
 
-The C++ kernels and steps compute the paper's parts as GPT-2 arranges them: full multi-head
-attention with positions at the input, LayerNorm, a dense feed-forward layer, each block applied
-once. Anything else (positions inside attention, a sparse pattern, grouped-query heads, RMSNorm or
-ReZero, a gated or mixture feed-forward, shared blocks, factorized embeddings) runs PyTorch's
-reference code.
+The C++ training kernels and the encoder–decoder's fused step compute the paper's parts as GPT-2
+arranges them: full multi-head attention with positions at the input, LayerNorm, a dense
+feed-forward layer, each block applied once. Anything else (positions inside attention, a sparse
+pattern, grouped-query heads, RMSNorm or ReZero, a gated or mixture feed-forward, shared blocks,
+factorized embeddings) runs PyTorch's reference code.
+
+The GPT's fused decoding step also computes today's parts (`decodes_gpt`): RMSNorm, gated
+feed-forward layers (SwiGLU, GeGLU, ...), mixtures of experts without a capacity limit
+(Mixtral's), rotary positions and grouped-query or multi-query attention: Llama's, Mistral's and
+Mixtral's blocks. ALiBi and relative positions, sparse patterns, ReZero, shared blocks and
+factorized embeddings still run PyTorch's code.
 """
 
 from torch import nn
 
 from attnlab.models import GPT
-from attnlab.nn import DecoderBlock, FeedForward, MixtureOfExperts, MultiHeadAttention, TransformerBlock
+from attnlab.nn import (
+    DecoderBlock,
+    FeedForward,
+    GatedFeedForward,
+    MixtureOfExperts,
+    MultiHeadAttention,
+    RMSNorm,
+    TransformerBlock,
+)
+from attnlab.nn.positions import RotaryPositions
 
 
 def covers_attention(attn: MultiHeadAttention) -> bool:
@@ -64,6 +79,51 @@ def covers_gpt(model: GPT) -> bool:
         and isinstance(model.embedding_proj, nn.Identity)
         and isinstance(model.token_embedding, nn.Embedding)
         and isinstance(model.lm_head, nn.Linear)
+        and model.step_signal is None
+    )
+
+
+def decodes_attention(attn: MultiHeadAttention) -> bool:
+    """Attention the fused GPT step computes: full, positions at the input or rotary, any number
+    of key/value heads (grouped-query and multi-query attention)."""
+    return attn.pattern is None and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+
+
+def decodes_feedforward(ffn: nn.Module) -> bool:
+    """A dense or gated feed-forward layer, or a mixture of experts with no capacity limit (whose
+    routing then depends on each token alone, not on the other tokens of its batch)."""
+    if isinstance(ffn, MixtureOfExperts):
+        return ffn.capacity_factor == 0
+    return isinstance(ffn, FeedForward | GatedFeedForward)
+
+
+def decodes_block(block: TransformerBlock) -> bool:
+    """A pre-norm block the fused GPT step computes: LayerNorms or RMSNorms with no ReZero gate,
+    attention that `decodes_attention` accepts and a feed-forward layer `decodes_feedforward` does."""
+    norms = (nn.LayerNorm, RMSNorm)
+    return (
+        block.pre_norm
+        and isinstance(block.norm1, norms)
+        and type(block.norm2) is type(block.norm1)
+        and isinstance(block.gate1, nn.Identity)
+        and isinstance(block.gate2, nn.Identity)
+        and decodes_attention(block.attn)
+        and decodes_feedforward(block.ffn)
+    )
+
+
+def decodes_gpt(model: GPT) -> bool:
+    """Blocks that `decodes_block` accepts, none shared, one norm throughout (the final one's kind
+    too), one rotary base, no factorized embeddings."""
+    blocks = list(model.blocks)
+    rotary = {getattr(b.attn.positions, "theta", None) for b in blocks}
+    return (
+        all(decodes_block(b) for b in blocks)
+        and all(type(b.norm1) is type(model.final_norm) for b in blocks)
+        and len(rotary) == 1
+        and not shared_blocks(model)
+        and isinstance(model.embedding_proj, nn.Identity)
+        and isinstance(model.head_proj, nn.Identity)
         and model.step_signal is None
     )
 

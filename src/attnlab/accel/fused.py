@@ -10,11 +10,16 @@ installation, or on first use: `generate_tokens(..., fused=True)`. `attnlab samp
 bench` take it by default where it is built (`is_built`), and never wait for a build unless
 asked (`--fused`); `--no-fused` keeps PyTorch's path.
 
-What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order), full attention,
-any position scheme added at the input (the embeddings stay in Python; rotary, ALiBi and relative
-positions act inside attention, and those models decode eagerly), the activations of
-`attnlab.nn.ACTIVATIONS`, with or without biases, fp32 on the CPU. `supports` says whether a
-model qualifies; the decoding loop falls back to the model's own forward otherwise.
+What the GPT step covers: `attnlab.models.GPT` with pre-norm blocks (GPT-2's order) and full
+attention, in GPT-2's parts and today's (`attnlab.accel.coverage.decodes_gpt`): any position scheme
+added at the input (the embeddings stay in Python) or rotary positions of any base (ALiBi and
+relative positions act on the scores, and those models decode eagerly); LayerNorm or RMSNorm;
+as many key/value heads as query heads, or fewer (grouped-query and multi-query attention); a
+dense feed-forward layer (`STEP_ACTIVATIONS`), a gated one (SwiGLU, GeGLU, ReGLU, GLU, LiGLU) or
+a mixture of experts routing each token to its top k (Mixtral; no capacity limit); with or
+without biases; the head tied to the embedding or not; fp32 on the CPU. That is every model
+`attnlab.models.hf` imports (GPT-2, Llama, Mistral without its window, Mixtral). `supports` says
+whether a model qualifies; the decoding loop falls back to the model's own forward otherwise.
 
 The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers
 `attnlab.models.Seq2SeqTransformer`, pre- or post-norm, fp32 on the CPU (`supports_decoder`). Beam
@@ -34,12 +39,13 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from attnlab.accel.coverage import covers_decoder_block, covers_gpt
+from attnlab.accel.coverage import covers_decoder_block, decodes_gpt
 from attnlab.accel.extensions import build
 from attnlab.accel.extensions import is_built as is_built_here
 from attnlab.accel.kernels import ACTIVATION_CODES
 from attnlab.accel.projection import MKLDNN, reordered_weight
-from attnlab.nn import KVCache
+from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm, rope_angles
+from attnlab.nn.feedforward import is_gated
 
 T = TypeVar("T")
 
@@ -52,6 +58,20 @@ themselves), the GPT step multiplies by oneDNN's reordered copy of weights with 
 least this many elements, PyTorch's product being faster for smaller ones (`benchmarks/rows_step.py`;
 BENCHMARKS.md, "Tuned CPU paths")."""
 _NONE = torch.empty(0)  # no reordered weight: PyTorch's product
+
+STEP_ACTIVATIONS = {
+    **ACTIVATION_CODES,
+    "swish": 3,
+    "sigmoid": 4,
+    "glu": 4,
+    "geglu": ACTIVATION_CODES["gelu"],
+    "reglu": ACTIVATION_CODES["relu"],
+    "swiglu": 3,
+    "liglu": 5,
+}
+"""The GPT step's activations (`attnlab::Activation` in vecmath.h): a dense layer's function, or
+a gated unit's gate function (`attnlab.nn.GATED_UNITS`: SiLU for SwiGLU, the logistic function for
+GLU, the identity for LiGLU)."""
 
 
 @functools.cache
@@ -72,27 +92,28 @@ def by_default(model: nn.Module) -> bool:
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:
-    """Whether the fused step computes this model's decoding step: a pre-norm GPT, fp32, on the
-    CPU, in inference, with a known activation and contiguous caches."""
+    """Whether the fused step computes this model's decoding step: a pre-norm GPT of the parts
+    `decodes_gpt` accepts, fp32, on the CPU, in inference, with a known activation and contiguous
+    caches."""
     from attnlab.models import GPT
 
     if not isinstance(model, GPT):
         return False
     return (
         model.config.norm == "pre"
-        and covers_gpt(model)
+        and decodes_gpt(model)
+        and model.config.activation in STEP_ACTIVATIONS
         and _runs_here(model, model.lm_head.weight)
         and all(layer.k.is_contiguous() and layer.v.is_contiguous() for layer in cache)
     )
 
 
 def _runs_here(model: nn.Module, weight: torch.Tensor) -> bool:
-    """What both fused steps need: a known activation, fp32 weights on the CPU, inference, and no
-    CPU autocast (the steps compute in fp32 whatever autocast asks; the training loop's evaluation
-    runs under bf16 autocast on CPUs with bf16 instructions, and decodes eagerly there)."""
+    """What both fused steps need: fp32 weights on the CPU, inference, and no CPU autocast (the
+    steps compute in fp32 whatever autocast asks; the training loop's evaluation runs under bf16
+    autocast on CPUs with bf16 instructions, and decodes eagerly there)."""
     return (
-        model.config.activation in ACTIVATION_CODES
-        and weight.device.type == "cpu"
+        weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and not model.training
         and not torch.is_autocast_enabled("cpu")
@@ -100,7 +121,8 @@ def _runs_here(model: nn.Module, weight: torch.Tensor) -> bool:
 
 
 def _bias(layer: nn.Module) -> torch.Tensor:
-    return layer.bias if layer.bias is not None else torch.empty(0)
+    bias = getattr(layer, "bias", None)  # RMSNorm has none
+    return bias if bias is not None else torch.empty(0)
 
 
 class FusedStep:
@@ -117,16 +139,21 @@ class FusedStep:
 
     def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache]) -> None:
         params: list[torch.Tensor] = []
-        self.weights: list[torch.Tensor] = []  # the products', in the step's order
+        # The products' weights, in the step's order; None for a mixture's experts, which always
+        # take the streamed or PyTorch's product (each sees a step's few tokens routed to it).
+        self.weights: list[torch.Tensor | None] = []
         for block in model.blocks:
-            layers = (block.norm1, block.attn.in_proj, block.attn.out_proj, block.norm2, block.ffn.fc1, block.ffn.fc2)
-            for layer in layers:
+            attn, ffn = block.attn, block.ffn
+            for layer in (block.norm1, attn.in_proj, attn.out_proj, block.norm2):
                 params += _weight_bias(layer)
-            self.weights += [layer.weight for layer in layers if isinstance(layer, nn.Linear)]
-        params += [model.final_norm.weight.detach(), _bias(model.final_norm).detach(), model.lm_head.weight.detach()]
+            params += _feedforward(ffn)
+            dense = not isinstance(ffn, MixtureOfExperts)
+            self.weights += [attn.in_proj.weight, attn.out_proj.weight]
+            self.weights += [ffn.fc1.weight, ffn.fc2.weight] if dense else [None, None]
+        params += [*_weight_bias(model.final_norm), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
         # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two)
-        self.reordered = MKLDNN and any(w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
+        self.reordered = MKLDNN and any(w is not None and w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
             positions = model.positions(torch.arange(c.block_size)).contiguous()
@@ -136,11 +163,15 @@ class FusedStep:
             params,
             model.token_embedding.weight.detach(),
             positions,
+            *_rotary_tables(model.blocks[0].attn, c.block_size),
             [layer.k for layer in cache],
             [layer.v for layer in cache],
             c.n_heads,
             c.layer_norm_eps,
-            ACTIVATION_CODES[c.activation],
+            STEP_ACTIVATIONS[c.activation],
+            is_gated(c.activation),
+            isinstance(model.final_norm, RMSNorm),
+            c.expert_top_k,
         )
 
     def __call__(self, token: torch.Tensor, cache: list[KVCache], position: int) -> torch.Tensor:
@@ -172,7 +203,30 @@ class FusedStep:
         by PyTorch's product); none up to 8 rows, where the C++ step streams the weights itself."""
         if rows <= self.streamed_max_rows or not self.reordered:
             return []
-        return [reordered_weight(w) if w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights]
+        return [
+            reordered_weight(w) if w is not None and w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights
+        ]
+
+
+def _feedforward(ffn: nn.Module) -> list[torch.Tensor]:
+    """A block's feed-forward tensors in the step's order: fc1's weight and bias, fc2's, and the
+    router's weight; a mixture's are its experts' stacked weights `(E, W, C)`, `(E, C, F)` and
+    biases `(E, 1, W)`, `(E, 1, C)`, a dense or gated layer's router an empty tensor."""
+    if isinstance(ffn, MixtureOfExperts):
+        e = ffn.experts
+        biases = [torch.empty(0) if b is None else b.detach() for b in (e.fc1_bias, e.fc2_bias)]
+        return [e.fc1.detach(), biases[0], e.fc2.detach(), biases[1], ffn.router.weight.detach()]
+    return [*_weight_bias(ffn.fc1), *_weight_bias(ffn.fc2), torch.empty(0)]
+
+
+def _rotary_tables(attn: nn.Module, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosines and sines `(P, D/2)` of the rotary angles of positions 0 … P − 1, computed as
+    `attnlab.nn.rope_rotate` computes them; two empty tensors for attention without rotary positions."""
+    rotary = attn.positions
+    if rotary is None:
+        return torch.empty(0), torch.empty(0)
+    angles = rope_angles(torch.arange(n_positions), rotary.head_dim, rotary.theta)  # (P, D/2)
+    return angles.cos().contiguous(), angles.sin().contiguous()
 
 
 def supports_decoder(model: nn.Module) -> bool:
@@ -182,6 +236,7 @@ def supports_decoder(model: nn.Module) -> bool:
 
     return (
         isinstance(model, Seq2SeqTransformer)
+        and model.config.activation in ACTIVATION_CODES
         and _runs_here(model, model.output.weight)
         and all(covers_decoder_block(block) for block in model.decoder)
     )
@@ -283,7 +338,11 @@ def gpt_step(model: nn.Module, cache: list[KVCache]) -> FusedStep | None:
     """`FusedStep(model, extension(), cache)`, or None with a warning when the model does not
     qualify (`supports`) or the step cannot be built."""
     make = functools.partial(FusedStep, model, cache=cache)
-    return _when_built(supports(model, cache), _COVERS.format(family="pre-norm GPTs"), make, stacklevel=5)
+    covers = (
+        "pre-norm GPTs (LayerNorm or RMSNorm; dense, gated or mixture feed-forward layers; any "
+        "key/value heads) with full attention and positions at the input or rotary"
+    )
+    return _when_built(supports(model, cache), covers, make, stacklevel=5)
 
 
 def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> FusedDecoderState | None:

@@ -3,10 +3,14 @@
 // A step of a small model is ~100 PyTorch operators of a few microseconds each, and at batch 1
 // their call overhead costs as much as the arithmetic. Here the same step is plain loops over
 // fp32 buffers. Two steps share the pieces below:
-// - GPTStep, a pre-norm GPT: per block LayerNorm, the q/k/v product, attention over the cache,
-//   the output product and residual, LayerNorm, the feed-forward products and residual; then the
-//   final LayerNorm and the language-model head. The same blocks prefill whole prompts, each
-//   into a cache row of its own (continuous batching's new sequences, and its sliding windows).
+// - GPTStep, a pre-norm GPT: per block a norm, the q/k/v product (rotated by RoPE where the
+//   model has it), attention over the cache, the output product and residual, a norm, the
+//   feed-forward layer and residual; then the final norm and the language-model head. The same
+//   blocks prefill whole prompts, each into a cache row of its own (continuous batching's new
+//   sequences, and its sliding windows). The parts are GPT-2's and today's: LayerNorm or RMSNorm;
+//   learned, fixed or no positions at the input, or rotary ones; grouped-query attention (fewer
+//   key/value heads than query heads); a dense, gated (SwiGLU, GeGLU, ...) or mixture-of-experts
+//   feed-forward layer (Mixtral's top-k routing); biases or none; a tied or untied head.
 // - DecoderStep, the encoder-decoder's decoder (pre- or post-norm): masked self-attention,
 //   attention over the encoder memory, feed-forward, each with its residual and LayerNorm; then
 //   the output projection. Built for beam search: rows are hypotheses that get reordered and
@@ -17,9 +21,10 @@
 // cost about what one does; past 8 rows the products go to oneDNN's (over reordered weights,
 // where the caller gives them) or PyTorch's matrix product.
 //
-// Layouts are PyTorch's: weights (out, in) row-major, q/k/v the three C-wide thirds of the
-// in-projection output, head h the columns [h*D, (h+1)*D) of each; the GPT's caches are
-// attnlab.nn.KVCache's (B, H, L, D), the decoder's its own (P, L, H, D) (see `attend`).
+// Layouts are PyTorch's: weights (out, in) row-major, a row of the in-projection's output
+// [q (H*D); k (KV*D); v (KV*D)] (see `Heads`), head h the columns [h*D, (h+1)*D) of each; the
+// GPT's caches are attnlab.nn.KVCache's (B, KV, L, D), the decoder's its own (P, L, H, D) (see
+// `attend`).
 
 #include <torch/extension.h>
 
@@ -35,7 +40,7 @@
 
 namespace {
 
-constexpr int64_t kPerBlock = 12;  // tensors per block in `params`, in the order of fused.py
+constexpr int64_t kPerBlock = 13;  // tensors per block in `params`, in the order of fused.py
 constexpr int64_t kProductsPerBlock = 4;  // qkv, attention output, fc1, fc2
 
 const float* data_or_null(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
@@ -116,6 +121,37 @@ void layer_norm(const float* x, const float* w, const float* bias, float* y, int
   }
 }
 
+// RMSNorm (Zhang & Sennrich 2019) of B rows of C (y may be x): x / sqrt(mean(x^2) + eps) * w, in
+// attnlab.nn.RMSNorm's order (the gain multiplies the normalised value).
+void rms_norm(const float* x, const float* w, float* y, int64_t B, int64_t C, float eps) {
+  for (int64_t b = 0; b < B; ++b) {
+    const float* xb = x + b * C;
+    float* yb = y + b * C;
+    float squares = 0.f;
+    for (int64_t i = 0; i < C; ++i) squares += xb[i] * xb[i];
+    const float inv = 1.f / std::sqrt(squares / C + eps);
+    for (int64_t i = 0; i < C; ++i) yb[i] = xb[i] * inv * w[i];
+  }
+}
+
+// The GPT's norm, LayerNorm or RMSNorm, of B rows of C with gain w and bias b (none: empty).
+void norm(bool rms, const float* x, const at::Tensor& w, const at::Tensor& b, float* y, int64_t B, int64_t C,
+          float eps) {
+  if (rms)
+    rms_norm(x, w.data_ptr<float>(), y, B, C, eps);
+  else
+    layer_norm(x, w.data_ptr<float>(), data_or_null(b), y, B, C, eps);
+}
+
+// The heads of a self-attention layer: H query heads and KV key/value heads, D wide each. KV < H
+// is grouped-query attention (Ainslie et al. 2023; KV = 1 multi-query): query head h reads
+// key/value head h / (H / KV). A row of the in-projection's output is [q (H*D); k (KV*D); v (KV*D)].
+struct Heads {
+  int64_t H, KV, D;
+  int64_t width() const { return (H + 2 * KV) * D; }
+  int64_t group() const { return H / KV; }
+};
+
 // Where a key (or value) vector lives: strides, in floats, of a row, a position and a head.
 struct Layout {
   int64_t row, pos, head;
@@ -125,7 +161,8 @@ struct Layout {
 // t < n of softmax_t(q[r, h] . k_t / sqrt(D)) v_t, where k_t and v_t are the head's key and
 // value at position t of row row_of(r, t) of K and V. keep_of(r): null, or n bools, the
 // positions row r may attend to; a query left with no key gets zeros (as the masked attention of
-// attnlab.nn does). q (R, q_stride), head h at columns [h*D, (h+1)*D); out (R, H*D).
+// attnlab.nn does). q (R, q_stride), head h at columns [h*D, (h+1)*D); out (R, H*D). Query head h
+// reads key and value head h / group (grouped-query attention; group 1: a head each).
 //
 // Each task takes a run of (row, head) pairs and walks the positions in the outer loop, the heads
 // of a row in the inner one: with the decoder's (row, position, head) caches, one position of one
@@ -133,7 +170,7 @@ struct Layout {
 // hypotheses) at every position and wait on memory each time.
 template <class RowOf, class KeepOf>
 void attend(const float* q, int64_t q_stride, const float* K, const float* V, Layout lay, int64_t n, RowOf row_of,
-            KeepOf keep_of, float* out, int64_t R, int64_t H, int64_t D) {
+            KeepOf keep_of, float* out, int64_t R, int64_t H, int64_t D, int64_t group = 1) {
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, R * H, std::max<int64_t>(1, 16384 / (n * D)), [&](int64_t begin, int64_t end) {
     std::vector<float> p(H * n), top(H), sum(H);
@@ -149,7 +186,7 @@ void attend(const float* q, int64_t q_stride, const float* K, const float* V, La
         }
         const float* k = K + row_of(r, t) * lay.row + t * lay.pos;
         for (int64_t h = h0; h < h1; ++h) {
-          const float *qh = qr + h * D, *kh = k + h * lay.head;
+          const float *qh = qr + h * D, *kh = k + (h / group) * lay.head;
           float s = 0.f;
 #pragma omp simd reduction(+ : s)
           for (int64_t d = 0; d < D; ++d) s += qh[d] * kh[d];
@@ -169,7 +206,7 @@ void attend(const float* q, int64_t q_stride, const float* K, const float* V, La
         const float* v = V + row_of(r, t) * lay.row + t * lay.pos;
         for (int64_t h = h0; h < h1; ++h) {
           if (sum[h] == 0.f) continue;
-          const float w = p[h * n + t] / sum[h], *vh = v + h * lay.head;
+          const float w = p[h * n + t] / sum[h], *vh = v + (h / group) * lay.head;
           float* o = out + r * H * D + h * D;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) o[d] += w * vh[d];
@@ -180,15 +217,32 @@ void attend(const float* q, int64_t q_stride, const float* K, const float* V, La
   });
 }
 
-// Write the key and value of qkv row r (its second and third thirds) at position `pos` of cache
-// row `row`, head by head.
+// Write the keys and values of qkv row r (after its queries) at position `pos` of cache row
+// `row`, head by head.
 void write_key_value(const float* qkv, float* k_cache, float* v_cache, Layout lay, int64_t r, int64_t row, int64_t pos,
-                     int64_t H, int64_t D) {
-  const int64_t C = H * D;
-  for (int64_t h = 0; h < H; ++h) {
+                     Heads heads) {
+  const int64_t D = heads.D;
+  const float* keys = qkv + r * heads.width() + heads.H * D;
+  for (int64_t h = 0; h < heads.KV; ++h) {
     const int64_t slot = row * lay.row + pos * lay.pos + h * lay.head;
-    std::copy_n(qkv + r * 3 * C + C + h * D, D, k_cache + slot);
-    std::copy_n(qkv + r * 3 * C + 2 * C + h * D, D, v_cache + slot);
+    std::copy_n(keys + h * D, D, k_cache + slot);
+    std::copy_n(keys + (heads.KV + h) * D, D, v_cache + slot);
+  }
+}
+
+// RoPE (Su et al. 2021) at one position, in attnlab.nn.rope_rotate's half-split layout: pair i of
+// each of the n heads of x (D wide, one after another) is (x_i, x_{i+D/2}), turned by the angle
+// whose cosine and sine are cos[i] and sin[i].
+void rotate(float* x, int64_t n, int64_t D, const float* cos, const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < n; ++h) {
+    float *x1 = x + h * D, *x2 = x1 + half;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x1[i], b = x2[i];
+      x1[i] = a * cos[i] - b * sin[i];
+      x2[i] = b * cos[i] + a * sin[i];
+    }
   }
 }
 
@@ -201,7 +255,7 @@ void attend_cached(const float* qkv, float* k_cache, float* v_cache, Layout lay,
                    int64_t R, int64_t H, int64_t L, int64_t D, int64_t pos) {
   const int64_t C = H * D;
   for (int64_t r = 0; r < R; ++r) {
-    write_key_value(qkv, k_cache, v_cache, lay, r, r, pos, H, D);
+    write_key_value(qkv, k_cache, v_cache, lay, r, r, pos, {H, H, D});
     if (origin) origin[r * L + pos] = r;
   }
   auto row_of = [&](int64_t r, int64_t t) { return origin ? origin[r * L + t] : r; };
@@ -301,11 +355,11 @@ struct RowPositions {
 // Self-attention of one step with rows at their own positions: row r writes its key and value at
 // position rows.pos[r] of cache row r, then attends from its query to its slots. Caches of layout `lay`.
 void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows, float* out,
-                 int64_t R, int64_t H, int64_t D) {
-  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, r, rows.pos[r], H, D);
+                 int64_t R, Heads heads) {
+  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, r, rows.pos[r], heads);
   auto own_row = [](int64_t r, int64_t) { return r; };
   auto keep_of = [&](int64_t r) { return rows.keep_of(r); };
-  attend(qkv, 3 * H * D, k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, H, D);
+  attend(qkv, heads.width(), k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, heads.H, heads.D, heads.group());
 }
 
 // Self-attention of a prefill: the prompts' tokens are the rows of qkv in order, prompt g's
@@ -313,39 +367,138 @@ void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, c
 // first_row + g and attend causally among themselves. Causal attention over a whole prompt is a
 // matrix product, which PyTorch's scaled_dot_product_attention does faster than `attend`'s
 // query-by-query loop (with that loop a long prompt took longer to prefill than PyTorch's
-// forward; BENCHMARKS.md, "Tuned CPU paths"). Caches (B, H, L, D).
+// forward; BENCHMARKS.md, "Tuned CPU paths"). Caches (B, KV, L, D).
 void attend_prompts(const float* qkv, const at::Tensor& k_cache, const at::Tensor& v_cache, Layout lay,
-                    const std::vector<int64_t>& lengths, int64_t first_row, float* out, int64_t H, int64_t D) {
-  const int64_t C = H * D;
+                    const std::vector<int64_t>& lengths, int64_t first_row, float* out, Heads heads) {
+  const int64_t H = heads.H, D = heads.D, C = H * D, W = heads.width();
   float *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
   const auto opts = k_cache.options();
   int64_t start = 0;
   for (size_t g = 0; g < lengths.size(); ++g) {
     const int64_t n = lengths[g], row = first_row + static_cast<int64_t>(g);
-    for (int64_t t = 0; t < n; ++t) write_key_value(qkv, kp, vp, lay, start + t, row, t, H, D);
-    // q (1, H, n, D), a view of qkv's first third; keys and values the row's first n slots.
-    const at::Tensor q = at::from_blob(const_cast<float*>(qkv) + start * 3 * C, {1, H, n, D}, {0, D, 3 * C, 1}, opts);
+    for (int64_t t = 0; t < n; ++t) write_key_value(qkv, kp, vp, lay, start + t, row, t, heads);
+    // q (1, H, n, D), a view of the queries of qkv; keys and values (1, KV, n, D) the row's first n slots.
+    const at::Tensor q = at::from_blob(const_cast<float*>(qkv) + start * W, {1, H, n, D}, {0, D, W, 1}, opts);
     const at::Tensor keys = k_cache.select(0, row).narrow(1, 0, n).unsqueeze(0);
     const at::Tensor values = v_cache.select(0, row).narrow(1, 0, n).unsqueeze(0);
-    const at::Tensor o = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, /*is_causal=*/true);
+    const at::Tensor o = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                                          /*enable_gqa=*/heads.KV != H);
     at::from_blob(out + start * C, {n, H, D}, opts).copy_(o.select(0, 0).transpose(0, 1));
     start += n;
+  }
+}
+
+// A gated linear unit's hidden values (Shazeer 2020; attnlab.nn.GatedFeedForward): g[b, j] =
+// act(h[b, j]) * h[b, F + j] for the B rows of h (B, 2F), fc1's output [x W; x V]; g (B, F).
+void gated_unit(const float* h, float* g, int64_t B, int64_t F, int64_t act) {
+  for (int64_t b = 0; b < B; ++b) {
+    const float* up = h + b * 2 * F + F;
+    float* gb = g + b * F;
+    attnlab::activate(h + b * 2 * F, gb, F, act);
+#pragma omp simd
+    for (int64_t j = 0; j < F; ++j) gb[j] *= up[j];
+  }
+}
+
+// A feed-forward layer's weights: fc1 (W, C) with W = F (dense) or 2F (gated, rows [gate; up]),
+// fc2 (C, F), their biases (or empty tensors), and oneDNN's reordered copies (or none).
+struct FeedForward {
+  const at::Tensor &fc1, &packed1, &bias1, &fc2, &packed2, &bias2;
+};
+
+// y = fc2(act(fc1(x))) for the R rows of x, dense or gated; h (R, W) and g (R, F) are room for
+// the hidden values.
+void feed_forward(const FeedForward& ffn, const float* x, float* h, float* g, float* y, int64_t R, int64_t act,
+                  bool gated) {
+  product(ffn.fc1, ffn.packed1, ffn.bias1, x, h, R);
+  const int64_t F = ffn.fc2.size(1);
+  if (gated) {
+    gated_unit(h, g, R, F, act);
+  } else {
+    attnlab::activate(h, h, R * F, act);
+    g = h;
+  }
+  product(ffn.fc2, ffn.packed2, ffn.bias2, g, y, R);
+}
+
+// The router of a mixture of experts (attnlab.nn.MixtureOfExperts.route) for one token's logits
+// (E): its k most likely experts, most likely first, and their gates, the softmax's probabilities
+// renormalised to sum to 1 when k > 1 (Mixtral, Jiang et al. 2024, Eq. 1; k = 1 is the Switch
+// Transformer's gate, the probability itself). Ties go to the lower index.
+void route(const float* logits, int64_t E, int64_t k, int64_t* chosen, float* gates) {
+  const float top = *std::max_element(logits, logits + E);
+  std::vector<float> p(E);
+  float sum = 0.f;
+  for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(logits[e] - top));
+  for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+  std::vector<int64_t> order(E);
+  for (int64_t e = 0; e < E; ++e) order[e] = e;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float total = 0.f;
+  for (int64_t i = 0; i < k; ++i) total += (gates[i] = p[chosen[i] = order[i]]);
+  if (k > 1)
+    for (int64_t i = 0; i < k; ++i) gates[i] /= total;
+}
+
+// A mixture of experts without a capacity limit on the R rows of x (C wide): y[r] = sum over the
+// k experts e that row r is routed to of gate * expert_e(x[r]). router (E, C); fc1 (E, W, C),
+// fc2 (E, C, F), biases (E, 1, W) and (E, 1, C) or empty tensors. Each expert runs once, on the
+// rows routed to it gathered together, so it reads its weights once a step.
+void mixture(const at::Tensor& router, const at::Tensor& fc1, const at::Tensor& bias1, const at::Tensor& fc2,
+             const at::Tensor& bias2, const float* x, float* y, int64_t R, int64_t k, int64_t act, bool gated) {
+  const int64_t E = router.size(0), C = router.size(1), W = fc1.size(1), F = fc2.size(2);
+  std::vector<float> logits(R * E), gates(R * k), xs(R * C), h(R * W), g(R * F), out(R * C);
+  std::vector<int64_t> chosen(R * k);
+  const at::Tensor none;
+  product(router, none, none, x, logits.data(), R);
+  for (int64_t r = 0; r < R; ++r) route(logits.data() + r * E, E, k, chosen.data() + r * k, gates.data() + r * k);
+  std::fill_n(y, R * C, 0.f);
+  std::vector<int64_t> rows;
+  std::vector<float> row_gates;
+  for (int64_t e = 0; e < E; ++e) {
+    rows.clear(), row_gates.clear();
+    for (int64_t i = 0; i < R * k; ++i)
+      if (chosen[i] == e) rows.push_back(i / k), row_gates.push_back(gates[i]);
+    if (rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + rows[i] * C, C, xs.data() + i * C);
+    const at::Tensor w1 = fc1.select(0, e), w2 = fc2.select(0, e);
+    const at::Tensor b1 = bias1.numel() ? bias1.select(0, e).select(0, 0) : none;
+    const at::Tensor b2 = bias2.numel() ? bias2.select(0, e).select(0, 0) : none;
+    feed_forward({w1, none, b1, w2, none, b2}, xs.data(), h.data(), g.data(), out.data(), n, act, gated);
+    for (int64_t i = 0; i < n; ++i) {
+      float* yr = y + rows[i] * C;
+      const float* o = out.data() + i * C;
+      for (int64_t c = 0; c < C; ++c) yr[c] += row_gates[i] * o[c];
+    }
   }
 }
 
 }  // namespace
 
 // A model's decoding step bound to its weights and caches, made once per generation.
-// params: kPerBlock tensors per block, then the final LayerNorm's weight and bias and the head's
-// weight (an empty tensor for an absent bias). token_embedding (V, C); positions (P, C), the
-// position vectors added to the embeddings (zeros for none). Caches (B, H, L, D), one per block.
+// params: kPerBlock tensors per block, then the final norm's weight and bias and the head's
+// weight (V, C), untied or the token embedding itself; an absent bias is an empty tensor. A
+// block's: norm1's weight and bias; in_proj's weight ((H + 2 KV) D, C) and bias; out_proj's;
+// norm2's; then its feed-forward layer's fc1 weight and bias, fc2 weight and bias, and router:
+// - dense or gated (SwiGLU, GeGLU, ... where `gated`): fc1 (W, C), W = F or 2F rows [gate; up],
+//   fc2 (C, F), and an empty router;
+// - a mixture of experts: fc1 (E, W, C), its bias (E, 1, W), fc2 (E, C, F), its bias (E, 1, C), and
+//   the router (E, C); each token goes to its `top_k` most likely experts.
+// token_embedding (V, C); positions (P, C), the position vectors added to the embeddings (zeros
+// for none); rope_cos and rope_sin (P, D/2), the cosines and sines of the rotary angles of each
+// position (attnlab.nn.rope_angles), or empty tensors for a model without rotary positions.
+// Caches (B, KV, L, D), one per block: KV < H key/value heads is grouped-query attention.
+// rms_norm: every norm is RMSNorm (else LayerNorm).
 class GPTStep {
  public:
-  GPTStep(std::vector<at::Tensor> params, at::Tensor token_embedding, at::Tensor positions,
-          std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, int64_t n_head, double eps,
-          int64_t activation)
+  GPTStep(std::vector<at::Tensor> params, at::Tensor token_embedding, at::Tensor positions, at::Tensor rope_cos,
+          at::Tensor rope_sin, std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, int64_t n_head,
+          double eps, int64_t activation, bool gated, bool rms_norm, int64_t top_k)
       : params_(std::move(params)), tokens_(std::move(token_embedding)), positions_(std::move(positions)),
-        k_(std::move(k_caches)), v_(std::move(v_caches)), H_(n_head), eps_(static_cast<float>(eps)), act_(activation) {
+        cos_(std::move(rope_cos)), sin_(std::move(rope_sin)), k_(std::move(k_caches)), v_(std::move(v_caches)),
+        eps_(static_cast<float>(eps)), act_(activation), gated_(gated), rms_(rms_norm), top_k_(top_k) {
     const int64_t n_layer = static_cast<int64_t>(k_.size());
     TORCH_CHECK(n_layer > 0 && v_.size() == k_.size(), "one key and one value cache per block");
     TORCH_CHECK(static_cast<int64_t>(params_.size()) == n_layer * kPerBlock + 3, "wrong number of parameters");
@@ -354,17 +507,28 @@ class GPTStep {
     check_cpu_fp32(v_, "caches");
     check_tables(tokens_, positions_);
     C_ = tokens_.size(1);
-    TORCH_CHECK(C_ % H_ == 0, "n_head must divide the width");
-    B_ = k_[0].size(0), L_ = k_[0].size(2), D_ = C_ / H_;
-    for (int64_t l = 0; l < n_layer; ++l)
-      TORCH_CHECK(k_[l].dim() == 4 && k_[l].size(0) == B_ && k_[l].size(1) == H_ && k_[l].size(2) == L_ &&
-                      k_[l].size(3) == D_ && v_[l].sizes() == k_[l].sizes(),
-                  "caches must be (B, H, L, D)");
-    F_ = params_[8].size(0);
+    TORCH_CHECK(n_head > 0 && C_ % n_head == 0, "n_head must divide the width");
+    TORCH_CHECK(k_[0].dim() == 4 && k_[0].size(1) > 0 && n_head % k_[0].size(1) == 0,
+                "the caches' key/value heads must divide n_head");
+    heads_ = {n_head, k_[0].size(1), C_ / n_head};
+    B_ = k_[0].size(0), L_ = k_[0].size(2);
+    for (int64_t l = 0; l < n_layer; ++l) {
+      TORCH_CHECK(k_[l].dim() == 4 && k_[l].size(0) == B_ && k_[l].size(1) == heads_.KV && k_[l].size(2) == L_ &&
+                      k_[l].size(3) == heads_.D && v_[l].sizes() == k_[l].sizes(),
+                  "caches must be (B, KV, L, D)");
+      check_block(params_.data() + l * kPerBlock);
+    }
+    if (cos_.numel()) {
+      check_cpu_fp32({cos_, sin_}, "the rotary tables");
+      TORCH_CHECK(heads_.D % 2 == 0 && cos_.dim() == 2 && cos_.size(0) == positions_.size(0) &&
+                      cos_.size(1) == heads_.D / 2 && sin_.sizes() == cos_.sizes(),
+                  "rope_cos and rope_sin must be (P, D/2), as many positions as the position table");
+    }
     V_ = params_.back().size(0);
     const auto opts = tokens_.options();  // the step's working buffers, made once
-    x_ = at::empty({B_, C_}, opts), h_ = at::empty({B_, C_}, opts), qkv_ = at::empty({B_, 3 * C_}, opts);
-    a_ = at::empty({B_, C_}, opts), f_ = at::empty({B_, F_}, opts), y_ = at::empty({B_, C_}, opts);
+    x_ = at::empty({B_, C_}, opts), h_ = at::empty({B_, C_}, opts), qkv_ = at::empty({B_, heads_.width()}, opts);
+    a_ = at::empty({B_, C_}, opts), f_ = at::empty({B_, W_}, opts), g_ = at::empty({B_, F_}, opts);
+    y_ = at::empty({B_, C_}, opts);
   }
 
   // tokens (B,) int64: the newest token of each sequence, at position `pos` (its cache slot).
@@ -410,21 +574,45 @@ class GPTStep {
     }
     TORCH_CHECK(static_cast<int64_t>(pos.size()) == N, "the lengths add up to ", pos.size(), " tokens, not ", N);
     auto attention = [&](int64_t l, const float* qkv, float* out) {
-      attend_prompts(qkv, k_[l], v_[l], cache_layout(), lengths, first_row, out, H_, D_);
+      attend_prompts(qkv, k_[l], v_[l], cache_layout(), lengths, first_row, out, heads_);
     };
     return run(tokens.contiguous(), pos.data(), N, last.data(), G, packed, attention);
   }
 
  private:
-  // The caches' layout, (B, H, L, D).
-  Layout cache_layout() const { return {H_ * L_ * D_, D_, L_ * D_}; }
+  // The caches' layout, (B, KV, L, D).
+  Layout cache_layout() const { return {heads_.KV * L_ * heads_.D, heads_.D, L_ * heads_.D}; }
+
+  // A block's tensors (`params`, above) have the shapes the step reads; the widest hidden layer
+  // of the dense or gated ones (W_, F_) sizes the working buffers.
+  void check_block(const at::Tensor* p) {
+    const int64_t C = C_;
+    TORCH_CHECK(p[0].numel() == C && p[6].numel() == C, "norm weights must be (C,)");
+    TORCH_CHECK(p[2].dim() == 2 && p[2].size(0) == heads_.width() && p[2].size(1) == C,
+                "in_proj's weight must be ((H + 2 KV) D, C)");
+    TORCH_CHECK(p[4].dim() == 2 && p[4].size(0) == C && p[4].size(1) == C, "out_proj's weight must be (C, C)");
+    const bool moe = p[12].numel() > 0;
+    const at::Tensor &fc1 = p[8], &fc2 = p[10];
+    const int64_t dims = moe ? 3 : 2, experts = moe ? p[12].size(0) : 1;
+    TORCH_CHECK(fc1.dim() == dims && fc2.dim() == dims, "feed-forward weights must be (W, C) and (C, F), or per expert");
+    const int64_t W = fc1.size(dims - 2), F = fc2.size(dims - 1);
+    TORCH_CHECK(fc1.size(dims - 1) == C && fc2.size(dims - 2) == C && W == (gated_ ? 2 * F : F),
+                "fc1 must have F rows (2F gated) of C and fc2 C rows of F");
+    if (moe) {
+      TORCH_CHECK(p[12].dim() == 2 && p[12].size(1) == C && fc1.size(0) == experts && fc2.size(0) == experts,
+                  "the router must be (E, C), the experts' weights (E, W, C) and (E, C, F)");
+      TORCH_CHECK(top_k_ >= 1 && top_k_ <= experts, "top_k must be between 1 and the number of experts");
+    } else {
+      W_ = std::max(W_, W), F_ = std::max(F_, F);
+    }
+  }
 
   // The rows' step: rows r = 0..R-1 at positions pos[r] of cache rows 0..R-1, attending as
   // RowPositions says. The logits of every row (R, V).
   at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
     const RowPositions rows(pos, R);
     auto attention = [&](int64_t l, const float* qkv, float* out) {
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, R, H_, D_);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, R, heads_);
     };
     return run(token_ids, pos, R, nullptr, 0, packed, attention);
   }
@@ -442,22 +630,24 @@ class GPTStep {
     // More tokens than the cache has rows (a prefill): working buffers for this call alone.
     auto buffer = [&](const at::Tensor& kept, int64_t width) { return R <= B_ ? kept : at::empty({R, width}, kept.options()); };
     const at::Tensor x = buffer(x_, C), h = buffer(h_, C), y = buffer(y_, C), a = buffer(a_, C);
-    const at::Tensor qkv_t = buffer(qkv_, 3 * C), f_t = buffer(f_, F_);
+    const at::Tensor qkv_t = buffer(qkv_, heads_.width()), f_t = buffer(f_, W_), g_t = buffer(g_, F_);
     float *xp = x.data_ptr<float>(), *hp = h.data_ptr<float>(), *yp = y.data_ptr<float>(), *ap = a.data_ptr<float>();
-    float *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>();
+    float *qkv = qkv_t.data_ptr<float>(), *f = f_t.data_ptr<float>(), *g = g_t.data_ptr<float>();
     embed(tokens_, positions_, token_ids.data_ptr<int64_t>(), B, [pos](int64_t b) { return pos[b]; }, 1.f, xp);
     for (int64_t l = 0; l < n_layer; ++l) {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       const int64_t k = l * kProductsPerBlock;
-      layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, B, C, eps_);
+      norm(rms_, xp, p[0], p[1], hp, B, C, eps_);
       product(p[2], reordered(k), p[3], hp, qkv, B);
+      if (cos_.numel()) rotate_queries_and_keys(qkv, pos, B);
       attention(l, qkv, ap);
       product(p[4], reordered(k + 1), p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
-      layer_norm(xp, p[6].data_ptr<float>(), data_or_null(p[7]), hp, B, C, eps_);
-      product(p[8], reordered(k + 2), p[9], hp, f, B);
-      attnlab::activate(f, f, B * F_, act_);
-      product(p[10], reordered(k + 3), p[11], f, yp, B);
+      norm(rms_, xp, p[6], p[7], hp, B, C, eps_);
+      if (p[12].numel())
+        mixture(p[12], p[8], p[9], p[10], p[11], hp, yp, B, top_k_, act_, gated_);
+      else
+        feed_forward({p[8], reordered(k + 2), p[9], p[10], reordered(k + 3), p[11]}, hp, f, g, yp, B, act_, gated_);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
     if (out) {  // only these tokens' logits: gather their rows to the front
@@ -467,19 +657,31 @@ class GPTStep {
     const int64_t rows_out = out ? K : B;
     at::Tensor logits = at::empty({rows_out, V_}, tokens_.options());
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
-    layer_norm(xp, p[0].data_ptr<float>(), data_or_null(p[1]), hp, rows_out, C, eps_);
+    norm(rms_, xp, p[0], p[1], hp, rows_out, C, eps_);
     product(p[2], reordered(n_layer * kProductsPerBlock), none, hp, logits.data_ptr<float>(), rows_out);
     return logits;
   }
 
+  // RoPE on the queries and keys of the R rows of qkv, row r at position pos[r] (the keys enter the
+  // cache rotated, as attnlab.nn.RotaryPositions has them). They are the row's first H + KV heads.
+  void rotate_queries_and_keys(float* qkv, const int64_t* pos, int64_t R) const {
+    const int64_t half = heads_.D / 2;
+    const float *cos = cos_.data_ptr<float>(), *sin = sin_.data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r)
+      rotate(qkv + r * heads_.width(), heads_.H + heads_.KV, heads_.D, cos + pos[r] * half, sin + pos[r] * half);
+  }
+
   std::vector<at::Tensor> params_;
-  at::Tensor tokens_, positions_;
+  at::Tensor tokens_, positions_, cos_, sin_;
   std::vector<at::Tensor> k_, v_;
-  at::Tensor x_, h_, qkv_, a_, f_, y_;  // working buffers of `step`
-  int64_t H_;
+  at::Tensor x_, h_, qkv_, a_, f_, g_, y_;  // working buffers of `step`
+  Heads heads_{1, 1, 1};
   float eps_;
   int64_t act_;
-  int64_t B_ = 0, C_ = 0, L_ = 0, D_ = 0, F_ = 0, V_ = 0;
+  bool gated_, rms_;
+  int64_t top_k_;
+  int64_t B_ = 0, C_ = 0, L_ = 0, V_ = 0;
+  int64_t W_ = 1, F_ = 1;  // the widest dense or gated layer's fc1 rows and hidden width
 };
 
 // The decoder of an encoder-decoder Transformer bound to its weights: one step of beam search or
@@ -635,8 +837,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using without_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.attr("STREAMED_MAX_ROWS") = kStreamedMaxRows;
   pybind11::class_<GPTStep>(m, "GPTStep")
-      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                          std::vector<at::Tensor>, int64_t, double, int64_t>())
+      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                          std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, double, int64_t, bool, bool,
+                          int64_t>())
       .def("step", &GPTStep::step, without_gil(),
            "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),

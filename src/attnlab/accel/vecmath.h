@@ -124,20 +124,42 @@ ATTNLAB_VECTOR_FN float gelu_tanh_grad(float x) {
   return grad;
 }
 
-// The feed-forward activations, numbered as attnlab.accel.kernels.ACTIVATION_CODES.
-enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2 };
+// The logistic function and SiLU (Swish with beta = 1), written as PyTorch's CPU kernels write
+// them: x / (1 + e^-x) rather than x * sigmoid(x), one rounding fewer.
+ATTNLAB_VECTOR_FN float sigmoid(float x) { return 1.f / (1.f + vexp(-x)); }
+
+ATTNLAB_VECTOR_FN float silu(float x) { return x / (1.f + vexp(-x)); }
+
+// The feed-forward activations, numbered as attnlab.accel.kernels.ACTIVATION_CODES (the training
+// kernels' three) and attnlab.accel.fused.STEP_ACTIVATIONS (all of them: the fused decoding steps
+// also compute SiLU, the logistic function and the identity, the gates of SwiGLU, GLU and LiGLU).
+enum Activation : int64_t { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kSigmoid = 4, kIdentity = 5 };
 
 // g = act(h) for n elements (g may be h).
 inline void activate(const float* h, float* g, int64_t n, int64_t act) {
-  if (act == kGelu) {
+  switch (act) {
+    case kGelu:
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) g[i] = gelu(h[i]);
-  } else if (act == kGeluTanh) {
+      for (int64_t i = 0; i < n; ++i) g[i] = gelu(h[i]);
+      break;
+    case kGeluTanh:
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) g[i] = gelu_tanh(h[i]);
-  } else {
+      for (int64_t i = 0; i < n; ++i) g[i] = gelu_tanh(h[i]);
+      break;
+    case kSilu:
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) g[i] = h[i] > 0.f ? h[i] : 0.f;
+      for (int64_t i = 0; i < n; ++i) g[i] = silu(h[i]);
+      break;
+    case kSigmoid:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) g[i] = sigmoid(h[i]);
+      break;
+    case kIdentity:
+      if (g != h) std::copy_n(h, n, g);
+      break;
+    default:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) g[i] = h[i] > 0.f ? h[i] : 0.f;
   }
 }
 
