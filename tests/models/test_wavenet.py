@@ -1,6 +1,8 @@
 """WaveNet: the receptive field computed from the config equals the one measured by gradient, and
 generation with the per-layer cache (Paine et al. 2016) equals naive generation sample for sample."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -74,3 +76,20 @@ def test_conditioning_is_required_and_changes_the_output():
 def test_config_names_the_bad_field(kw, field):
     with pytest.raises(ValueError, match=field):
         WaveNetConfig(**kw)
+
+
+def test_fused_step_asked_for_a_model_it_does_not_cover_warns_and_generates_with_the_step():
+    model = wavenet(layers_per_block=3, n_blocks=1).to(torch.bfloat16)
+    digits = torch.tensor([4])
+    out = {}
+    for fused in (True, False):
+        pick = sampling_picker(1.0, generator=torch.Generator().manual_seed(2))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out[fused] = generate_audio(model, digits, None, 30, pick, fused=fused)
+        assert [str(w.message) for w in caught if "fused WaveNet" in str(w.message)] == (
+            ["the fused WaveNet step takes float32 or float64 on the CPU; generating with WaveNet.step"]
+            if fused
+            else []
+        )
+    assert torch.equal(out[True], out[False])

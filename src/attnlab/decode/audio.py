@@ -4,10 +4,15 @@ Naive: at every step rerun the network over the last receptive-field samples and
 output: O(receptive field × layers) per sample. Cached (`WaveNet.step`): each layer keeps its past
 inputs, so a step runs each layer once on one time step: O(layers) per sample. Both see the same
 inputs and compute the same function, so with the same random draws they produce the same
-samples (tested).
+samples (tested). Fused (`attnlab.accel.wavenet`): the cached step as one C++ call, the same
+function in plain loops; without it each sample is a dozen PyTorch operators a layer, whose call
+overhead outweighs their arithmetic.
 
 Shape legend: B batch, T time.
 """
+
+import warnings
+from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -25,11 +30,15 @@ def generate_audio(
     pick: Picker,
     *,
     cached: bool = True,
+    fused: bool | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """`n_samples` μ-law classes per sequence `(B, T)` long, after a silence, for digits / speakers `(B,)`.
 
-    pick: logits `(B, 256)` -> classes `(B,)`. cached=False is the naive reference."""
+    pick: logits `(B, 256)` -> classes `(B,)`. cached=False is the naive reference. fused: the
+    cached step in C++ (`attnlab.accel.wavenet`; built on first use, or `WaveNet.step` with a
+    warning where it cannot be built); None takes it where it is already built and covers the
+    model, False keeps `WaveNet.step`."""
     b = (digits if digits is not None else speakers).size(0)
     token = torch.full((b,), SILENCE, dtype=torch.long, device=model.embedding.weight.device)
     out = []
@@ -39,10 +48,13 @@ def generate_audio(
         with torch.inference_mode():
             conditions = model.conditions(digits, speakers, b)
             cache = model.new_cache(b) if cached else None
+            fast = _fused_step(model, conditions, fused) if cached else None
             window = token[:, None]  # naive: the inputs so far, at most one receptive field
             rf = model.config.receptive_field
             for _ in tqdm(range(n_samples), disable=not progress, unit="sample", desc="generating", leave=False):
-                if cache is not None:
+                if fast is not None:
+                    logits = fast(token)
+                elif cache is not None:
                     logits = model.step(token, cache, conditions)
                 else:
                     logits = model.logits(model.embedding(window).transpose(1, 2), conditions)[:, :, -1]
@@ -53,3 +65,21 @@ def generate_audio(
     finally:
         model.train(was_training)
     return torch.stack(out, dim=1) if out else token.new_zeros(b, 0)
+
+
+def _fused_step(model: WaveNet, conditions: list[torch.Tensor], fused: bool | None) -> Callable | None:
+    """The fused step for this generation where `fused` asks for it (None: where it is built), or
+    None: `WaveNet.step`."""
+    from attnlab.accel import wavenet
+
+    if fused is None:
+        fused = wavenet.by_default(model)
+    if not fused:
+        return None
+    if not wavenet.supports(model):
+        warnings.warn(
+            "the fused WaveNet step takes float32 or float64 on the CPU; generating with WaveNet.step", stacklevel=3
+        )
+        return None
+    ext = wavenet.extension()
+    return wavenet.FusedWaveNetStep(model, conditions, ext) if ext is not None else None
