@@ -36,7 +36,7 @@ def test_the_notice_comes_before_the_build(extensions, capsys, monkeypatch):
     assert set(json.loads(out)) == set(KERNELS)  # stdout is the JSON alone
     assert len(extensions) == len(KERNELS)
     assert all(NOTICE in seen for seen in extensions)  # written before each build began
-    assert "training kernels, fused decoding step" in extensions[0]
+    assert "training kernels, fused decoding step, WaveNet generation step" in extensions[0]
 
 
 def test_nothing_to_build_no_notice(capsys, monkeypatch):

@@ -1,9 +1,10 @@
 """attnlab kernels build|status [--json]
 
 attnlab's C++ kernels (the training blocks and AdamW step of `attnlab.accel.kernels`, the decoding
-step of `attnlab.accel.fused`) are compiled for this machine's CPU. `make` builds them when it
-installs attnlab; the defaults of `attnlab train`, `sample` and `bench` take them wherever they
-are built, and PyTorch's operators elsewhere, so no command waits for a build it was not asked for.
+step of `attnlab.accel.fused`, WaveNet's generation step of `attnlab.accel.wavenet`) are compiled
+for this machine's CPU. `make` builds them when it installs attnlab; the defaults of `attnlab
+train`, `sample` and `bench` take them wherever they are built, and PyTorch's operators elsewhere,
+so no command waits for a build it was not asked for.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from attnlab.cli.arguments import add_json_argument
 KERNELS = {
     "training kernels": "attnlab.accel.kernels",
     "fused decoding step": "attnlab.accel.fused",
+    "WaveNet generation step": "attnlab.accel.wavenet",
 }
 """What is built, by name: the module whose `extension()` builds it and `is_built()` checks it."""
 
