@@ -394,6 +394,11 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPiece
         tok = HFTokenizer.from_str(text)
     except Exception as e:  # the Rust library raises its own exception type
         raise UserError(f"{path} is not a tokenizer file attnlab can read: {e}") from None
+    # A published tokenizer.json may keep the padding and truncation of the pipeline it was saved
+    # from (all-MiniLM-L6-v2's pads and cuts every text to 128 ids); attnlab's callers cut, wrap
+    # and pad the ids themselves, so encode must return a text's own ids and nothing else.
+    tok.no_padding()
+    tok.no_truncation()
     model = doc.get("model")
     if isinstance(model, dict) and model.get("type") == "WordPiece":
         return WordPieceTokenizer(tok, source=str(path))
