@@ -16,7 +16,7 @@ from typing import Any
 from attnlab.checkpoints import CONFIG
 from attnlab.config import flatten
 from attnlab.device import resolve_device
-from attnlab.studies.sweep import Backend, PlannedRun, check_writable
+from attnlab.studies.sweep import Backend, PlannedRun, RunOutcome, check_writable, summary_line
 from attnlab.train.config import RunConfig
 from attnlab.train.evaluate import evaluate_run
 from attnlab.train.signals import StopRequest
@@ -94,7 +94,9 @@ def train_seeds_on(
             check_run_dir(run_dir, resume=False)
         runs.append(PlannedRun(run_dir.name, run_dir, seeded, flatten(seeded.to_doc())))
     check_writable([run.folder for run in runs])
-    outcomes = backend.run(runs, log or (lambda line: None))
+    say = log or (lambda line: None)
+    outcomes = backend.run(runs, say)
+    say(summary_line([outcomes.get(run.name, RunOutcome(run.name, "pending")) for run in runs]))
     device = resolve_device(config.train.device)
     done = []
     for run in runs:
