@@ -4,6 +4,7 @@ stopped; the command line against a cluster at an address. One Ray head for the 
 loopback with 2 CPUs: starting one takes seconds."""
 
 import csv
+import dataclasses
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 from attnlab.checkpoints import has_checkpoint, latest_checkpoint
 from attnlab.config import flatten
 from attnlab.data.text import bundled_shakespeare
+from attnlab.errors import UserError
 from attnlab.studies.backends import RayBackend
 from attnlab.studies.sweep import LOG, LocalBackend, PlannedRun, run_all
 from attnlab.train import resolve
@@ -95,25 +97,29 @@ def test_ray_trains_each_run_as_the_local_backend_does(cluster, here):
     assert len(lines) == 4
 
 
-def test_a_killed_worker_is_retried_and_resumes_from_the_last_checkpoint(cluster, here):
-    steps = 500
-    run = plan(Path("ray"), [7], max_iters=steps, eval_interval=25)[0]
-    killed = {}
+def kill_after_a_checkpoint(folder: Path) -> tuple[threading.Thread, dict[str, int]]:
+    """A started thread that SIGKILLs the Ray worker training into `folder` (its pid is in the
+    folder's train.log) once the run has a checkpoint; what it killed, when, is in the dict."""
+    killed: dict[str, int] = {}
 
-    def kill_after_a_checkpoint() -> None:
-        """SIGKILL the task's worker (its pid is in train.log) once the run has a checkpoint."""
+    def watch() -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not killed:
-            log = here / run.folder / LOG
-            pids = re.findall(r"pid (\d+)", log.read_text()) if log.exists() else []
-            if pids and has_checkpoint(here / run.folder):
-                killed["step"] = latest_checkpoint(here / run.folder).step
-                killed["pid"] = int(pids[0])
+            pids = re.findall(r"pid (\d+)", (folder / LOG).read_text()) if (folder / LOG).exists() else []
+            if pids and has_checkpoint(folder):
+                killed["step"], killed["pid"] = latest_checkpoint(folder).step, int(pids[0])
                 os.kill(killed["pid"], signal.SIGKILL)
             time.sleep(0.02)
 
-    killer = threading.Thread(target=kill_after_a_checkpoint)
-    killer.start()
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread, killed
+
+
+def test_a_killed_worker_is_retried_and_resumes_from_the_last_checkpoint(cluster, here):
+    steps = 500
+    run = plan(Path("ray"), [7], max_iters=steps, eval_interval=25)[0]
+    killer, killed = kill_after_a_checkpoint(here / run.folder)
     [outcome] = run_all([run], backend=RayBackend(max_retries=2))
     killer.join()
     assert 0 < killed["step"] < steps, killed
@@ -125,6 +131,24 @@ def test_a_killed_worker_is_retried_and_resumes_from_the_last_checkpoint(cluster
         assert [r["step"] for r in csv.DictReader(f)].count("0") == 1
     run_all(plan(Path("local"), [7], max_iters=steps, eval_interval=25))
     assert_same_run(here / "ray" / "seed-7", here / "local" / "seed-7")
+
+
+def test_a_worker_that_dies_on_every_try_is_one_line_and_the_checkpoint_stays(cluster, here):
+    run = plan(Path("ray"), [8], max_iters=500, eval_interval=25)[0]
+    killer, killed = kill_after_a_checkpoint(here / run.folder)
+    with pytest.raises(UserError, match=r"seed-8: its worker died \(WorkerCrashedError\) on each of 1 tries"):
+        run_all([run], backend=RayBackend(max_retries=0))
+    killer.join()
+    assert latest_checkpoint(here / run.folder).step >= killed["step"] > 0
+
+
+def test_a_users_mistake_inside_a_run_comes_back_as_itself(cluster, here):
+    runs = plan(Path("ray"), [1])
+    missing = dataclasses.replace(runs[0].config.data, path="no-such-corpus.txt")
+    run = dataclasses.replace(runs[0], config=dataclasses.replace(runs[0].config, data=missing))
+    with pytest.raises(UserError, match="no-such-corpus.txt") as caught:
+        run_all([run], backend=RayBackend())
+    assert type(caught.value).__module__.startswith("attnlab")  # not Ray's wrapper of it
 
 
 def test_train_seeds_on_a_cluster_at_an_address_from_another_process(cluster, here, capsys):

@@ -145,11 +145,11 @@ class RayBackend:
             if isinstance(e.cause, UserError):
                 raise e.cause from None
             raise
-        except ray.exceptions.WorkerCrashedError:
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError) as e:
             _cancel(ray, pending, lambda line: None)
             raise UserError(
-                f"{run.name}: its worker died {self.max_retries + 1} times ({run.folder / LOG} says where); "
-                "the run keeps its last checkpoint and the same command continues it"
+                f"{run.name}: its worker died ({type(e).__name__}) on each of {self.max_retries + 1} tries, "
+                f"{run.folder / LOG} says where; the run keeps its last checkpoint and the same command continues it"
             ) from None
 
 
