@@ -12,11 +12,13 @@ References: Moritz et al. 2018, "Ray: A Distributed Framework for Emerging AI Ap
 Ray's task API (`ray.remote`, `ray.wait`, `ray.get`, `max_retries`).
 """
 
+import contextlib
 import dataclasses
 import os
 import socket
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,37 @@ def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
+@contextlib.contextmanager
+def _c_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block: Ray's C++ core writes a warning a second to it
+    while it retries a cluster that refuses this process, which the one-line error replaces."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def join_error(address: str, error: BaseException) -> str:
+    """What to do where `ray.init(address)` failed: a cluster that asks for a token this process
+    lacks (Ray's token authentication), or anything else that answers at the address."""
+    chain = []
+    while error is not None:
+        chain.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__
+    if any("uthenticat" in link for link in chain):
+        return (
+            f"the Ray cluster at {address} refused this process's token: give it the head's "
+            "(~/.ray/auth_token on the head, as RAY_AUTH_TOKEN or that file here) and RAY_AUTH_MODE=token"
+        )
+    first = chain[0].splitlines()[0]
+    return f"cannot join a Ray cluster at {address} ({first}); pass the address `ray start --head` printed"
+
+
 @dataclasses.dataclass(frozen=True)
 class RayBackend:
     """A Ray cluster: every run is a task of `cpus_per_run` CPUs (its torch threads), retried up to
@@ -105,8 +138,12 @@ class RayBackend:
             return False
         if self.address is not None:
             check_address(self.address)
-        # Quiet: the workers' output is in each run's train.log, and the sweep says what happens.
-        ray.init(address=self.address, log_to_driver=False, logging_level="warning", include_dashboard=False)
+        try:
+            # Quiet: the workers' output is in each run's train.log, and the sweep says what happens.
+            with _c_stderr_silenced():
+                ray.init(address=self.address, log_to_driver=False, logging_level="warning", include_dashboard=False)
+        except ConnectionError as e:
+            raise UserError(join_error(self.address or "auto", e)) from None
         return True
 
     def _run(self, ray: Any, todo: Sequence[PlannedRun], say: Callable[[str], None]) -> dict[str, RunOutcome]:

@@ -16,7 +16,7 @@ from typing import Any
 from attnlab.checkpoints import CONFIG
 from attnlab.config import flatten
 from attnlab.device import resolve_device
-from attnlab.studies.sweep import Backend, PlannedRun, RunOutcome, check_writable, summary_line
+from attnlab.studies.sweep import Backend, PlannedRun, RunOutcome, check_writable, summary_line, train_rows
 from attnlab.train.config import RunConfig
 from attnlab.train.evaluate import evaluate_run
 from attnlab.train.signals import StopRequest
@@ -103,7 +103,9 @@ def train_seeds_on(
         outcome = outcomes.get(run.name)
         if outcome is None or outcome.result is None:  # stopped, or never started
             step = outcome.step if outcome is not None else 0
-            stopped = TrainResult(run.folder, step, {}, None, math.nan, math.nan, stopped_by="a stop request")
+            logged = train_rows(run.folder) if (run.folder / "metrics.csv").exists() else []
+            elapsed = logged[-1].get("elapsed_sec", 0.0) if logged else 0.0  # up to its last log line
+            stopped = TrainResult(run.folder, step, {}, None, elapsed, math.nan, stopped_by="a stop request")
             done.append(SeedRun(run.config.train.seed, stopped, {}))
             break
         evaluation = evaluate_run(run.folder, split, device=device)[1] if split else {}

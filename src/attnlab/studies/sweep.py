@@ -206,8 +206,8 @@ def summary_line(outcomes: Sequence[RunOutcome]) -> str:
         counts[o.status] = counts.get(o.status, 0) + 1
     words = {"trained": "trained now", DONE: "finished before", "stopped": "stopped (checkpoint saved)"}
     parts = [f"{n} {words.get(status, status)}" for status, n in counts.items()]
-    seconds = sum(o.elapsed_sec for o in outcomes if o.status == "trained" and not math.isnan(o.elapsed_sec))
-    return f"{len(outcomes)} runs: {', '.join(parts)} ({seconds:.1f} s of training)"
+    seconds = [o.elapsed_sec for o in outcomes if o.status == "trained" and not math.isnan(o.elapsed_sec)]
+    return f"{len(outcomes)} runs: {', '.join(parts)}" + (f" ({sum(seconds):.1f} s of training)" if seconds else "")
 
 
 def _run_in_workers(todo: list[PlannedRun], jobs: int, say: Callable[[str], None]) -> dict[str, RunOutcome]:
