@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.errors import UserError
-from attnlab.studies.backends import check_address
+from attnlab.studies.backends import check_address, join_error
 from helpers import assert_user_error, cli
 
 SPEC = """
@@ -113,3 +113,20 @@ def test_options_that_do_not_go_together(spec, tiny_toml, tmp_path, capsys, args
     args = [{"SPEC": spec, "TOML": tiny_toml}.get(a, a) for a in args]
     assert_user_error(cli(capsys, *args, "--out", tmp_path / "out"), *fragments)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_token_and_a_stranger_at_the_address_are_told_apart():
+    """`join_error` reads the exception `ray.init` raised, with Ray's own cause chained under it."""
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS: InvalidAuthToken: Authentication token is missing")
+        except RuntimeError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+    except ConnectionError as e:
+        refused = join_error("10.0.0.1:6379", e)
+    assert "refused this process's token" in refused and "RAY_AUTH_MODE=token" in refused
+    stranger = join_error("10.0.0.1:80", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:80\nmore"))
+    assert stranger == (
+        "cannot join a Ray cluster at 10.0.0.1:80 (ConnectionError: Failed to connect to Ray cluster at "
+        "10.0.0.1:80); pass the address `ray start --head` printed"
+    )

@@ -61,7 +61,7 @@ def import_ray() -> Any:
 def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """A `UserError` unless something accepts a TCP connection at `address` ("host:port",
     "ray://host:port", or a bare host on Ray's default port) within `timeout` seconds; "auto" (the
-    cluster this machine belongs to) is left to Ray. Ray itself would keep retrying for minutes."""
+    cluster this machine belongs to) is left to Ray. Ray itself would retry for a minute or more."""
     if address == "auto":
         return
     client = address.startswith("ray://")
@@ -113,8 +113,8 @@ def join_error(address: str, error: BaseException) -> str:
 @dataclasses.dataclass(frozen=True)
 class RayBackend:
     """A Ray cluster: every run is a task of `cpus_per_run` CPUs (its torch threads), retried up to
-    `max_retries` times where its worker dies. `address`: the cluster's ("host:6379", "auto", or
-    "ray://host:10001"); None starts a Ray instance on this machine, unless this process is already
+    `max_retries` times where its worker dies. `address`: the cluster's head ("host:6379") or
+    "auto"; None starts a Ray instance on this machine, unless this process is already
     connected (`ray.init` called by the caller), which is then used as it is."""
 
     address: str | None = None
