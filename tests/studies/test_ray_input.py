@@ -107,6 +107,7 @@ def test_train_seeds_on_ray_refuses_an_unwritable_folder(tiny_toml, tmp_path, ca
         (["ablate", "SPEC", "--backend", "ray", "--jobs", "2"], ["--jobs is for the local backend"]),
         (["scale", "--backend", "ray", "--jobs", "2"], ["--jobs is for the local backend"]),
         (["train", "TOML", "--backend", "ray"], ["--backend and --address go with --seeds"]),
+        (["train", "TOML", "--seeds", "2", "--address", "10.0.0.1:6379"], ["--address is the Ray cluster's"]),
     ],
 )
 def test_options_that_do_not_go_together(spec, tiny_toml, tmp_path, capsys, args, fragments):

@@ -218,7 +218,7 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
 
     task = TASKS[config.task]
     split = args.eval_split or getattr(task, "report_split", None)
-    if args.backend != "local":
+    if args.backend != "local" or args.address is not None:  # (make_backend refuses --address without ray)
         from attnlab.studies.backends import make_backend
         from attnlab.studies.seeds import train_seeds_on
 
