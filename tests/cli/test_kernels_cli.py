@@ -55,9 +55,7 @@ def test_a_build_that_fails_is_one_line_with_the_reason_and_exit_1(capsys, monke
     assert len(lines) == 3
 
 
-@pytest.mark.skipif(
-    any(m.extension() is None for m in (kernels, fused, wavenet)), reason="no C++ build here"
-)
+@pytest.mark.skipif(any(m.extension() is None for m in (kernels, fused, wavenet)), reason="no C++ build here")
 def test_build_leaves_both_marked_built(capsys):
     code, out, _ = cli(capsys, "kernels", "build", "--json")
     assert code == 0

@@ -1,10 +1,16 @@
-"""attnlab ablate SPEC [--seeds N] [--out DIR] [--jobs J] [--data-dir DIR] [--device D] [--quiet] [--json]"""
+"""attnlab ablate SPEC [--seeds N] [--out DIR] [--jobs J | --backend ray [--address ADDR]] [--data-dir DIR] [--device D]
+[--quiet] [--json]"""
 
 import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
-from attnlab.cli.arguments import add_data_dir_argument, add_device_argument, add_json_argument
+from attnlab.cli.arguments import (
+    add_backend_arguments,
+    add_data_dir_argument,
+    add_device_argument,
+    add_json_argument,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="J",
         help="train J runs at once, in J processes with cores/J torch threads each (default 1)",
     )
+    add_backend_arguments(p)
     add_data_dir_argument(p, "for a language model, the folder its data.path is read from")
     add_device_argument(p, sets_config=True)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -39,12 +46,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from attnlab.studies.ablation import format_table, load_spec, run_ablation
+    from attnlab.studies.backends import make_backend
 
     spec = load_spec(args.spec)
+    backend = make_backend(args.backend, jobs=args.jobs, address=args.address)
     out = args.out if args.out is not None else Path("runs") / f"ablate-{spec.name}"
     log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = run_ablation(
-        spec, out, seeds=args.seeds, jobs=args.jobs, data_dir=args.data_dir, device=args.device, log=log
+        spec, out, seeds=args.seeds, backend=backend, data_dir=args.data_dir, device=args.device, log=log
     )
     if not result.complete:
         left = sum(o.status not in ("done", "trained") for o in result.outcomes)

@@ -69,3 +69,22 @@ def split_index(text: str) -> tuple[str, int]:
     if not sep or not split or not (index.isascii() and index.isdigit()):
         raise argparse.ArgumentTypeError(f"expected SPLIT:INDEX, e.g. test:5, got {text!r}")
     return split, int(index)
+
+
+def add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    """--backend and --address: where a sweep's runs train (`attnlab.studies.backends.make_backend`)."""
+    p.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        metavar="local|ray",
+        help="where the runs train: local (this machine, default) or ray (a Ray cluster: every run a task, "
+        "retried from its last checkpoint where its worker dies; needs the ray extra and folders every "
+        "machine sees at the same path)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --backend ray: the cluster's head, e.g. 10.0.0.1:6379 (`ray start --head` prints it) or auto; "
+        "default: a new Ray instance on this machine",
+    )

@@ -1,10 +1,11 @@
-"""attnlab scale [--data FILE] [--sizes LxC,...] [--tokens N] [--set key=value ...] [--out DIR] [--jobs J]"""
+"""attnlab scale [--data FILE] [--sizes LxC,...] [--tokens N] [--set key=value ...] [--out DIR]
+[--jobs J | --backend ray [--address ADDR]]"""
 
 import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
-from attnlab.cli.arguments import add_device_argument, add_json_argument
+from attnlab.cli.arguments import add_backend_arguments, add_device_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="J",
         help="train J sizes at once, in J processes with cores/J torch threads each (default 1)",
     )
+    add_backend_arguments(p)
     add_device_argument(p, sets_config=True)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_json_argument(p, "the fits and frontier")
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from attnlab.config import flatten, parse_overrides
+    from attnlab.studies.backends import make_backend
     from attnlab.studies.scaling import (
         DEFAULT_SIZES,
         DEFAULT_TOKENS,
@@ -65,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
         run_scale,
     )
 
+    backend = make_backend(args.backend, jobs=args.jobs, address=args.address)
     sizes = parse_sizes(args.sizes or DEFAULT_SIZES)
     tokens = args.tokens or DEFAULT_TOKENS
     overrides = flatten(parse_overrides(args.overrides))
     log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = run_scale(
-        sizes, tokens, args.out, data=args.data, overrides=overrides, jobs=args.jobs, device=args.device, log=log
+        sizes, tokens, args.out, data=args.data, overrides=overrides, backend=backend, device=args.device, log=log
     )
     if not result.complete:
         left = sum(o.status not in ("done", "trained") for o in result.outcomes)

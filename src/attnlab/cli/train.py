@@ -1,4 +1,5 @@
-"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N [--strategy S]] [--seeds N]
+"""attnlab train PRESET_OR_TOML [--set key=value ...] [--out DIR] [--resume] [--nproc N [--strategy S]]
+[--seeds N [--backend ray [--address ADDR]]]
 
 Calls `attnlab.train.train` on the config `attnlab.train.resolve` builds (--seeds: once per seed)."""
 
@@ -9,7 +10,12 @@ import textwrap
 from pathlib import Path
 
 from attnlab.cli import check_overrides, positive_int
-from attnlab.cli.arguments import add_data_dir_argument, add_device_argument, add_json_argument
+from attnlab.cli.arguments import (
+    add_backend_arguments,
+    add_data_dir_argument,
+    add_device_argument,
+    add_json_argument,
+)
 from attnlab.config import presets
 from attnlab.names import OLD_TASKS, TASK_KINDS
 
@@ -84,7 +90,8 @@ def _add_seeds_arguments(p: argparse.ArgumentParser) -> None:
         "--seeds",
         type=positive_int,
         metavar="N",
-        help="train N runs with seeds train.seed, train.seed+1, ... into OUT/seed-S, one after another, and print "
+        help="train N runs with seeds train.seed, train.seed+1, ... into OUT/seed-S (one after another, or at once "
+        "with --backend ray), and print "
         "the mean ± sd of their scores (the best validation score, and each run's best weights on --eval-split)",
     )
     p.add_argument(
@@ -93,6 +100,7 @@ def _add_seeds_arguments(p: argparse.ArgumentParser) -> None:
         help="with --seeds: the split each run's best weights are evaluated on (default: the task's reported "
         "split, test for node classification; none for the others)",
     )
+    add_backend_arguments(p)  # with --seeds: the seeds' runs as a sweep (on Ray, all at once)
 
 
 def check(args: argparse.Namespace) -> None:
@@ -154,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else _default_out(args.config, name)
     if args.eval_split and args.seeds is None:
         raise UserError("--eval-split goes with --seeds; evaluate a single run with `attnlab eval RUN --split SPLIT`")
+    if (args.backend != "local" or args.address is not None) and args.seeds is None:
+        raise UserError("--backend and --address go with --seeds (the runs of a series); a single run trains here")
     if args.seeds is not None:
         if args.nproc is not None:
             raise UserError("--seeds trains its runs one after another in this process; drop --nproc")
@@ -219,9 +229,17 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
 
     task = TASKS[config.task]
     split = args.eval_split or getattr(task, "report_split", None)
-    with StopRequest() as stop:
-        progress = not args.quiet and not args.json
-        runs = train_seeds(config, out, args.seeds, split=split, resume=args.resume, progress=progress, stop=stop)
+    if args.backend != "local" or args.address is not None:  # (make_backend refuses --address without ray)
+        from attnlab.studies.backends import make_backend
+        from attnlab.studies.seeds import train_seeds_on
+
+        backend = make_backend(args.backend, address=args.address)
+        log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+        runs = train_seeds_on(backend, config, out, args.seeds, split=split, resume=args.resume, log=log)
+    else:
+        with StopRequest() as stop:
+            progress = not args.quiet and not args.json
+            runs = train_seeds(config, out, args.seeds, split=split, resume=args.resume, progress=progress, stop=stop)
     # One score per run: the best validation score (the task's selection metric) and each number
     # the evaluation on the split returned (its accuracy, its loss, ...).
     selection = task.selection[0] if task.selection is not None else None
@@ -284,6 +302,8 @@ def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None
             words += ["--strategy", args.strategy]
     if args.seeds is not None:
         words += ["--seeds", str(args.seeds)]
+    if getattr(args, "backend", "local") != "local":
+        words += ["--backend", args.backend] + (["--address", args.address] if args.address else [])
     if args.eval_split:
         words += ["--eval-split", args.eval_split]
     return shlex.join([*words, "--out", str(out), "--resume"])

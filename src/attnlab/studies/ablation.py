@@ -36,6 +36,7 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.fileio import atomic_write_text
 from attnlab.studies.measure import measure_run
 from attnlab.studies.sweep import (
+    Backend,
     PlannedRun,
     RunOutcome,
     eval_rows,
@@ -292,15 +293,17 @@ def run_ablation(
     *,
     seeds: int | None = None,
     jobs: int = 1,
+    backend: Backend | None = None,
     data_dir: str | None = None,
     device: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> AblationResult:
     """Train (or finish) every run of the study, then summarise it and write OUT/ablation.csv.
-    When a signal stopped the runs, the result has no rows and nothing is summarised."""
+    When a signal stopped the runs, the result has no rows and nothing is summarised. backend: where
+    the runs train (`studies.sweep.run_all`; default this machine, `jobs` at a time)."""
     out = Path(out)
     runs = plan(spec, out, seeds=seeds, data_dir=data_dir, device=device)
-    outcomes = run_all(runs, jobs=jobs, log=log)
+    outcomes = run_all(runs, jobs=jobs, backend=backend, log=log)
     result = AblationResult([], {}, outcomes, runs[0].config.train.max_iters, _tokens_per_step(runs[0].config))
     if not result.complete:
         return result

@@ -38,6 +38,7 @@ from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
 from attnlab.studies.measure import measure_run, non_embedding_parameters
 from attnlab.studies.sweep import (
+    Backend,
     PlannedRun,
     RunOutcome,
     eval_rows,
@@ -325,17 +326,19 @@ def run_scale(
     data: str = "",
     overrides: Mapping[str, Any] | None = None,
     jobs: int = 1,
+    backend: Backend | None = None,
     device: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ScaleResult:
     """Train (or finish) the ladder, evaluate every size on the validation split, fit both laws,
     find the frontier, and write OUT/scale.csv and OUT/scale_fit.json. A ladder stopped by a
-    signal returns without rows."""
+    signal returns without rows. backend: where the runs train (`studies.sweep.run_all`; default
+    this machine, `jobs` at a time)."""
     out = Path(out)
     runs = plan(sizes, tokens, out, data=data, overrides=overrides, device=device)
     # The largest first: with several jobs, the smaller runs fill the other processes meanwhile.
     by_cost = sorted(runs, key=lambda r: non_embedding_count(r.config.model), reverse=True)
-    done = {o.name: o for o in run_all(by_cost, jobs=jobs, log=log)}
+    done = {o.name: o for o in run_all(by_cost, jobs=jobs, backend=backend, log=log)}
     outcomes = [done[r.name] for r in runs]
     result = ScaleResult([], [], [], {}, outcomes)
     if not result.complete:

@@ -8,17 +8,19 @@ Each run gets its own folder, `OUT/seed-S`, with seeds `train.seed`, `train.seed
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnlab.checkpoints import CONFIG
+from attnlab.config import flatten
 from attnlab.device import resolve_device
+from attnlab.studies.sweep import Backend, PlannedRun, RunOutcome, check_writable, summary_line, train_rows
 from attnlab.train.config import RunConfig
 from attnlab.train.evaluate import evaluate_run
 from attnlab.train.signals import StopRequest
-from attnlab.train.trainer import TrainResult, train
+from attnlab.train.trainer import TrainResult, check_run_dir, train
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,50 @@ def train_seeds(
         if result.stopped_by is not None:
             break
     return runs
+
+
+def train_seeds_on(
+    backend: Backend,
+    config: RunConfig,
+    out: str | Path,
+    n_seeds: int,
+    *,
+    split: str | None = None,
+    resume: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> list[SeedRun]:
+    """`train_seeds` with the runs on `backend` (e.g. `studies.backends.RayBackend`: every seed at
+    once where the cluster has room), into the same folders with the same results; each run's best
+    weights are then evaluated here on `split` when given. A stop request ends the series: the runs
+    up to the first one it stopped are returned, that one with `stopped_by` set."""
+    if n_seeds < 1:
+        raise ValueError(f"n_seeds must be >= 1, got {n_seeds}")
+    runs = []
+    for k in range(n_seeds):
+        seed = config.train.seed + k
+        seeded = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
+        run_dir = seed_folder(Path(out), seed)
+        if not (resume and (run_dir / CONFIG).exists()):
+            check_run_dir(run_dir, resume=False)
+        runs.append(PlannedRun(run_dir.name, run_dir, seeded, flatten(seeded.to_doc())))
+    check_writable([run.folder for run in runs])
+    say = log or (lambda line: None)
+    outcomes = backend.run(runs, say)
+    say(summary_line([outcomes.get(run.name, RunOutcome(run.name, "pending")) for run in runs]))
+    device = resolve_device(config.train.device)
+    done = []
+    for run in runs:
+        outcome = outcomes.get(run.name)
+        if outcome is None or outcome.result is None:  # stopped, or never started
+            step = outcome.step if outcome is not None else 0
+            logged = train_rows(run.folder) if (run.folder / "metrics.csv").exists() else []
+            elapsed = logged[-1].get("elapsed_sec", 0.0) if logged else 0.0  # up to its last log line
+            stopped = TrainResult(run.folder, step, {}, None, elapsed, math.nan, stopped_by="a stop request")
+            done.append(SeedRun(run.config.train.seed, stopped, {}))
+            break
+        evaluation = evaluate_run(run.folder, split, device=device)[1] if split else {}
+        done.append(SeedRun(run.config.train.seed, outcome.result, evaluation))
+    return done
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:

@@ -10,6 +10,10 @@ side finish sooner than the same two runs in a row with two threads each.
 A run's folder also gets `train.log` (what the trainer reports as it goes) and the study reads its
 `metrics.csv` afterwards (`eval_rows`, `train_rows`). SIGINT or SIGTERM: the runs in flight
 finish their step, save a checkpoint and stop, no new run starts, and the same command continues.
+
+Where the runs train is a `Backend`: `LocalBackend` (this machine: in this process, or a pool of
+worker processes) is the default; `attnlab.studies.backends.RayBackend` sends each run to a Ray
+cluster. A run does not know where it trains: the same `PlannedRun`, the same folder, the same losses.
 """
 
 import contextlib
@@ -17,12 +21,13 @@ import csv
 import math
 import multiprocessing
 import signal
+import tempfile
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,7 +39,7 @@ from attnlab.tasks import TASKS
 from attnlab.train.config import RunConfig, read_config
 from attnlab.train.load import load_run
 from attnlab.train.signals import StopRequest
-from attnlab.train.trainer import train
+from attnlab.train.trainer import TrainResult, train
 
 LOG = "train.log"
 NEW, PARTIAL, DONE = "new", "partial", "done"
@@ -63,6 +68,44 @@ class RunOutcome:
     status: str
     step: int = 0
     elapsed_sec: float = math.nan
+    result: TrainResult | None = None
+    """The trainer's result where the run trained in this call ("trained", "stopped")."""
+
+
+class Backend(Protocol):
+    """Where a sweep's runs train. `run` trains or continues every run of `todo` (none of them
+    finished) and returns an outcome per run it got to, by name; it calls `say` with one line as each
+    run starts and ends. A signal stops it: the runs keep their last checkpoint, and the ones it did
+    not get to are left out."""
+
+    def run(self, todo: Sequence[PlannedRun], say: Callable[[str], None]) -> dict[str, RunOutcome]: ...
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    """This machine: `jobs` = 1 trains the runs one after another in this process, with its torch
+    threads as they are; more start that many worker processes (spawned, so a script that uses them
+    needs Python's `if __name__ == "__main__":` guard), each with `threads_per_job(jobs)` threads."""
+
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+
+    def run(self, todo: Sequence[PlannedRun], say: Callable[[str], None]) -> dict[str, RunOutcome]:
+        """See `Backend.run`."""
+        if self.jobs > 1:
+            return _run_in_workers(list(todo), self.jobs, say)
+        outcomes = {}
+        with StopRequest() as stop:
+            for i, run in enumerate(todo):
+                if stop.signal_name is not None:
+                    break
+                say(start_line(run, i, len(todo)))
+                outcomes[run.name] = train_one(run, stop)
+                say(end_line(outcomes[run.name]))
+        return outcomes
 
 
 def run_status(run: PlannedRun) -> str:
@@ -98,16 +141,22 @@ def threads_per_job(jobs: int) -> int:
     return max(1, torch.get_num_threads() // jobs)
 
 
-def run_all(runs: Sequence[PlannedRun], *, jobs: int = 1, log: Callable[[str], None] | None = None) -> list[RunOutcome]:
-    """Train every run of `runs` that is not finished, `jobs` at a time; one outcome per run, in order.
+def run_all(
+    runs: Sequence[PlannedRun],
+    *,
+    jobs: int = 1,
+    backend: Backend | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[RunOutcome]:
+    """Train every run of `runs` that is not finished, on `backend` (default: `LocalBackend(jobs)`,
+    this machine, `jobs` at a time); one outcome per run, in order.
 
-    jobs = 1 trains in this process with its torch threads as they are; more start that many
-    worker processes (spawned, so a script that calls this needs Python's `if __name__ ==
-    "__main__":` guard), each with `threads_per_job(jobs)` threads. `log` gets one line as each
-    run starts and ends."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    Before any run starts, each folder is checked: a run trained with other settings, or a place
+    that cannot be written, is a `UserError` and nothing is written. `log` gets one line as each run
+    starts and ends, and a summary at the end."""
+    backend = backend if backend is not None else LocalBackend(jobs)
     say = log or (lambda line: None)
+    check_writable([run.folder for run in runs])
     outcomes: dict[str, RunOutcome] = {}
     todo = []
     for run in runs:
@@ -118,17 +167,47 @@ def run_all(runs: Sequence[PlannedRun], *, jobs: int = 1, log: Callable[[str], N
             todo.append(run)
     if outcomes:
         say(f"{len(outcomes)} of {len(runs)} runs finished already; {len(todo)} to train")
-    if todo and jobs == 1:
-        with StopRequest() as stop:
-            for i, run in enumerate(todo):
-                if stop.signal_name is not None:
-                    break
-                say(_start_line(run, i, len(todo)))
-                outcomes[run.name] = _train_one(run, stop)
-                say(_end_line(outcomes[run.name]))
-    elif todo:
-        outcomes.update(_run_in_workers(todo, jobs, say))
-    return [outcomes.get(run.name, RunOutcome(run.name, "pending")) for run in runs]
+    if todo:
+        outcomes.update(backend.run(todo, say))
+    ordered = [outcomes.get(run.name, RunOutcome(run.name, "pending")) for run in runs]
+    say(summary_line(ordered))
+    return ordered
+
+
+def check_writable(folders: Sequence[Path]) -> None:
+    """A `UserError` unless every folder of `folders` exists as a writable folder or can be made
+    one: its nearest existing parent is a folder where a file can be created (tried, and removed).
+    Nothing is left behind either way."""
+    tried = set()
+    for folder in folders:
+        place = Path(folder).absolute()
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        if place in tried:
+            continue
+        tried.add(place)
+        if not place.is_dir():
+            raise UserError(
+                f"cannot write the results to {folder}: {place} is a file, not a folder; choose another --out"
+            )
+        try:
+            with tempfile.TemporaryFile(dir=place):
+                pass
+        except OSError as e:
+            raise UserError(
+                f"cannot write the results to {folder}: {place} is not writable ({e.strerror}); choose another --out"
+            ) from None
+
+
+def summary_line(outcomes: Sequence[RunOutcome]) -> str:
+    """One line for a whole sweep, e.g. '4 runs: 3 trained now, 1 finished before (12.5 s of training)'."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    words = {"trained": "trained now", DONE: "finished before", "stopped": "stopped (checkpoint saved)"}
+    parts = [f"{n} {words.get(status, status)}" for status, n in counts.items()]
+    seconds = [o.elapsed_sec for o in outcomes if o.status == "trained" and not math.isnan(o.elapsed_sec)]
+    return f"{len(outcomes)} runs: {', '.join(parts)}" + (f" ({sum(seconds):.1f} s of training)" if seconds else "")
 
 
 def _run_in_workers(todo: list[PlannedRun], jobs: int, say: Callable[[str], None]) -> dict[str, RunOutcome]:
@@ -147,13 +226,13 @@ def _run_in_workers(todo: list[PlannedRun], jobs: int, say: Callable[[str], None
                     queue.clear()
                 while queue and len(running) < jobs:
                     i, run = queue.popleft()
-                    say(_start_line(run, i, len(todo)))
+                    say(start_line(run, i, len(todo)))
                     running[pool.submit(_train_in_worker, run)] = run
                 finished, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
                     outcomes[run.name] = future.result()
-                    say(_end_line(outcomes[run.name]))
+                    say(end_line(outcomes[run.name]))
     except BaseException:
         stop_all.set()  # a failed run (or a second Ctrl-C): the others save and stop, then it is raised
         raise
@@ -187,26 +266,28 @@ def _start_worker(threads: int, stop_all: Any) -> None:
 
 
 def _train_in_worker(run: PlannedRun) -> RunOutcome:
-    return _train_one(run, _SharedStop(_WORKER_STOP))
+    return train_one(run, _SharedStop(_WORKER_STOP))
 
 
-def _train_one(run: PlannedRun, stop: Any) -> RunOutcome:
+def train_one(run: PlannedRun, stop: Any) -> RunOutcome:
     """Train or continue one run; the trainer's messages go to the folder's train.log."""
     resume = (run.folder / CONFIG).exists()
     run.folder.mkdir(parents=True, exist_ok=True)
     with open(run.folder / LOG, "a", encoding="utf-8") as f, contextlib.redirect_stderr(f):
         result = train(run.config, run.folder, resume=resume, progress=False, stop=stop)
     status = "stopped" if result.stopped_by is not None else "trained"
-    return RunOutcome(run.name, status, result.step, result.elapsed_sec)
+    return RunOutcome(run.name, status, result.step, result.elapsed_sec, result)
 
 
-def _start_line(run: PlannedRun, i: int, n: int) -> str:
+def start_line(run: PlannedRun, i: int, n: int) -> str:
+    """'[i+1/n] NAME: starting (S steps)', or 'continuing at step K' where it has a checkpoint."""
     step = latest_checkpoint(run.folder).step if has_checkpoint(run.folder) else 0
     how = f"continuing at step {step}" if step else "starting"
     return f"[{i + 1}/{n}] {run.name}: {how} ({run.config.train.max_iters} steps)"
 
 
-def _end_line(outcome: RunOutcome) -> str:
+def end_line(outcome: RunOutcome) -> str:
+    """The line a sweep prints as a run ends: its steps and training time, or where it stopped."""
     if outcome.status == "stopped":
         return f"{outcome.name}: stopped at step {outcome.step}, checkpoint saved"
     return f"{outcome.name}: {outcome.step} steps in {outcome.elapsed_sec:.1f} s of training"
