@@ -245,16 +245,19 @@ class RollingKVCache(KVCache):
             self.k.index_copy_(2, slots, k)
             self.v.index_copy_(2, slots, v)
 
-    def visible(self, positions: int | torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def visible(self, positions: int | torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The positions of the keys `update(positions, k, v)` returns for t new keys, `(Tk,)` long
         or `(B, Tk)` for per-row positions (negative: not reached), and which of them each query
-        sees: bool `(Tq, Tk)` or `(B, 1, Tq, Tk)`, the causal window (`window_rule`)."""
+        sees: bool `(Tq, Tk)` or `(B, 1, Tq, Tk)`, the causal window (`window_rule`); None where it
+        sees them all (one new position on the growing path, which returns the filled slots)."""
         device = self.k.device
         n = self._slots_read(positions, t)
         queries = torch.arange(positions, positions + t, device=device) if isinstance(positions, int) else positions
         newest = queries[..., :1] - (0 if t == 1 else 1)  # the newest position the returned slots hold
         slots = torch.arange(n, device=device)
         held = newest - torch.remainder(newest - slots, self.window)  # (Tk,) or (B, Tk)
+        if t == 1 and isinstance(positions, int):
+            return held, None
         keys = held if t == 1 else torch.cat([held, queries], dim=-1)
         k_pos = keys[..., None, :]  # (1, Tk) or (B, 1, Tk)
         sees = window_rule(queries[..., :, None], k_pos, self.window, causal=True) & (k_pos >= 0)
@@ -446,7 +449,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"a rolling cache of {cache.window} slots serves window attention that wide alone")
             k_pos, sees = cache.visible(where, k.size(2))
             k, v = cache.update(where, k, v)
-            return k, v, (sees if mask is None else mask & sees), False, k_pos
+            return k, v, (mask if sees is None else sees if mask is None else mask & sees), False, k_pos
         k, v = cache.update(where, k, v)
         if positions is None:
             return k, v, mask, causal, None
