@@ -52,8 +52,8 @@ def segments(model: GPT, tokens: int, every: int) -> list[dict]:
     stream = generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), tokens, greedy_picker())
     for n, _ in enumerate(stream, start=1):
         if n % every == 0:
-            now = time.perf_counter()
-            rows.append({"tokens": n, "ms_per_token": round(1e3 * (now - start) / every, 4), "rss_mib": round(rss_mib(), 1)})
+            ms = 1e3 * (time.perf_counter() - start) / every
+            rows.append({"tokens": n, "ms_per_token": round(ms, 4), "rss_mib": round(rss_mib(), 1)})
             start = time.perf_counter()
     return rows
 
