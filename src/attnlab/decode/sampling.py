@@ -345,7 +345,8 @@ def generate_tokens(
         yield token
         if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             return  # no forward for logits nobody reads
-        new.append(token)
+        if cache is None or not rolls:  # kept for recomputing; a rolling cache never needs them
+            new.append(token)
         if cache is not None and (filled < block or rolls):
             # A fused step is plain C++ over the weights: no autograd, no dropout to switch off.
             with contextlib.nullcontext() if step.fused_step is not None else _eval_mode(model):
