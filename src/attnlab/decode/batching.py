@@ -26,7 +26,9 @@ it would get decoded alone: the prompt's last block_size tokens are prefilled, a
 fills block_size positions its window slides, its next tokens predicted from its last block_size
 tokens recomputed in full (those sequences leave the cache and are batched among themselves;
 with the fused step, their windows are prefilled afresh at each step into the rows no sequence
-holds).
+holds). A window-attention model whose positions are offsets inside attention (rope, alibi) needs
+no recomputation: its cache rows are rings of the window's keys (`attnlab.nn.RollingKVCache`),
+its whole prompts are prefilled, and its sequences stay in their rows however long they grow.
 """
 
 import torch
@@ -52,8 +54,8 @@ class Batcher:
     """
 
     def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
-        self.scheduler = Scheduler(max_batch, model.config.block_size, self._move_row)
         self.runner = Runner(model, max_batch, fused=fused)
+        self.scheduler = Scheduler(max_batch, model.config.block_size, self._move_row, rolls=self.runner.rolls)
 
     def _move_row(self, from_row: int, to_row: int, slots: int) -> None:
         self.runner.move_row(from_row, to_row, slots)

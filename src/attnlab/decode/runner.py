@@ -12,6 +12,11 @@ whose positions cannot differ by row) and returns next-token logits, a row per s
   step, one C++ call (`FusedStep.rows`) instead of ~100 PyTorch operators;
 - `recompute`: sliding windows read in full (with the fused step, prefilled afresh into the rows
   no sequence holds).
+
+A window-attention GPT's cache is a ring of the window's keys a row (`RollingKVCache`): its rows
+take per-row positions like full attention's, its prompts are prefilled by equal lengths (a pad
+would take the slot of a prompt key) and, where its positions are offsets inside attention
+(`rolls`), whole and block_size tokens at a time, its sequences never sliding.
 """
 
 import torch
@@ -19,14 +24,15 @@ from torch import nn
 
 from attnlab.accel import for_decoding
 from attnlab.accel.fused import gpt_step as fused_step
-from attnlab.decode.sampling import _eval_mode
-from attnlab.nn.attention import MultiHeadAttention
+from attnlab.decode.sampling import _eval_mode, rolls_past_block
+from attnlab.nn.attention import MultiHeadAttention, RollingKVCache
 
 
-def takes_row_positions(model: nn.Module) -> bool:
-    """Whether every attention layer of the model accepts per-row positions `(B, T)`."""
+def takes_row_positions(model: nn.Module, ring: bool = False) -> bool:
+    """Whether every attention layer of the model accepts per-row positions `(B, T)`; `ring`: over
+    rolling caches, which mask a window pattern row by row."""
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    return all(m.pattern is None and (m.positions is None or m.positions.row_positions) for m in layers)
+    return all((m.pattern is None or ring) and (m.positions is None or m.positions.row_positions) for m in layers)
 
 
 class Runner:
@@ -40,8 +46,10 @@ class Runner:
     def __init__(self, model: nn.Module, rows: int, *, fused: bool = False) -> None:
         self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.block = model.config.block_size
-        self.row_positions = takes_row_positions(model)  # else the cached rows step one at a time
         self.cache = model.new_cache(rows, self.block)
+        self.ring = isinstance(self.cache[0], RollingKVCache)
+        self.rolls = self.ring and rolls_past_block(model)  # whole prompts, and no window slides
+        self.row_positions = takes_row_positions(model, self.ring)  # else the cached rows step one at a time
         self.fused = fused_step(model, self.cache) if fused else None
         self.device = self.cache[0].k.device
 
@@ -49,14 +57,16 @@ class Runner:
     def prefill_mode(self) -> str:
         """How several prompts share a prefill (`scheduler.PREFILL_MODES`): any lengths in one C++
         call; similar lengths in one padded forward; or, for models whose positions cannot differ
-        by row, one at a time."""
+        by row, one at a time; over a ring, equal lengths in one forward."""
         if self.fused is not None:
             return "unpadded"
+        if self.ring:
+            return "equal"
         return "padded" if self.row_positions else "alone"
 
     def prefill(self, windows: list[list[int]], first_row: int) -> torch.Tensor:
-        """Write windows (token ids, at most block_size each; longest first unless `prefill_mode` is
-        "unpadded") into rows first_row, first_row + 1, …, window i's tokens at positions
+        """Write windows (token ids, at most block_size each unless the cache rolls; longest first
+        unless `prefill_mode` is "unpadded") into rows first_row, first_row + 1, …, window i's tokens at positions
         0 … len − 1. Returns the next-token logits after each window's last token `(G, V)`."""
         with _eval_mode(self.model):
             if self.fused is not None:
@@ -73,8 +83,10 @@ class Runner:
         t = len(windows[0])
         views = [layer.view_rows(slice(first, first + len(windows))) for layer in self.cache]
         idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
-        if len(windows) == 1:
-            return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
+        if len(windows) == 1 or self.ring:  # one length: the growing path, block_size tokens a forward
+            for start in range(0, t, self.block):
+                logits = self.model(idx[:, start : start + self.block], cache=views, last_only=True)
+            return logits[:, -1]  # (G, V)
         order = [list(range(len(w), t)) + list(range(len(w))) for w in windows]
         positions = torch.tensor(order, dtype=torch.long, device=self.device)  # (G, T)
         return self.model(idx, cache=views, positions=positions, last_only=True)[:, -1]  # (G, V)
@@ -119,10 +131,12 @@ class Runner:
             return self.model(idx)[0]
 
     def move_row(self, from_row: int, to_row: int, slots: int) -> None:
-        """Copy the first `slots` slots of every layer's cache row from_row into row to_row."""
+        """Copy the first `slots` slots of every layer's cache row from_row into row to_row (a ring
+        holds positions past its slots in the same slots: all of them, then)."""
         for layer in self.cache:
+            n = min(slots, layer.max_len)
             layer.view_rows(slice(to_row, to_row + 1)).update(
-                0, layer.k[from_row : from_row + 1, :, :slots], layer.v[from_row : from_row + 1, :, :slots]
+                0, layer.k[from_row : from_row + 1, :, :n], layer.v[from_row : from_row + 1, :, :n]
             )
 
 

@@ -7,7 +7,9 @@ steps (`compile=True`) have the same shapes every time: they write at a position
 and attend to the whole cache, masked up to their position, so they compile once. When the
 sequence outgrows the model's block_size the window slides: the next token is predicted from the
 last block_size tokens, recomputed in full (with absolute positions, every cached key would sit at
-the wrong position after a shift).
+the wrong position after a shift). A window-attention model whose positions are offsets inside
+attention (`rolls_past_block`) needs no shift: its cache is a ring of the window's keys, and it
+reads the whole prompt and goes on past block_size in the cache.
 
 The model interface: `model(idx, cache=..., positions=..., last_only=True) -> logits (B, 1, V)`,
 `model.new_cache(batch_size, max_len)`, `model.config.block_size`.
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from attnlab.accel import for_decoding
+from attnlab.nn.positions import NoPositions
 
 Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B,)
 
@@ -240,12 +243,18 @@ class _Step:
         self.fused = fused  # still to be made: at the first step, in eval mode
         self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None  # if the model qualifies
 
-    def prefill(self, prompt: torch.Tensor, cache: list) -> torch.Tensor:
-        """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache."""
-        if self.compile:  # the static path: positions as a tensor, the whole cache attended
-            positions = torch.arange(prompt.size(1), device=prompt.device)
-            return self.model(prompt, cache=cache, positions=positions, last_only=True)
-        return self.model(prompt, cache=cache, last_only=True)
+    def prefill(self, prompt: torch.Tensor, cache: list, chunk: int) -> torch.Tensor:
+        """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache,
+        `chunk` tokens at a time (a rolling cache takes a prompt of any length, each chunk
+        attending to the ring and itself)."""
+        for start in range(0, prompt.size(1), chunk):
+            part = prompt[:, start : start + chunk]
+            if self.compile:  # the static path: positions as a tensor, the whole cache attended
+                positions = torch.arange(start, start + part.size(1), device=prompt.device)
+                logits = self.model(part, cache=cache, positions=positions, last_only=True)
+            else:
+                logits = self.model(part, cache=cache, last_only=True)
+        return logits
 
     def __call__(self, token: torch.Tensor, cache: list, position: int) -> torch.Tensor:
         if self.compile:
@@ -272,6 +281,19 @@ class _Step:
         # Eagerly, attending to the filled slots alone costs less than the static path's mask
         # over the whole buffer, and shapes that change every step cost nothing.
         return self.model(token, cache=cache, last_only=True)
+
+
+def rolls_past_block(model: nn.Module) -> bool:
+    """Whether decoding reads the whole sequence, past block_size, with no recomputation: a GPT
+    with window attention (whose cache is a ring, `attnlab.nn.RollingKVCache`) that adds no
+    position at its input (its positions are offsets inside attention: rope, alibi, relative; or
+    none), so that no cached key changes meaning as the sequence grows. With learned or other
+    absolute positions the window slides instead: the last block_size tokens, recomputed."""
+    return (
+        getattr(model.config, "attention", None) == "window"
+        and isinstance(getattr(model, "positions", None), NoPositions)
+        and getattr(model, "step_signal", None) is None
+    )
 
 
 def generate_tokens(
@@ -304,12 +326,13 @@ def generate_tokens(
     # generator, suspended in between, exits its context out of order).
     new: list[torch.Tensor] = []  # the generated tokens (B,); the whole sequence only when the window slides
     step = _Step(model, compile and use_cache, fused and use_cache)
+    rolls = rolls_past_block(model)
     with _eval_mode(model):
-        prompt = idx[:, -block:]
-        filled = prompt.size(1)  # cache slots written so far
+        prompt = idx if rolls else idx[:, -block:]
+        filled = prompt.size(1)  # positions written to the cache so far
         if use_cache:
             cache = model.new_cache(idx.size(0), block)
-            logits = step.prefill(prompt, cache)
+            logits = step.prefill(prompt, cache, block)
         else:
             cache = None
             logits = model(prompt, last_only=True)
@@ -322,8 +345,9 @@ def generate_tokens(
         yield token
         if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             return  # no forward for logits nobody reads
-        new.append(token)
-        if cache is not None and filled < block:
+        if cache is None or not rolls:  # kept for recomputing; a rolling cache never needs them
+            new.append(token)
+        if cache is not None and (filled < block or rolls):
             # A fused step is plain C++ over the weights: no autograd, no dropout to switch off.
             with contextlib.nullcontext() if step.fused_step is not None else _eval_mode(model):
                 logits = step(token[:, None], cache, filled)
@@ -332,7 +356,7 @@ def generate_tokens(
             cache = None  # the window slides from here on
             seq = torch.cat([idx, torch.stack(new, dim=1)], dim=1)
             with _eval_mode(model):
-                logits = model(seq[:, -block:], last_only=True)
+                logits = model(seq if rolls else seq[:, -block:], last_only=True)
 
 
 def _collect(idx: torch.Tensor, tokens: Iterator[torch.Tensor]) -> torch.Tensor:

@@ -4,7 +4,9 @@ The scheduler knows no model and no tensor (vLLM keeps its scheduler apart from 
 in the same way; `attnlab.decode.runner` runs the steps). It holds the sequences being decoded:
 those in the cache, `cached[i]` owning row i, so that the rows in use are always 0 … A−1; and
 those whose window slides (`windowed`), which have filled block_size positions and are recomputed
-in full at each step. It groups the prompts that join together for prefilling, places them in
+in full at each step, unless the model's cache rolls (`rolls`: window attention with positions
+inside attention, `attnlab.decode.sampling.rolls_past_block`), where nothing slides and a
+sequence stays in its row however long it grows. It groups the prompts that join together for prefilling, places them in
 the next free rows, records each new token and lets finished sequences leave: the last row's
 sequence then moves into the row set free, and the scheduler asks its `move_row` to copy the
 cache row over.
@@ -17,9 +19,11 @@ from attnlab.decode.sampling import Penalties, Picker, TokenScore
 
 PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see `Scheduler.prefill_groups`)
 
-PREFILL_MODES = ("unpadded", "padded", "alone")
+PREFILL_MODES = ("unpadded", "padded", "equal", "alone")
 """How a runner prefills several prompts: all in one call whatever their lengths ("unpadded"), those
-of similar lengths in one call, padded to the longest ("padded"), or one prompt per call ("alone")."""
+of similar lengths in one call, padded to the longest ("padded"), those of the same length in one
+call ("equal": a rolling cache, where a pad would take a prompt key's slot), or one prompt per call
+("alone")."""
 
 RowMove = Callable[[int, int, int], None]
 """move_row(from_row, to_row, slots): copy the first `slots` cache slots of one row into another."""
@@ -58,12 +62,13 @@ class Scheduler:
     a sequence changes rows.
     """
 
-    def __init__(self, max_batch: int, block: int, move_row: RowMove) -> None:
+    def __init__(self, max_batch: int, block: int, move_row: RowMove, *, rolls: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.block = block
         self.move_row = move_row
+        self.rolls = rolls  # the cache rolls: whole prompts are read and no window slides
         self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
         self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
 
@@ -89,12 +94,15 @@ class Scheduler:
         return [s for s in seqs if not s.done]
 
     def window(self, seq: Sequence) -> list[int]:
-        """The tokens the model reads for seq's next token: its last block_size tokens."""
-        return (seq.prompt + seq.tokens)[-self.block :]
+        """The tokens the model reads for seq's next token: its last block_size tokens (all of
+        them where the cache rolls)."""
+        tokens = seq.prompt + seq.tokens
+        return tokens if self.rolls else tokens[-self.block :]
 
     def window_length(self, seq: Sequence) -> int:
         """len(self.window(seq)), without making the window."""
-        return min(len(seq.prompt) + len(seq.tokens), self.block)
+        n = len(seq.prompt) + len(seq.tokens)
+        return n if self.rolls else min(n, self.block)
 
     def prefill_groups(self, seqs: list[Sequence], mode: str) -> list[list[Sequence]]:
         """The sequences grouped for prefilling in the runner's `mode` (`PREFILL_MODES`). Padded,
@@ -105,6 +113,11 @@ class Scheduler:
             return [seqs] if seqs else []
         if mode == "alone":
             return [[s] for s in seqs]
+        if mode == "equal":
+            by_length: dict[int, list[Sequence]] = {}
+            for seq in seqs:
+                by_length.setdefault(self.window_length(seq), []).append(seq)
+            return list(by_length.values())
         groups: list[list[Sequence]] = []
         for seq in sorted(seqs, key=lambda s: -self.window_length(s)):
             longest = self.window_length(groups[-1][0]) if groups else 0
@@ -122,8 +135,9 @@ class Scheduler:
         self.cached.extend(group)
 
     def slide_full(self) -> None:
-        """Move the cached sequences with no slot left for their next token to the sliding windows."""
-        for seq in [s for s in self.cached if s.filled >= self.block]:
+        """Move the cached sequences with no slot left for their next token to the sliding windows
+        (none where the cache rolls)."""
+        for seq in [s for s in self.cached if s.filled >= self.block and not self.rolls]:
             self.leave(seq)
             self.windowed.append(seq)
 

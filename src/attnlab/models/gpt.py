@@ -23,6 +23,7 @@ from attnlab.nn import (
     BlockOptions,
     EmbeddingOptions,
     KVCache,
+    RollingKVCache,
     StepSignal,
     TransformerBlock,
     build_any_norm,
@@ -177,10 +178,14 @@ class GPT(nn.Module):
         return n
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
-        """One preallocated KV cache per block, for incremental decoding up to `max_len` positions."""
+        """One preallocated KV cache per block, for incremental decoding up to `max_len` positions;
+        with window attention a ring of attention_window slots (`RollingKVCache`), whatever the length."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
         p = next(self.blocks.parameters())  # the model's device and dtype, whatever its head
+        if c.attention == "window":
+            kind = (c.kv_heads, c.attention_window, c.head_dim)
+            return [RollingKVCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]
         return [
             KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
             for _ in range(c.n_layers)

@@ -1,6 +1,6 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
-from attnlab.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from attnlab.nn.attention import KVCache, MultiHeadAttention, RollingKVCache, scaled_dot_product_attention
 from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.embeddings import (
     INPUT_EMBEDDINGS,
@@ -109,6 +109,7 @@ __all__ = [
     "DecoderBlock",
     "FeedForward",
     "KVCache",
+    "RollingKVCache",
     "LearnedPositions",
     "MultiHeadAttention",
     "NoPositions",

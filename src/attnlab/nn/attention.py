@@ -14,6 +14,7 @@ from torch import nn
 
 from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
+from attnlab.nn.sparse import window_rule
 from attnlab.nn.synthesizer import Synthesizer
 from attnlab.nn.variants import AttentionSpec
 
@@ -168,6 +169,111 @@ class KVCache:
         self.k, self.v = k, v
 
 
+class RollingKVCache(KVCache):
+    """The keys and values of one causal window-attention layer in a ring of `window` slots
+    (Mistral's rolling buffer cache, Jiang et al. 2023, §2): position p lives in slot p mod window.
+    Memory is O(window) and a step reads at most window keys, however long the sequence.
+
+    A query at position p sees the keys p − w + 1 … p (`attnlab.nn.sparse.window_rule`), exactly
+    those the ring holds once p is written, so the logits are those of a cache that keeps every
+    key, masked to the window. The slots do not store their positions: slot s holds
+    q − ((q − s) mod w), q the newest position written (`visible`); a negative one is a slot this
+    sequence has not reached (zeros, or an earlier sequence's leftovers in continuous batching).
+    `length` counts every position written, past the window too; `max_len` is the slots held
+    (the window, or fewer in a view).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_heads: int,
+        window: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__(batch_size, n_heads, window, head_dim, device=device, dtype=dtype)
+        self.window = window
+
+    def update(
+        self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v `(B, H, T, D)` at `positions` (as `KVCache.update`: an int p for p … p+T−1,
+        or a long tensor `(T,)` or `(B, T)`, consecutive in each row); return the keys and values
+        to attend to, whose positions and mask `visible` gives.
+
+        One new position (a decoding step) is written first and the ring returned: the slot it
+        takes held the position w before it, which no window reaches any more. Several (a prompt)
+        would overwrite keys that the earlier of them still see, so they get the ring as it was
+        followed by the new keys, `(B, H, slots + T, D)`, and only the last w are written."""
+        t = k.size(2)
+        if isinstance(positions, int):
+            self.length = positions + t
+        n = self._slots_read(positions, t)
+        if t == 1:
+            self._write(positions, k, v)
+            return self.k[:, :, :n], self.v[:, :, :n]
+        keys = torch.cat([self.k[:, :, :n], k.to(self.k.dtype)], dim=2)  # a copy: the ring may now change
+        values = torch.cat([self.v[:, :, :n], v.to(self.v.dtype)], dim=2)
+        self._write(positions, k, v)
+        return keys, values
+
+    def _slots_read(self, positions: int | torch.Tensor, t: int) -> int:
+        """How many slots `update` returns: all of them for tensor positions (static shapes); on
+        the growing path only those written so far, up to the newest position before the new keys
+        (or the new key itself, alone)."""
+        if not isinstance(positions, int):
+            return self.max_len
+        return min(positions + (1 if t == 1 else 0), self.max_len)
+
+    def _write(self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the last min(T, window) new keys and values into their slots (position mod window)."""
+        t, m = k.size(2), min(k.size(2), self.window)
+        k, v = k[:, :, t - m :].to(self.k.dtype), v[:, :, t - m :].to(self.v.dtype)
+        if isinstance(positions, int):  # two slices: up to the ring's end, then on from its start
+            start = (positions + t - m) % self.window
+            head = min(m, self.window - start)
+            self.k[:, :, start : start + head], self.v[:, :, start : start + head] = k[:, :, :head], v[:, :, :head]
+            self.k[:, :, : m - head], self.v[:, :, : m - head] = k[:, :, head:], v[:, :, head:]
+            return
+        slots = positions[..., -m:] % self.window  # (m,) or (B, m)
+        if slots.dim() == 2:
+            index = slots[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))  # (B, H, m, D)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
+        else:
+            self.k.index_copy_(2, slots, k)
+            self.v.index_copy_(2, slots, v)
+
+    def visible(self, positions: int | torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The positions of the keys `update(positions, k, v)` returns for t new keys, `(Tk,)` long
+        or `(B, Tk)` for per-row positions (negative: not reached), and which of them each query
+        sees: bool `(Tq, Tk)` or `(B, 1, Tq, Tk)`, the causal window (`window_rule`); None where it
+        sees them all (one new position on the growing path, which returns the filled slots)."""
+        device = self.k.device
+        n = self._slots_read(positions, t)
+        queries = torch.arange(positions, positions + t, device=device) if isinstance(positions, int) else positions
+        newest = queries[..., :1] - (0 if t == 1 else 1)  # the newest position the returned slots hold
+        slots = torch.arange(n, device=device)
+        held = newest - torch.remainder(newest - slots, self.window)  # (Tk,) or (B, Tk)
+        if t == 1 and isinstance(positions, int):
+            return held, None
+        keys = held if t == 1 else torch.cat([held, queries], dim=-1)
+        k_pos = keys[..., None, :]  # (1, Tk) or (B, 1, Tk)
+        sees = window_rule(queries[..., :, None], k_pos, self.window, causal=True) & (k_pos >= 0)
+        return keys, (sees[:, None] if sees.dim() == 3 else sees)
+
+    def view_rows(self, rows: slice, length: int | None = None) -> "RollingKVCache":
+        """`KVCache.view_rows`: the rows, and the first `length` slots (at most the ring's): while
+        no row has reached position `length`, the later slots hold nothing of theirs."""
+        length = self.max_len if length is None else min(length, self.max_len)
+        part = RollingKVCache.__new__(RollingKVCache)
+        part.k, part.v = self.k[rows, :, :length], self.v[rows, :, :length]
+        part.length, part._spare, part.window = 0, None, self.window
+        return part
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W_O, head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i).
 
@@ -277,7 +383,8 @@ class MultiHeadAttention(nn.Module):
         causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
             positions of the cached sequence.
         cache: keys and values of earlier positions; the new ones are written after them
-            (`KVCache.update` at `cache.length`).
+            (`KVCache.update` at `cache.length`). A `RollingKVCache` (window attention) holds the
+            last window positions alone and masks to the window itself.
         positions: with `cache`, the positions `(Tq,)` long of the queries in the cached sequence:
             keys and values are written there (`KVCache.update`) and each query attends to the whole
             preallocated cache up to its own position (static shapes; `causal` is then implied).
@@ -292,10 +399,11 @@ class MultiHeadAttention(nn.Module):
         # Only the caller's mask can leave a query with no key: the visibility and look-ahead
         # masks added below always keep each query's own position.
         may_empty_rows = mask is not None
+        k_pos = None  # the keys' positions, where they are not 0 … Tk − 1 (a rolling cache's ring)
         if cache is not None:
-            k, v, mask, causal = self._update_cache(cache, k, v, positions, mask, causal)
+            k, v, mask, causal, k_pos = self._update_cache(cache, k, v, positions, mask, causal)
         k, v = self._share(k), self._share(v)
-        if self.pattern is not None and q_pos is not None:
+        if self.pattern is not None and q_pos is not None and k_pos is None:
             if cache is None and not need_weights:  # the whole sequence: the pattern's blocked computation
                 padding = _key_padding(mask, q.size(0), k.size(2))
                 dropout_p = self.dropout if self.training else 0.0
@@ -308,7 +416,7 @@ class MultiHeadAttention(nn.Module):
                 dropout_p = self.dropout if self.training else 0.0
                 y, weights = self.pattern.attend_at(q, k, v, q_pos, mask, self.positions, dropout_p)
                 return self.out_proj(self._merge_heads(y)), (weights if need_weights else None)
-        y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights)
+        y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights, k_pos)
         return self.out_proj(self._merge_heads(y)), weights
 
     def _place(
@@ -319,34 +427,42 @@ class MultiHeadAttention(nn.Module):
         `(B, Tq)` have rotated q and k, which is all they may do."""
         q_pos = self._query_positions(q.size(2), cache, positions, q.device)
         if q_pos.dim() == 2:
-            self._check_row_positions()
+            self._check_row_positions(rolling=isinstance(cache, RollingKVCache))
         if self.positions is not None:  # rotary: the keys enter the cache rotated
             # Per-row positions (B, T) rotate as (B, 1, T): every head of a row alike.
             q, k = self.positions.rotate(q, k, q_pos if q_pos.dim() == 1 else q_pos[:, None])
             q_pos = None if q_pos.dim() == 2 else q_pos
         return q, k, q_pos
 
-    @staticmethod
     def _update_cache(
+        self,
         cache: KVCache,
         k: torch.Tensor,
         v: torch.Tensor,
         positions: torch.Tensor | None,
         mask: torch.Tensor | None,
         causal: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool, torch.Tensor | None]:
         """Write the new keys and values to the cache (`KVCache.update`: after what it holds, or at
-        `positions`); return every key and value to attend to, and the mask and causal flag that
-        attending then takes. With `positions` (the static path) the keys are the whole buffer,
-        and a visibility mask (the past and itself) replaces the look-ahead rule."""
-        k, v = cache.update(cache.length if positions is None else positions, k, v)
+        `positions`); return every key and value to attend to, the mask and causal flag that
+        attending then takes, and the keys' positions where they are not their slots (a ring).
+        With `positions` (the static path) the keys are the whole buffer, and a visibility mask
+        (the past and itself) replaces the look-ahead rule; a rolling cache's window mask does."""
+        where = cache.length if positions is None else positions
+        if isinstance(cache, RollingKVCache):
+            if getattr(self.pattern, "window", None) != cache.window:
+                raise ValueError(f"a rolling cache of {cache.window} slots serves window attention that wide alone")
+            k_pos, sees = cache.visible(where, k.size(2))
+            k, v = cache.update(where, k, v)
+            return k, v, (mask if sees is None else sees if mask is None else mask & sees), False, k_pos
+        k, v = cache.update(where, k, v)
         if positions is None:
-            return k, v, mask, causal
+            return k, v, mask, causal, None
         slots = torch.arange(cache.max_len, device=k.device)
         visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len)
         if visible.dim() == 3:
             visible = visible[:, None]  # (B, 1, Tq, max_len): every head alike
-        return k, v, (visible if mask is None else mask & visible), False
+        return k, v, (visible if mask is None else mask & visible), False, None
 
     def attend(
         self,
@@ -358,15 +474,18 @@ class MultiHeadAttention(nn.Module):
         causal: bool,
         may_empty_rows: bool,
         need_weights: bool,
+        k_pos: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """softmax(q kᵀ / √D + bias) v for q `(B, H, Tq, D)`, k and v `(B, H, Tk, D)`: the formula,
         or PyTorch's fused kernel (the same function) where no weights and no value term are
-        needed. Returns `(y (B, H, Tq, D), weights (B, H, Tq, Tk) or None)`."""
+        needed. k_pos: the keys' positions `(Tk,)`, by default 0 … Tk − 1. Returns
+        `(y (B, H, Tq, D), weights (B, H, Tq, Tk) or None)`."""
         t_q, t_k = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
         score_bias, value_bias = None, False
         if self.positions is not None and q_pos is not None:
-            q_pos, k_pos = q_pos[:, None], torch.arange(t_k, device=q.device)[None, :]  # (Tq, 1), (1, Tk)
+            k_pos = torch.arange(t_k, device=q.device) if k_pos is None else k_pos
+            q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (Tq, 1), (1, Tk)
             score_bias = self.positions.score_bias(q, q_pos, k_pos)
             value_bias = not self.positions.fused  # a term from the weights: the formula's path
         # In a compiled one-query step the formula's few operators fuse into the kernels around
@@ -396,10 +515,13 @@ class MultiHeadAttention(nn.Module):
             y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         return y, None
 
-    def _check_row_positions(self) -> None:
+    def _check_row_positions(self, rolling: bool) -> None:
         """Per-row query positions reach rotary positions only: the score terms of ALiBi and
-        relative positions and the sparse patterns take one set of positions for the batch."""
-        if self.pattern is not None or (self.positions is not None and not self.positions.row_positions):
+        relative positions and the sparse patterns take one set of positions for the batch (a
+        window over a rolling cache excepted: the cache masks each row's window)."""
+        if (self.pattern is not None and not rolling) or (
+            self.positions is not None and not self.positions.row_positions
+        ):
             raise ValueError(
                 "per-row positions (B, T) need full attention with input or rotary positions; "
                 "decode this model one sequence at a time"
