@@ -192,9 +192,10 @@ def test_emoji_and_cjk_never_arrive_in_halves(client, stream):
             answer = create(model="bytes", max_tokens=max_tokens, temperature=0, stream=stream, **options)
             pieces = [text(c.choices[0]) or "" for c in answer if c.choices] if stream else [text(answer.choices[0])]
             assert "".join(pieces) == want, pieces
+            # (How many pieces: the worker sends one a character, but pieces that pile up while the
+            # event loop is busy go out as one, so a loaded machine may send the reply whole;
+            # tests/decode/test_text.py checks the cut between characters without a server.)
             assert not any("\ufffd" in p for p in pieces)
-            if stream and max_tokens == 40:
-                assert len([p for p in pieces if p]) >= 2  # pieces as the characters complete
 
 
 # -- bad conversations -----------------------------------------------------------------------------
