@@ -16,7 +16,6 @@ a 400 that says so (an attnlab run was trained on plain text, not on conversatio
 """
 
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -83,31 +82,23 @@ def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits
 
 def submit(served: ServedModel, ids: list[int], body: ChatCompletionRequest, new_tokens: int) -> list:
     """One stream per choice; a 429 (nothing left queued) when the model's queue is full."""
-    from attnlab.serve.worker import QueueFull, Sampling
+    from attnlab.serve.worker import Sampling
 
     stop = body.stops() + served.chat.end_of_turn
     adjust = completions.penalties(served, body)  # checks logit_bias's keys
-    streams = []
-    try:
-        for j in range(body.n or 1):
-            sampling = Sampling(
-                max_tokens=new_tokens,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=body.top_k,
-                seed=None if body.seed is None else body.seed + j,
-                stop=stop,
-                penalties=adjust,
-            )
-            streams.append(served.worker.submit(ids, sampling))
-    except QueueFull as e:
-        for s in streams:
-            s.cancel()
-        retry = str(max(1, math.ceil(e.retry_after)))
-        raise APIError(
-            429, f"model {served.name!r} has a full queue; retry after {retry} s", headers={"Retry-After": retry}
-        ) from None
-    return streams
+    settings = [
+        Sampling(
+            max_tokens=new_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k,
+            seed=None if body.seed is None else body.seed + j,
+            stop=stop,
+            penalties=adjust,
+        )
+        for j in range(body.n or 1)
+    ]
+    return completions.submit_all(served, [(ids, s) for s in settings])
 
 
 async def complete(served: ServedModel, streams: list, ids: list[int], request: Request) -> ChatCompletion:

@@ -16,6 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -136,14 +137,21 @@ def check_caps(request: CompletionRequest, limits: Limits) -> None:
 
 def submit(served: ServedModel, prompts: Sequence[list[int]], request: CompletionRequest) -> list:
     """One stream per choice, in OpenAI's order; a 429 (nothing left queued) when the queue is full."""
+    adjust = penalties(served, request)
+    return submit_all(
+        served, [(ids, sampling(request, j, adjust)) for ids in prompts for j in range(request.per_prompt)]
+    )
+
+
+def submit_all(served: ServedModel, requests: Sequence[tuple[list[int], Any]]) -> list:
+    """A stream for each (prompt ids, `Sampling`), all or none: when the model's queue fills
+    midway, the streams already queued are cancelled and the answer is a 429 with Retry-After."""
     from attnlab.serve.worker import QueueFull
 
     streams = []
-    adjust = penalties(served, request)
     try:
-        for ids in prompts:
-            for j in range(request.per_prompt):
-                streams.append(served.worker.submit(ids, sampling(request, j, adjust)))
+        for ids, settings in requests:
+            streams.append(served.worker.submit(ids, settings))
     except QueueFull as e:
         for s in streams:
             s.cancel()
