@@ -83,12 +83,14 @@ class FusedPreNormBlock(TransformerBlock):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         need_weights: bool = False,
+        keys: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.training and mask is None and cache is None and positions is None and not need_weights:
+        plain_call = mask is None and cache is None and positions is None and not need_weights and keys is None
+        if self.training and plain_call:
             y = kernels.pre_norm_block(self, x, causal)
             if y is not None:
                 return y, None
-        kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
+        kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights, keys=keys)
         return super().forward(x, **kw)
 
 

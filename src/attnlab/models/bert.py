@@ -39,15 +39,17 @@ from attnlab.nn import (
     sinusoidal_positions,
 )
 from attnlab.nn.feedforward import pointwise
+from attnlab.nn.funnel import FunnelOptions, pool_mask, pool_pairs, upsample
 
 HEADS = ("mlm", "sequence", "token", "none")
 
 
 @dataclass(frozen=True)
-class BertConfig(AttentionOptions, BlockOptions):
+class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """Everything that fixes the shape and behaviour of a BERT. Validated on construction. The
     attention variants' fields (`attention`, `linformer_k`, ...) come from `AttentionOptions`, the
-    block parts' (`normalization`, `experts`, `block_sharing`, `embedding_dim`, ...) from `BlockOptions`."""
+    block parts' (`normalization`, `experts`, `block_sharing`, `embedding_dim`, ...) from `BlockOptions`,
+    the Funnel Transformer's stages (`funnel_stages`) from `FunnelOptions`."""
 
     kind: str = "bert"
     """Always "bert": lets a task pick the model family by `model.kind`."""
@@ -94,6 +96,10 @@ class BertConfig(AttentionOptions, BlockOptions):
     """What the pooler reads: "cls" (BERT's first-position state) or "mean" (the average of the
     non-padding positions). BERT's [CLS] state is trained by next-sentence prediction, which
     masked-LM pre-training alone does not do; the mean of the token states carries what MLM did learn."""
+    funnel_decoder_layers: int = 2
+    """With `funnel_stages`, for a head with an output per position ("mlm", "token", "none"): the
+    full-length blocks after the up-sampling (the Funnel Transformer's decoder, Dai et al. 2020 §2.2).
+    A "sequence" head reads the pooled sequence and has none."""
 
     def __post_init__(self) -> None:
         if self.kind != "bert":
@@ -125,6 +131,26 @@ class BertConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"n_labels must be >= 1 for head {self.head!r}, got {self.n_labels}")
         if self.head in ("mlm", "none") and self.n_labels != 0:
             raise ValueError(f"n_labels must be 0 for head {self.head!r} (it has no classes), got {self.n_labels}")
+        self.check_funnel(self.n_layers, causal=False)
+        if self.funnel_stages is not None:
+            self._check_funnel_parts()
+
+    def _check_funnel_parts(self) -> None:
+        """ValueError for the parts a Funnel Transformer's pooled attention cannot take."""
+        if self.funnel_decoder_layers < 0:
+            raise ValueError(f"funnel_decoder_layers must be >= 0, got {self.funnel_decoder_layers}")
+        # The pooled queries attend as cross-attention, which carries no positions or patterns.
+        if self.positions not in ("learned", "sinusoidal", "fourier", "none") or self.attention != "full":
+            raise ValueError(
+                "funnel_stages pools the queries of whole sequences: it takes positions at the input (learned, "
+                f"sinusoidal, fourier, none) and attention 'full', got positions {self.positions!r}, "
+                f"attention {self.attention!r}"
+            )
+        if self.block_sharing == "universal" or self.branched_attention:
+            raise ValueError(
+                "funnel_stages takes no universal block sharing (its step signal is per position) "
+                "and no branched_attention"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -235,6 +261,10 @@ class Bert(nn.Module):
         self.step_signal = (
             StepSignal(config.d_model, config.max_len, config.n_layers, scale=EMBEDDING_STD) if universal else None
         )
+        self.pool_layers = config.funnel_pool_layers()
+        decoder = config.funnel_stages is not None and config.head != "sequence"
+        n_up = config.funnel_decoder_layers if decoder else 0
+        self.funnel_decoder = nn.ModuleList(block(config.n_layers + j) for j in range(n_up)) if decoder else None
         # Pre-norm leaves the residual stream unnormalised; one norm closes the stack.
         self.final_norm = (
             build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
@@ -270,14 +300,42 @@ class Bert(nn.Module):
         if self.step_signal is not None:
             self.step_signal.grow(ids.size(1))
         weights = []
+        real = ids != self.config.pad_id  # (B, T); pooled with the sequence in a Funnel Transformer
+        first_stage = x
         for i, block in enumerate(self.blocks):
             if self.step_signal is not None:
                 x = self.step_signal(x, pos, i)
+            if i in self.pool_layers:
+                if i == min(self.pool_layers):
+                    first_stage = x  # the full-length residual that the up-sampling adds back
+                # Pool-query-only (Dai et al. 2020, Eq. 2): pooled queries read the unpooled keys.
+                pooled, real = pool_pairs(x, real)
+                x, w = block(pooled, mask=mask, need_weights=need_weights, keys=x)
+                mask = None if mask is None else real[:, None, None, :]  # (B, 1, 1, T')
+            else:
+                x, w = block(x, mask=mask, need_weights=need_weights)
+            if w is not None:
+                weights.append(w)
+        if self.funnel_decoder is not None:
+            x, more = self._funnel_decode(x, first_stage, ids, need_weights)
+            weights += more
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, weights
+
+    def _funnel_decode(
+        self, x: torch.Tensor, first_stage: torch.Tensor, ids: torch.Tensor, need_weights: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The Funnel Transformer's decoder (§2.2): the short sequence up-sampled to the input's
+        length plus the first stage's output `(B, T, C)`, through the full-length blocks."""
+        real = ids != self.config.pad_id
+        mask = None if bool(real.all()) else real[:, None, None, :]  # (B, 1, 1, T)
+        x = upsample(x, len(self.pool_layers), ids.size(1)) + first_stage  # (B, T, C)
+        weights = []
+        for block in self.funnel_decoder or ():
             x, w = block(x, mask=mask, need_weights=need_weights)
             if w is not None:
                 weights.append(w)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
         return x, weights
 
     def encode(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
@@ -287,11 +345,15 @@ class Bert(nn.Module):
 
     def pool(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The pooler: tanh(W h + b) of the first position ([CLS]), or of the mean over the positions
-        that are not padding (`config.pooling`). hidden `(B, T, C)`, ids `(B, T)` -> `(B, C)`."""
+        that are not padding (`config.pooling`). hidden `(B, T, C)`, ids `(B, T)` -> `(B, C)`; a
+        Funnel Transformer's short hidden sequence `(B, T', C)` with the input's ids `(B, T)`."""
         if self.config.pooling == "cls":
             h = hidden[:, 0]
         else:
-            real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            real = ids != self.config.pad_id  # (B, T)
+            if hidden.size(1) != ids.size(1):
+                real = pool_mask(real, len(self.pool_layers))  # (B, T')
+            real = real.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
             h = (hidden * real).sum(1) / real.sum(1).clamp(min=1)
         return torch.tanh(self.pooler(h))
 

@@ -37,10 +37,11 @@ from attnlab.nn import (
     normal_init,
     tie_embeddings,
 )
+from attnlab.nn.funnel import FunnelOptions
 
 
 @dataclass(frozen=True)
-class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions):
+class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions):
     """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The
     attention variants' fields (`attention`, `rope_theta`, ...) come from `AttentionOptions`, the
     block parts' (`normalization`, `experts`, `n_kv_heads`, `block_sharing`, ...) from `BlockOptions`,
@@ -88,6 +89,7 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.d_model)
         self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
+        self.check_funnel(self.n_layers, causal=True)  # refused: pooling over time would leak the future
         factorized = self.embedding_dim is not None and self.embedding_dim != self.d_model
         self.check_embeddings(self.vocab_size, tied=self.tie_weights, factorized=factorized)
         if self.norm not in NORM_ORDERS:

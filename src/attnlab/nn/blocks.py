@@ -71,17 +71,20 @@ class TransformerBlock(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         need_weights: bool = False,
+        keys: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x `(B, T, C)` -> `(B, T, C)`, and the attention weights `(B, H, T, Tk)` when asked for.
-        `cache` and `positions` as in `MultiHeadAttention.forward`."""
+        `cache` and `positions` as in `MultiHeadAttention.forward`. keys: `(B, Tk, C)`, the sequence
+        the keys and values are read from instead of x (normalised alike; x stays the residual):
+        the Funnel Transformer's pooled queries reading the unpooled sequence (`attnlab.nn.funnel`)."""
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         if self.pre_norm:
-            a, weights = self.attn(self.norm1(x), **kw)
+            a, weights = self.attn(self.norm1(x), None if keys is None else self.norm1(keys), **kw)
             x = x + self.gate1(self.dropout(a))
             if self.ffn is not None:
                 x = x + self.gate2(self.ffn(self.norm2(x)))
         else:
-            a, weights = self.attn(x, **kw)
+            a, weights = self.attn(x, keys, **kw)
             x = self.norm1(x + self.gate1(self.dropout(a)))
             if self.ffn is not None:
                 x = self.norm2(x + self.gate2(self.ffn(x)))
