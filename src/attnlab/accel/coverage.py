@@ -29,9 +29,14 @@ from attnlab.nn import (
 from attnlab.nn.positions import RotaryPositions
 
 
-def covers_attention(attn: MultiHeadAttention) -> bool:
+def covers_attention(attn: nn.Module) -> bool:
     """Full attention with positions only at the input, one key and value head per query head."""
-    return attn.positions is None and attn.pattern is None and attn.n_kv_heads == attn.n_heads
+    return (
+        isinstance(attn, MultiHeadAttention)
+        and attn.positions is None
+        and attn.pattern is None
+        and attn.n_kv_heads == attn.n_heads
+    )
 
 
 def covers_block(block: TransformerBlock) -> bool:
@@ -83,10 +88,14 @@ def covers_gpt(model: GPT) -> bool:
     )
 
 
-def decodes_attention(attn: MultiHeadAttention) -> bool:
+def decodes_attention(attn: nn.Module) -> bool:
     """Attention the fused GPT step computes: full, positions at the input or rotary, any number
     of key/value heads (grouped-query and multi-query attention)."""
-    return attn.pattern is None and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+    return (
+        isinstance(attn, MultiHeadAttention)
+        and attn.pattern is None
+        and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+    )
 
 
 def decodes_feedforward(ffn: nn.Module) -> bool:
