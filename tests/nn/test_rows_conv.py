@@ -170,3 +170,11 @@ def test_configs_refuse_what_a_convolution_cannot_do():
         GPTConfig(vocab_size=V, attention="lightweight-conv", positions="rope")
     with pytest.raises(ValueError, match="is for GPT and BERT"):
         Seq2SeqConfig(vocab_size=V, attention="dynamic-conv")
+
+
+def test_continuous_batching_refuses_a_convolution_with_one_line():
+    from attnlab.decode.batching import Batcher
+    from attnlab.errors import UserError
+
+    with pytest.raises(UserError, match="'dynamic-conv' keeps no key/value slots"):
+        Batcher(gpt("dynamic-conv"), 2)
