@@ -178,3 +178,11 @@ def test_continuous_batching_refuses_a_convolution_with_one_line():
 
     with pytest.raises(UserError, match="'dynamic-conv' keeps no key/value slots"):
         Batcher(gpt("dynamic-conv"), 2)
+
+
+@pytest.mark.parametrize("name", CONVOLUTIONS)
+def test_the_tuned_paths_leave_a_convolution_to_pytorch(name):
+    from attnlab.accel.coverage import covers_gpt, decodes_gpt
+
+    model = gpt(name)
+    assert not decodes_gpt(model) and not covers_gpt(model)

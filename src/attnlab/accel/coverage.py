@@ -125,7 +125,7 @@ def decodes_gpt(model: GPT) -> bool:
     """Blocks that `decodes_block` accepts, none shared, one norm throughout (the final one's kind
     too), one rotary base, no factorized embeddings."""
     blocks = list(model.blocks)
-    rotary = {getattr(b.attn.positions, "theta", None) for b in blocks}
+    rotary = {getattr(getattr(b.attn, "positions", None), "theta", None) for b in blocks}
     return (
         all(decodes_block(b) for b in blocks)
         and all(type(b.norm1) is type(model.final_norm) for b in blocks)
