@@ -29,9 +29,14 @@ from attnlab.nn import (
 from attnlab.nn.positions import RotaryPositions
 
 
-def covers_attention(attn: MultiHeadAttention) -> bool:
+def covers_attention(attn: nn.Module) -> bool:
     """Full attention with positions only at the input, one key and value head per query head."""
-    return attn.positions is None and attn.pattern is None and attn.n_kv_heads == attn.n_heads
+    return (
+        isinstance(attn, MultiHeadAttention)
+        and attn.positions is None
+        and attn.pattern is None
+        and attn.n_kv_heads == attn.n_heads
+    )
 
 
 def covers_block(block: TransformerBlock) -> bool:
@@ -83,10 +88,14 @@ def covers_gpt(model: GPT) -> bool:
     )
 
 
-def decodes_attention(attn: MultiHeadAttention) -> bool:
+def decodes_attention(attn: nn.Module) -> bool:
     """Attention the fused GPT step computes: full, positions at the input or rotary, any number
     of key/value heads (grouped-query and multi-query attention)."""
-    return attn.pattern is None and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+    return (
+        isinstance(attn, MultiHeadAttention)
+        and attn.pattern is None
+        and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+    )
 
 
 def decodes_feedforward(ffn: nn.Module) -> bool:
@@ -116,7 +125,7 @@ def decodes_gpt(model: GPT) -> bool:
     """Blocks that `decodes_block` accepts, none shared, one norm throughout (the final one's kind
     too), one rotary base, no factorized embeddings."""
     blocks = list(model.blocks)
-    rotary = {getattr(b.attn.positions, "theta", None) for b in blocks}
+    rotary = {getattr(getattr(b.attn, "positions", None), "theta", None) for b in blocks}
     return (
         all(decodes_block(b) for b in blocks)
         and all(type(b.norm1) is type(model.final_norm) for b in blocks)

@@ -25,7 +25,8 @@ from torch import nn
 from attnlab.accel import for_decoding
 from attnlab.accel.fused import gpt_step as fused_step
 from attnlab.decode.sampling import _eval_mode, rolls_past_block
-from attnlab.nn.attention import MultiHeadAttention, RollingKVCache
+from attnlab.errors import UserError
+from attnlab.nn.attention import KVCache, MultiHeadAttention, RollingKVCache
 
 
 def takes_row_positions(model: nn.Module, ring: bool = False) -> bool:
@@ -47,6 +48,11 @@ class Runner:
         self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.block = model.config.block_size
         self.cache = model.new_cache(rows, self.block)
+        if not isinstance(self.cache[0], KVCache):  # a convolution's cache: its last inputs, no slots
+            raise UserError(
+                f"attention {model.config.attention!r} keeps no key/value slots for continuous batching to "
+                "share; decode it with `attnlab sample` (or use full or window attention)"
+            )
         self.ring = isinstance(self.cache[0], RollingKVCache)
         self.rolls = self.ring and rolls_past_block(model)  # whole prompts, and no window slides
         self.row_positions = takes_row_positions(model, self.ring)  # else the cached rows step one at a time

@@ -37,6 +37,7 @@ from attnlab.nn import (
     normal_init,
     tie_embeddings,
 )
+from attnlab.nn.conv_attention import CONVOLUTIONS, ConvCache
 from attnlab.nn.funnel import FunnelOptions
 
 
@@ -185,6 +186,9 @@ class GPT(nn.Module):
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
         p = next(self.blocks.parameters())  # the model's device and dtype, whatever its head
+        if c.attention in CONVOLUTIONS:  # a convolution reads its last conv_kernel inputs alone
+            kind = (c.conv_kernel, c.d_model)
+            return [ConvCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]
         if c.attention == "window":
             kind = (c.kv_heads, c.attention_window, c.head_dim)
             return [RollingKVCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]

@@ -34,6 +34,7 @@ from attnlab.nn import (
     fixup_init,
     padding_mask_from_ids,
 )
+from attnlab.nn.conv_attention import CONVOLUTIONS
 from attnlab.nn.transparent import TransparentMix
 
 EMBEDDING_TIES = ("all", "none", "source-target", "target-output")
@@ -109,6 +110,8 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError("branched_attention (the Weighted Transformer) is for GPT and BERT; leave it off here")
         if self.norm not in NORM_ORDERS:
             raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
+        if self.attention in CONVOLUTIONS:
+            raise ValueError(f"attention {self.attention!r} (a convolution) is for GPT and BERT; use 'full' here")
         # causal: the decoder's self-attention, which the spec covers too
         self.check_attention(self.positions, causal=True, head_dim=self.d_model // self.n_heads, d_model=self.d_model)
 

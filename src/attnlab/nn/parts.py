@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.conv_attention import CONVOLUTIONS, build_convolution
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
 from attnlab.nn.fixup import FixupBias, FixupScale
 from attnlab.nn.memory import ProductKeyMemory
@@ -72,10 +73,13 @@ class BlockParts:
         spec: AttentionSpec | None,
     ) -> nn.Module:
         """The self-attention: multi-head, or the Weighted Transformer's branches (which hold the
-        block's feed-forward layers: `build_ffn` is then not called)."""
+        block's feed-forward layers: `build_ffn` is then not called), or a convolution in its
+        place (the spec's pattern "lightweight-conv" or "dynamic-conv", Wu et al. 2019)."""
         kw = dict(dropout=dropout, bias=bias, spec=spec, n_kv_heads=self.n_kv_heads)
         if self.branched:
             return BranchedAttention(d_model, n_heads, d_ff, activation=activation, **kw)
+        if spec is not None and spec.pattern in CONVOLUTIONS:
+            return build_convolution(spec.pattern, d_model, n_heads, spec.conv_kernel, dropout=dropout, bias=bias)
         return MultiHeadAttention(d_model, n_heads, **kw)
 
     def build_norm(self, d_model: int, *, eps: float, bias: bool) -> nn.Module:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from attnlab.nn.conv_attention import CONVOLUTIONS
 from attnlab.nn.positions import (
     AttentionPositions,
     build_attention_positions,
@@ -21,9 +22,10 @@ from attnlab.nn.positions import (
 from attnlab.nn.sparse import PATTERNS, PatternOptions, build_pattern
 from attnlab.nn.synthesizer import SYNTHESIZERS, build_synthesizer
 
-PATTERN_NAMES = (*PATTERNS, *SYNTHESIZERS)
-"""Attention patterns (`attnlab.nn.sparse`): which keys each query sees; and the synthesizers
-(`attnlab.nn.synthesizer`), whose logits are learned rather than dot products."""
+PATTERN_NAMES = (*PATTERNS, *SYNTHESIZERS, *CONVOLUTIONS)
+"""Attention patterns (`attnlab.nn.sparse`): which keys each query sees; the synthesizers
+(`attnlab.nn.synthesizer`), whose logits are learned rather than dot products; and the
+convolutions (`attnlab.nn.conv_attention`), which replace the attention (`BlockParts`)."""
 
 FIXED_LENGTH = ("linformer", *SYNTHESIZERS)
 """Patterns with parameters for each of `max_len` positions: no sequence may be longer."""
@@ -44,6 +46,7 @@ class AttentionSpec:
     global_blocks: int = 1
     random_blocks: int = 1
     linformer_k: int = 64
+    conv_kernel: int = 15
     seed: int = 0
     """BigBird's random blocks: each layer gets its own (`for_layer`)."""
 
@@ -59,6 +62,8 @@ class AttentionSpec:
         """The pattern module, or None for full attention (MultiHeadAttention's own paths)."""
         if self.pattern == "full":
             return None
+        if self.pattern in CONVOLUTIONS:  # built by BlockParts.build_attention, never as a pattern
+            raise ValueError(f"attention {self.pattern!r} is a convolution: it replaces a block's self-attention")
         if self.pattern in SYNTHESIZERS:
             options = PatternOptions(n_heads, head_dim, self.max_len, 0, 0, 0, 0, 0, self.seed)
             return build_synthesizer(self.pattern, options)
@@ -87,7 +92,9 @@ class AttentionOptions:
     (keys and values projected along the sequence to `linformer_k` rows; encoders only); or one of
     the synthesizers (Tay et al. 2021): "synthesizer-dense", "synthesizer-dense+",
     "synthesizer-dense+alpha", "synthesizer-factorized", "synthesizer-random",
-    "synthesizer-random+", "synthesizer-random+alpha" (`attnlab.nn.synthesizer`)."""
+    "synthesizer-random+", "synthesizer-random+alpha" (`attnlab.nn.synthesizer`); or a convolution
+    in place of self-attention (Wu et al. 2019): "lightweight-conv", "dynamic-conv"
+    (`attnlab.nn.conv_attention`; GPT and BERT)."""
     attention_window: int = 128
     """Window width w of "window" attention: a query sees w keys back (and w − 1 ahead in an encoder)."""
     attention_block: int = 64
@@ -102,12 +109,15 @@ class AttentionOptions:
     """RoPE's base: pair i of a head turns at theta^(−2i/D) radians a position."""
     relative_distance: int = 16
     """Shaw et al.'s clipping distance k: offsets beyond ±k share a vector."""
+    conv_kernel: int = 15
+    """Taps k of "lightweight-conv" and "dynamic-conv": a causal model reads the last k positions.
+    15 is the middle of Wu et al.'s schedule (3 … 31 by layer), a quarter of a 64-character context."""
 
     def check_attention(self, positions: str, *, causal: bool, head_dim: int, d_model: int) -> None:
         """ValueError naming the field for a combination that cannot run."""
         check_positions(positions)
         check_choice("attention", self.attention, PATTERN_NAMES)
-        for name in ("attention_window", "attention_block", "linformer_k", "relative_distance"):
+        for name in ("attention_window", "attention_block", "linformer_k", "relative_distance", "conv_kernel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("global_blocks", "random_blocks"):
@@ -119,6 +129,11 @@ class AttentionOptions:
             raise ValueError(f"positions 'rope' rotates pairs: the head size must be even, got {head_dim}")
         if positions == "fourier" and d_model % 2:
             raise ValueError(f"positions 'fourier' comes in (cos, sin) pairs: the width must be even, got {d_model}")
+        if self.attention in CONVOLUTIONS and positions in ("rope", "alibi", "relative"):
+            raise ValueError(
+                f"attention {self.attention!r} is a convolution: it has no keys for {positions!r} positions to "
+                "act on; use learned, sinusoidal or none"
+            )
         if self.attention == "linformer":
             if causal:
                 raise ValueError(
@@ -143,6 +158,7 @@ class AttentionOptions:
             global_blocks=self.global_blocks,
             random_blocks=self.random_blocks,
             linformer_k=self.linformer_k,
+            conv_kernel=self.conv_kernel,
         )
 
 
