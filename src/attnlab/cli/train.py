@@ -222,7 +222,7 @@ def _print_result(args: argparse.Namespace, result, out: Path, ranks) -> None:
 
 
 def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
-    """--seeds N: the runs one after another, then their scores as mean ± sd."""
+    """--seeds N: the runs one after another (or on Ray, at once), then their scores as mean ± sd."""
     from attnlab.studies.seeds import mean_sd, seed_folder, train_seeds
     from attnlab.tasks import TASKS
     from attnlab.train.signals import StopRequest
@@ -240,18 +240,7 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
         with StopRequest() as stop:
             progress = not args.quiet and not args.json
             runs = train_seeds(config, out, args.seeds, split=split, resume=args.resume, progress=progress, stop=stop)
-    # One score per run: the best validation score (the task's selection metric) and each number
-    # the evaluation on the split returned (its accuracy, its loss, ...).
-    selection = task.selection[0] if task.selection is not None else None
-    rows = []
-    for r in runs:
-        row = {"seed": r.seed, "run": str(r.result.run_dir), "step": r.result.step, "elapsed_sec": r.result.elapsed_sec}
-        if selection is not None and r.result.best is not None:
-            row[f"best_{selection}"] = r.result.best
-        for k, v in r.evaluation.items():  # {"accuracy": a, "test_loss": l, "examples": n} -> test_accuracy, test_loss
-            if isinstance(v, float):
-                row[k if k.startswith(f"{split}_") else f"{split}_{k}"] = v
-        rows.append(row)
+    rows = _seed_rows(runs, task, split)
     scores = [k for k in rows[0] if k not in ("seed", "run", "step")]
     summary = {k: mean_sd([float(row[k]) for row in rows]) for k in scores}
     stopped = runs[-1].result.stopped_by
@@ -285,6 +274,22 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
         + f". Run folders: {seed_folder(out, runs[0].seed).parent}/seed-*"
     )
     return 0
+
+
+def _seed_rows(runs, task, split: str | None) -> list[dict]:
+    """One row per run of a series: the best validation score (the task's selection metric) and
+    each number the evaluation on the split returned (its accuracy, its loss, ...)."""
+    selection = task.selection[0] if task.selection is not None else None
+    rows = []
+    for r in runs:
+        row = {"seed": r.seed, "run": str(r.result.run_dir), "step": r.result.step, "elapsed_sec": r.result.elapsed_sec}
+        if selection is not None and r.result.best is not None:
+            row[f"best_{selection}"] = r.result.best
+        for k, v in r.evaluation.items():  # {"accuracy": a, "test_loss": l, "examples": n} -> test_accuracy, test_loss
+            if isinstance(v, float):
+                row[k if k.startswith(f"{split}_") else f"{split}_{k}"] = v
+        rows.append(row)
+    return rows
 
 
 def resume_command(args: argparse.Namespace, out: Path, nproc: int | None = None) -> str:

@@ -78,13 +78,14 @@ class TransformerBlock(nn.Module):
         the keys and values are read from instead of x (normalised alike; x stays the residual):
         the Funnel Transformer's pooled queries reading the unpooled sequence (`attnlab.nn.funnel`)."""
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
+        apart = () if keys is None else (keys,)  # passed only when given: a convolution takes x alone
         if self.pre_norm:
-            a, weights = self.attn(self.norm1(x), None if keys is None else self.norm1(keys), **kw)
+            a, weights = self.attn(self.norm1(x), *(self.norm1(k) for k in apart), **kw)
             x = x + self.gate1(self.dropout(a))
             if self.ffn is not None:
                 x = x + self.gate2(self.ffn(self.norm2(x)))
         else:
-            a, weights = self.attn(x, keys, **kw)
+            a, weights = self.attn(x, *apart, **kw)
             x = self.norm1(x + self.gate1(self.dropout(a)))
             if self.ffn is not None:
                 x = self.norm2(x + self.gate2(self.ffn(x)))
