@@ -270,7 +270,42 @@ def test_attnlab_sample_of_a_model_the_step_does_not_cover_says_what_it_runs_ins
     assert cli(capsys, "sample", run, *SAMPLE)[1] == out
 
 
-def test_attnlab_bench_and_serve_take_the_option(capsys):
+def test_attnlab_bench_and_serve_take_the_option(capsys, run_dir):
     for command in ("bench", "serve"):
         code, out, _ = cli(capsys, command, "--help")
         assert code == 0 and "--weights {fp32,bf16,int8}" in out
+    code, _, err = cli(capsys, "bench", "--weights", "int8", "--no-fused")
+    assert code == 2 and err.count("\n") == 1 and "leave out --no-fused" in err
+    code, _, err = cli(capsys, "serve", run_dir, "--weights", "int8", "--no-fused", "--port", "0")
+    assert code == 2 and err.count("\n") == 1 and "leave out --no-fused" in err
+
+
+@pytest.mark.parametrize("weights", STORED)
+def test_the_server_worker_decodes_with_the_stored_weights(weights):
+    """`attnlab serve --weights` reaches each model's worker (its fused step by default, whether
+    built or not): concurrent completions are the reference model's, each decoded alone."""
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.decode import complete, greedy_picker
+    from attnlab.serve.worker import Sampling
+    from serve.test_worker import CORPUS, collect, run_worker
+    from serve.test_worker import REQUESTS as COMPLETIONS
+
+    tok = CharTokenizer.train(CORPUS)
+    model = tiny_gpt(vocab_size=tok.vocab_size, **LLAMA)
+
+    async def body(worker):
+        import asyncio
+
+        assert worker.batcher.fused is not None and worker.batcher.fused.format == weights
+        from attnlab.decode.text import encode_prompt
+
+        sampling = [
+            (encode_prompt(tok, p)[0].tolist(), Sampling(n, temperature=0, stop=stop)) for p, n, stop in COMPLETIONS
+        ]
+        streams = [worker.submit(ids, how) for ids, how in sampling]
+        return await asyncio.gather(*(collect(s) for s in streams))
+
+    texts = run_worker(model, tok, body, max_batch=8, weights=weights)
+    ref = reference_model(model, weights)
+    for (prompt, n, stop), text in zip(COMPLETIONS, texts, strict=True):
+        assert text == complete(ref, tok, prompt, n, greedy_picker(), stop=stop), prompt

@@ -233,6 +233,7 @@ class FusedStep:
         params += [*_weight_bias(model.final_norm), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
         products.append(model.lm_head.weight)
+        self.format = weights  # how the products' weights are stored (WEIGHT_FORMATS)
         stored = [stored_weight(w, weights) for w in products]
         for index, (values, _) in zip(_product_indices(len(model.blocks)), stored, strict=True):
             params[index] = values
