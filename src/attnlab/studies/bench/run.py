@@ -71,12 +71,10 @@ def run_benchmarks(
     hf = import_transformers()
     if hf is None:
         say("transformers not installed: measuring attnlab alone")
-
     peak, matmul_dtype = matmul_peak_flops(device, quick)
     say(f"matmul peak: {flops_text(peak, device)} ({matmul_dtype})")
     bandwidth = memory_bandwidth(device, quick)
     say(f"memory bandwidth: {bandwidth / 1e9:,.1f} GB/s")
-
     plan = _Plan(device, quick, repeats, steps, hf, compile, fused, say, weights)
     measured = _measure_training(plan)
     # The peak once more, the better of the two kept: measured only before the training cases, a
