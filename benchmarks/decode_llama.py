@@ -3,16 +3,21 @@ PyTorch path and `transformers`' `generate`, side by side in one process.
 
 A random-weight `LlamaForCausalLM` (or `MixtralForCausalLM`) is saved by `transformers` and loaded
 by `attnlab.models.hf.load_causal_lm`, so both libraries hold the same weights. Batch 1, a prompt of
-`--prompt` tokens, `--new-tokens` new ones, fp32 on the CPU; the peers alternate within every repeat
+`--prompt` tokens, `--new-tokens` new ones, fp32 on the CPU (and the fused step with its weights
+stored as bf16 and int8 too, `--weights`); the peers alternate within every repeat
 (`attnlab.studies.bench.compare`), medians of new tokens/s. The default shape is issue 48's
 Llama-shaped model of about 110M parameters: 12 layers, width 768, 12 query heads and 4 key/value
 heads, feed-forward width 2048, vocabulary 32,000.
 
     python benchmarks/decode_llama.py [--family llama|mixtral] [--shape 12x12x768] [--kv-heads 4]
-        [--ffn 2048] [--vocab 32000] [--experts 8] [--threads 1] [--repeats 3] [--json F]
+        [--ffn 2048] [--vocab 32000] [--experts 8] [--threads 1] [--repeats 3] [--weights fp32,bf16,int8]
+        [--json F]
 
-Prints one JSON object: the run, the shape, tokens/s per peer and the ratios; whether the fused
-step gave the PyTorch path's tokens, and whether `transformers` gave them too.
+Prints one JSON object: the run, the shape, tokens/s per peer ("fused" with fp32 weights,
+"fused-bf16", "fused-int8") and the ratios; whether the fused step gave the PyTorch path's tokens,
+whether `transformers` gave them too, and how many of the first tokens each stored precision kept
+(random weights: close logits, but a near tie may go the other way); the bytes of weights a step
+reads in each precision.
 """
 
 import argparse
@@ -24,9 +29,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from attnlab.accel.fused import extension, supports
+from attnlab.accel.fused import WEIGHT_FORMATS, extension, supports
 from attnlab.models.hf import load_llama, load_mixtral
 from attnlab.studies.bench.compare import attnlab_generate, compare, transformers_generate
+from attnlab.studies.bench.peaks import BYTES_PER_WEIGHT
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run_info import run_info  # noqa: E402
@@ -54,6 +60,18 @@ def hf_model(args: argparse.Namespace) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
 
 
+def stored_weights(outputs: dict[str, torch.Tensor], weights: str, prompt: int, model: torch.nn.Module) -> dict:
+    """For the fused step with `weights`: its speed-up over fp32's, how many new tokens it kept
+    equal to fp32's before the first difference, and the bytes of weights a step reads."""
+    fp32, stored = outputs["fused"][0, prompt:], outputs[f"fused-{weights}"][0, prompt:]
+    differ = (fp32 != stored).nonzero()
+    n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    return {
+        "same_tokens_as_fp32": int(differ[0, 0]) if differ.numel() else fp32.numel(),
+        "weight_bytes_read": int(n * BYTES_PER_WEIGHT[weights]),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=["llama", "mixtral"], default="llama")
@@ -66,8 +84,12 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--weights", default="fp32,bf16,int8", help="the fused step's weight formats, comma-separated")
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args()
+    formats = args.weights.split(",")
+    if "fp32" not in formats or not set(formats) <= set(WEIGHT_FORMATS):
+        raise SystemExit(f"--weights: fp32 and any of {', '.join(WEIGHT_FORMATS)}, comma-separated")
     torch.set_num_threads(args.threads)
     if extension() is None:
         raise SystemExit("the fused decoding step could not be built here (see the warning above)")
@@ -84,6 +106,8 @@ def main() -> None:
         "pytorch": lambda: attnlab_generate(ours, prompt, args.new_tokens),
         "transformers": lambda: transformers_generate(theirs, prompt, args.new_tokens),
     }
+    for w in [f for f in formats if f != "fp32"]:
+        fns[f"fused-{w}"] = lambda w=w: attnlab_generate(ours, prompt, args.new_tokens, fused=True, weights=w)
     rates = compare(fns, args.new_tokens, 1, args.repeats, torch.device("cpu"), lambda n, out: outputs.update({n: out}))
     result = {
         **run_info(),
@@ -101,6 +125,7 @@ def main() -> None:
         "fused_vs_transformers": round(rates["fused"] / rates["transformers"], 2),
         "same_tokens_as_pytorch": torch.equal(outputs["fused"], outputs["pytorch"]),
         "same_tokens_as_transformers": torch.equal(outputs["fused"], outputs["transformers"]),
+        "stored_weights": {w: stored_weights(outputs, w, args.prompt, theirs) for w in formats if w != "fp32"},
     }
     print(json.dumps(result, indent=1))
     if args.json:

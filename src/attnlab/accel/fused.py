@@ -21,6 +21,16 @@ without biases; the head tied to the embedding or not; fp32 on the CPU. That is 
 `attnlab.models.hf` imports (GPT-2, Llama, Mistral without its window, Mixtral). `supports` says
 whether a model qualifies; the decoding loop falls back to the model's own forward otherwise.
 
+The GPT step reads its products' weights (attention's, the feed-forward layers' and experts', the
+head's) in one of `WEIGHT_FORMATS` (`weights=`): fp32, the model's own; bf16, each weight rounded
+to its upper 16 bits; or int8, GGUF's q8_0 (`quantize_q8_0`: blocks of 32 values of a row, one
+fp32 scale each). Only the weights are stored so: the activations, norms, embeddings, router and
+caches stay fp32, and the products widen each weight to fp32 as they read it and sum in fp32
+(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++; the AVX-512 BF16 instructions, which
+would round the activations to bf16 too, are not used). At batch 1 a step's speed is how fast the
+weights stream from memory, and bf16 and int8 read 2 and about 1 byte a weight where fp32 reads 4.
+The stored copies are made at the first step and kept while the model's weights are unchanged.
+
 The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers
 `attnlab.models.Seq2SeqTransformer`, pre- or post-norm, fp32 on the CPU (`supports_decoder`). Beam
 search reorders its hypotheses at every step; eagerly that moves every layer's cache. Here the
@@ -31,12 +41,14 @@ and the index of its source sentence in the encoder memory, and only those integ
 import functools
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnlab.accel.coverage import covers_decoder_block, decodes_gpt
@@ -74,6 +86,52 @@ a gated unit's gate function (`attnlab.nn.GATED_UNITS`: SiLU for SwiGLU, the log
 GLU, the identity for LiGLU)."""
 
 
+WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+"""How the GPT step may store its products' weights (the module doc; `--weights` on the command line)."""
+
+Q8_BLOCK = 32
+"""Values of a weight row per int8 scale (q8_0's block, `attnlab::kQ8Block` in quantized.h)."""
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF's q8_0 of a weight `(..., out, in)`: each row cut into blocks of `Q8_BLOCK` values (the
+    last one shorter where `in` is not a multiple), a block's scale s = max |w| / 127 and its values
+    q = round(w / s) -> (q `(..., out, in)` int8, s `(..., out, ceil(in / 32))` fp32); w ≈ s q,
+    within s / 2 of it. An all-zero block has s = 0 and q = 0."""
+    *lead, n = weight.shape
+    blocks = -(-n // Q8_BLOCK)
+    w = F.pad(weight.detach().float(), (0, blocks * Q8_BLOCK - n)).reshape(*lead, blocks, Q8_BLOCK)
+    scale = w.abs().amax(-1) / 127  # (..., out, blocks)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a zero block's q: 0 / 1
+    q = torch.round(w / safe.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+    return q.reshape(*lead, blocks * Q8_BLOCK)[..., :n].contiguous(), scale.contiguous()
+
+
+_STORED: dict[tuple[int, str], tuple[weakref.ref, int, tuple[torch.Tensor, torch.Tensor]]] = {}
+"""(id(weight), format) -> (the weight, its version when stored, (values, scales))."""
+
+
+def stored_weight(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A product's weight as the GPT step reads it in format `weights` (`WEIGHT_FORMATS`): (values,
+    scales), the scales an empty tensor except for int8. The bf16 and int8 copies are made once and
+    kept while the weight lives and is unchanged (as `projection.reordered_weight` keeps its own)."""
+    if weights == "fp32":
+        return weight.detach(), torch.empty(0)
+    key = (id(weight), weights)
+    hit = _STORED.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2]
+    with torch.no_grad():
+        if weights == "bf16":
+            stored = (weight.detach().to(torch.bfloat16).contiguous(), torch.empty(0))
+        elif weights == "int8":
+            stored = quantize_q8_0(weight)
+        else:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    _STORED[key] = (weakref.ref(weight, lambda _: _STORED.pop(key, None)), weight._version, stored)
+    return stored
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled step, built on first use; None (with a warning) when it cannot be built."""
@@ -85,10 +143,27 @@ def is_built() -> bool:
     return is_built_here(NAME, SOURCE)
 
 
-def by_default(model: nn.Module) -> bool:
+def by_default(model: nn.Module, weights: str = "fp32") -> bool:
     """Whether decoding `model` without a flag takes a fused step (the GPT's or the decoder's): it
-    is built here (no pause to compile) and covers the model."""
+    covers the model and is built here (no pause to compile), or the weights asked for are bf16 or
+    int8, which the GPT step alone reads (built first if need be)."""
+    if weights != "fp32":
+        return supports(model, [])
     return (supports(model, []) or supports_decoder(model)) and is_built()
+
+
+def weights_refusal(model: nn.Module, weights: str) -> str | None:
+    """None where the GPT step decodes `model` with `weights` (`WEIGHT_FORMATS`); else one line
+    saying why not and what decoding does instead (fp32 weights on PyTorch's path)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    if weights == "fp32" or supports(model, []):
+        return None
+    device = next(model.parameters()).device.type
+    return (
+        f"{weights} weights are read by the fused decoding step alone, which covers {_GPT_COVERS} in fp32 on "
+        f"the CPU, not this {type(model).__name__} on {device}; decoding it with its fp32 weights on PyTorch's path"
+    )
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:
@@ -135,13 +210,16 @@ class FusedStep:
 
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
+    With `weights` bf16 or int8 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
+    instead, streamed at any number of rows.
     """
 
-    def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache]) -> None:
+    def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache], weights: str = "fp32") -> None:
         params: list[torch.Tensor] = []
         # The products' weights, in the step's order; None for a mixture's experts, which always
         # take the streamed or PyTorch's product (each sees a step's few tokens routed to it).
         self.weights: list[torch.Tensor | None] = []
+        products: list[torch.Tensor] = []  # every product's weight, experts' included: what `weights` stores
         for block in model.blocks:
             attn, ffn = block.attn, block.ffn
             for layer in (block.norm1, attn.in_proj, attn.out_proj, block.norm2):
@@ -150,10 +228,19 @@ class FusedStep:
             dense = not isinstance(ffn, MixtureOfExperts)
             self.weights += [attn.in_proj.weight, attn.out_proj.weight]
             self.weights += [ffn.fc1.weight, ffn.fc2.weight] if dense else [None, None]
+            experts = (ffn.fc1.weight, ffn.fc2.weight) if dense else (ffn.experts.fc1, ffn.experts.fc2)
+            products += [attn.in_proj.weight, attn.out_proj.weight, *experts]
         params += [*_weight_bias(model.final_norm), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
-        # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two)
-        self.reordered = MKLDNN and any(w is not None and w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
+        products.append(model.lm_head.weight)
+        self.format = weights  # how the products' weights are stored (WEIGHT_FORMATS)
+        stored = [stored_weight(w, weights) for w in products]
+        for index, (values, _) in zip(_product_indices(len(model.blocks)), stored, strict=True):
+            params[index] = values
+        # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two); bf16
+        # and int8 weights are always streamed
+        large = any(w is not None and w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
+        self.reordered = weights == "fp32" and MKLDNN and large
         c = model.config
         with torch.inference_mode():  # every position's vector, whatever the encoding (all are added)
             positions = model.positions(torch.arange(c.block_size)).contiguous()
@@ -161,6 +248,7 @@ class FusedStep:
         self.streamed_max_rows = ext.STREAMED_MAX_ROWS
         self.step = ext.GPTStep(
             params,
+            [scales for _, scales in stored],
             model.token_embedding.weight.detach(),
             positions,
             *_rotary_tables(model.blocks[0].attn, c.block_size),
@@ -206,6 +294,17 @@ class FusedStep:
         return [
             reordered_weight(w) if w is not None and w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights
         ]
+
+
+PARAMS_PER_BLOCK = 13
+"""The tensors of a block in the GPT step's `params` (`kPerBlock` in fused_step.cpp)."""
+
+
+def _product_indices(n_layers: int) -> list[int]:
+    """Where the products' weights sit in the GPT step's `params`: each block's in_proj, out_proj,
+    fc1 and fc2 weights, then the head's (the last tensor)."""
+    blocks = [b * PARAMS_PER_BLOCK + i for b in range(n_layers) for i in (2, 4, 8, 10)]
+    return [*blocks, n_layers * PARAMS_PER_BLOCK + 2]
 
 
 def _feedforward(ffn: nn.Module) -> list[torch.Tensor]:
@@ -334,15 +433,22 @@ class FusedDecoderState:
         return logits
 
 
-def gpt_step(model: nn.Module, cache: list[KVCache]) -> FusedStep | None:
-    """`FusedStep(model, extension(), cache)`, or None with a warning when the model does not
-    qualify (`supports`) or the step cannot be built."""
-    make = functools.partial(FusedStep, model, cache=cache)
-    covers = (
-        "pre-norm GPTs (LayerNorm or RMSNorm; dense, gated or mixture feed-forward layers; any "
-        "key/value heads) with full attention and positions at the input or rotary"
-    )
-    return _when_built(supports(model, cache), covers, make, stacklevel=5)
+_GPT_COVERS = (
+    "pre-norm GPTs (LayerNorm or RMSNorm; dense, gated or mixture feed-forward layers; any "
+    "key/value heads) with full attention and positions at the input or rotary"
+)
+
+
+def gpt_step(model: nn.Module, cache: list[KVCache], weights: str = "fp32") -> FusedStep | None:
+    """`FusedStep(model, extension(), cache, weights)`, or None with a warning when the model does
+    not qualify (`supports`; the warning says so in `weights_refusal`'s words for bf16 or int8) or
+    the step cannot be built."""
+    refusal = weights_refusal(model, weights)
+    if refusal is not None:
+        warnings.warn(refusal, stacklevel=4)
+        return None
+    make = functools.partial(FusedStep, model, cache=cache, weights=weights)
+    return _when_built(supports(model, cache), _GPT_COVERS, make, stacklevel=5)
 
 
 def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> FusedDecoderState | None:

@@ -36,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "quantized.h"
 #include "vecmath.h"
 
 namespace {
@@ -100,6 +101,68 @@ void linear(const float* W, const float* bias, const float* x, float* y, int64_t
       case 6: linear_rows<6, 1>(W, bias, xb, yb, out, in); break;
       case 7: linear_rows<7, 1>(W, bias, xb, yb, out, in); break;
       default: linear_rows<8, 1>(W, bias, xb, yb, out, in);
+    }
+  }
+}
+
+// A product's weight as the GPT step stores it (quantized.h): values (out, in) in fp32, bf16 or
+// int8, and for int8 their scales (out, q8_blocks(in)) fp32; an empty tensor for the others. A
+// mixture's experts are (E, out, in) and (E, out, blocks), `expert` the one of them.
+struct Weight {
+  at::Tensor values, scales;
+
+  Weight(at::Tensor v, at::Tensor s = at::Tensor()) : values(std::move(v)), scales(std::move(s)) {}  // NOLINT: an fp32 tensor is a weight
+
+  int64_t out() const { return values.size(-2); }
+  int64_t in() const { return values.size(-1); }
+  bool fp32() const { return values.scalar_type() == at::kFloat; }
+  Weight expert(int64_t e) const {
+    return {values.select(0, e), scales.defined() && scales.numel() ? scales.select(0, e) : scales};
+  }
+};
+
+// y[b, j] = bias[j] + W[j, :] . x[b, :] for the B rows of x with a bf16 or int8 weight, each row
+// of W widened as it is read (quantized.h), in parallel over W's rows as `linear_rows`.
+template <int B>
+void quantized_rows(const Weight& W, const float* bias, const float* x, float* y) {
+  const int64_t out = W.out(), in = W.in();
+  const bool q8 = W.values.scalar_type() == at::kChar;
+  const auto* values = static_cast<const uint8_t*>(W.values.data_ptr());
+  const float* scales = q8 ? W.scales.data_ptr<float>() : nullptr;
+  const int64_t row_bytes = in * W.values.element_size(), blocks = attnlab::q8_blocks(in);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / in);
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    float acc[B];
+    for (int64_t j = begin; j < end; ++j) {
+      const uint8_t* row = values + j * row_bytes;
+      if (q8)
+        attnlab::dot_rows_q8<B>(reinterpret_cast<const int8_t*>(row), scales + j * blocks, x, in, acc);
+      else
+        attnlab::dot_rows_bf16<B>(reinterpret_cast<const uint16_t*>(row), x, in, acc);
+      const float b0 = bias ? bias[j] : 0.f;
+      for (int b = 0; b < B; ++b) y[b * out + j] = acc[b] + b0;
+    }
+  });
+}
+
+// `linear` for a bf16 or int8 weight, any number of rows, in groups of 8: every group reads the
+// weights once. There is no matrix product over them to hand many rows to, and widening a weight
+// costs less than the 8 rows' multiply-adds that share it.
+void quantized_linear(const Weight& W, const float* bias, const float* x, float* y, int64_t B) {
+  const int64_t out = W.out(), in = W.in();
+  for (int64_t b0 = 0; b0 < B; b0 += 8) {
+    const int64_t n = std::min<int64_t>(8, B - b0);
+    const float* xb = x + b0 * in;
+    float* yb = y + b0 * out;
+    switch (n) {
+      case 1: quantized_rows<1>(W, bias, xb, yb); break;
+      case 2: quantized_rows<2>(W, bias, xb, yb); break;
+      case 3: quantized_rows<3>(W, bias, xb, yb); break;
+      case 4: quantized_rows<4>(W, bias, xb, yb); break;
+      case 5: quantized_rows<5>(W, bias, xb, yb); break;
+      case 6: quantized_rows<6>(W, bias, xb, yb); break;
+      case 7: quantized_rows<7>(W, bias, xb, yb); break;
+      default: quantized_rows<8>(W, bias, xb, yb);
     }
   }
 }
@@ -289,8 +352,14 @@ constexpr int64_t kStreamedMaxRows = 8;
 // y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to
 // kStreamedMaxRows rows, where reading the weights is the cost; past that, where the arithmetic
 // is, oneDNN's product over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
-void product(const at::Tensor& W, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
+// A bf16 or int8 weight streams at any number of rows (`quantized_linear`).
+void product(const Weight& weight, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
              int64_t R) {
+  if (!weight.fp32()) {
+    quantized_linear(weight, data_or_null(bias), x, y, R);
+    return;
+  }
+  const at::Tensor& W = weight.values;
   const int64_t out = W.size(0), in = W.size(1);
   if (R <= kStreamedMaxRows) {
     linear(W.data_ptr<float>(), data_or_null(bias), x, y, R, out, in);
@@ -403,7 +472,10 @@ void gated_unit(const float* h, float* g, int64_t B, int64_t F, int64_t act) {
 // A feed-forward layer's weights: fc1 (W, C) with W = F (dense) or 2F (gated, rows [gate; up]),
 // fc2 (C, F), their biases (or empty tensors), and oneDNN's reordered copies (or none).
 struct FeedForward {
-  const at::Tensor &fc1, &packed1, &bias1, &fc2, &packed2, &bias2;
+  const Weight& fc1;
+  const at::Tensor &packed1, &bias1;
+  const Weight& fc2;
+  const at::Tensor &packed2, &bias2;
 };
 
 // y = fc2(act(fc1(x))) for the R rows of x, dense or gated; h (R, W) and g (R, F) are room for
@@ -411,7 +483,7 @@ struct FeedForward {
 void feed_forward(const FeedForward& ffn, const float* x, float* h, float* g, float* y, int64_t R, int64_t act,
                   bool gated) {
   product(ffn.fc1, ffn.packed1, ffn.bias1, x, h, R);
-  const int64_t F = ffn.fc2.size(1);
+  const int64_t F = ffn.fc2.in();
   if (gated) {
     gated_unit(h, g, R, F, act);
   } else {
@@ -445,9 +517,9 @@ void route(const float* logits, int64_t E, int64_t k, int64_t* chosen, float* ga
 // k experts e that row r is routed to of gate * expert_e(x[r]). router (E, C); fc1 (E, W, C),
 // fc2 (E, C, F), biases (E, 1, W) and (E, 1, C) or empty tensors. Each expert runs once, on the
 // rows routed to it gathered together, so it reads its weights once a step.
-void mixture(const at::Tensor& router, const at::Tensor& fc1, const at::Tensor& bias1, const at::Tensor& fc2,
+void mixture(const at::Tensor& router, const Weight& fc1, const at::Tensor& bias1, const Weight& fc2,
              const at::Tensor& bias2, const float* x, float* y, int64_t R, int64_t k, int64_t act, bool gated) {
-  const int64_t E = router.size(0), C = router.size(1), W = fc1.size(1), F = fc2.size(2);
+  const int64_t E = router.size(0), C = router.size(1), W = fc1.out(), F = fc2.in();
   std::vector<float> logits(R * E), gates(R * k), xs(R * C), h(R * W), g(R * F), out(R * C);
   std::vector<int64_t> chosen(R * k);
   const at::Tensor none;
@@ -463,7 +535,7 @@ void mixture(const at::Tensor& router, const at::Tensor& fc1, const at::Tensor& 
     if (rows.empty()) continue;
     const int64_t n = static_cast<int64_t>(rows.size());
     for (int64_t i = 0; i < n; ++i) std::copy_n(x + rows[i] * C, C, xs.data() + i * C);
-    const at::Tensor w1 = fc1.select(0, e), w2 = fc2.select(0, e);
+    const Weight w1 = fc1.expert(e), w2 = fc2.expert(e);
     const at::Tensor b1 = bias1.numel() ? bias1.select(0, e).select(0, 0) : none;
     const at::Tensor b2 = bias2.numel() ? bias2.select(0, e).select(0, 0) : none;
     feed_forward({w1, none, b1, w2, none, b2}, xs.data(), h.data(), g.data(), out.data(), n, act, gated);
@@ -491,18 +563,25 @@ void mixture(const at::Tensor& router, const at::Tensor& fc1, const at::Tensor& 
 // position (attnlab.nn.rope_angles), or empty tensors for a model without rotary positions.
 // Caches (B, KV, L, D), one per block: KV < H key/value heads is grouped-query attention.
 // rms_norm: every norm is RMSNorm (else LayerNorm).
+// The products' weights (in_proj, out_proj, fc1 and fc2 of each block, and the head) are fp32,
+// bf16 or int8 (`Weight`); scales holds, in that order (kProductsPerBlock per block, then the
+// head's), the int8 ones' scales and an empty tensor for each other. Every other tensor is fp32.
 class GPTStep {
  public:
-  GPTStep(std::vector<at::Tensor> params, at::Tensor token_embedding, at::Tensor positions, at::Tensor rope_cos,
-          at::Tensor rope_sin, std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, int64_t n_head,
-          double eps, int64_t activation, bool gated, bool rms_norm, int64_t top_k)
-      : params_(std::move(params)), tokens_(std::move(token_embedding)), positions_(std::move(positions)),
+  GPTStep(std::vector<at::Tensor> params, std::vector<at::Tensor> scales, at::Tensor token_embedding,
+          at::Tensor positions, at::Tensor rope_cos, at::Tensor rope_sin, std::vector<at::Tensor> k_caches,
+          std::vector<at::Tensor> v_caches, int64_t n_head, double eps, int64_t activation, bool gated, bool rms_norm,
+          int64_t top_k)
+      : params_(std::move(params)), scales_(std::move(scales)), tokens_(std::move(token_embedding)),
+        positions_(std::move(positions)),
         cos_(std::move(rope_cos)), sin_(std::move(rope_sin)), k_(std::move(k_caches)), v_(std::move(v_caches)),
         eps_(static_cast<float>(eps)), act_(activation), gated_(gated), rms_(rms_norm), top_k_(top_k) {
     const int64_t n_layer = static_cast<int64_t>(k_.size());
     TORCH_CHECK(n_layer > 0 && v_.size() == k_.size(), "one key and one value cache per block");
     TORCH_CHECK(static_cast<int64_t>(params_.size()) == n_layer * kPerBlock + 3, "wrong number of parameters");
-    check_cpu_fp32(params_, "weights");
+    TORCH_CHECK(static_cast<int64_t>(scales_.size()) == n_layer * kProductsPerBlock + 1,
+                "one scale tensor (or an empty one) per product");
+    check_weights(n_layer);
     check_cpu_fp32(k_, "caches");
     check_cpu_fp32(v_, "caches");
     check_tables(tokens_, positions_);
@@ -583,6 +662,37 @@ class GPTStep {
   // The caches' layout, (B, KV, L, D).
   Layout cache_layout() const { return {heads_.KV * L_ * heads_.D, heads_.D, L_ * heads_.D}; }
 
+  // The weight of product i (kProductsPerBlock per block, then the head), parameter `index` of params.
+  Weight weight(int64_t i, int64_t index) const { return {params_[index], scales_[i]}; }
+
+  // The products' weights in a format `Weight` reads, with their scales; every other tensor fp32.
+  void check_weights(int64_t n_layer) const {
+    std::vector<int64_t> products;  // the indices in params_ of the products' weights, in scales_' order
+    for (int64_t l = 0; l < n_layer; ++l)
+      for (const int64_t i : {2, 4, 8, 10}) products.push_back(l * kPerBlock + i);
+    products.push_back(static_cast<int64_t>(params_.size()) - 1);
+    std::vector<at::Tensor> rest;
+    for (int64_t i = 0; i < static_cast<int64_t>(params_.size()); ++i)
+      if (std::find(products.begin(), products.end(), i) == products.end()) rest.push_back(params_[i]);
+    check_cpu_fp32(rest, "weights");
+    for (size_t k = 0; k < products.size(); ++k) {
+      const at::Tensor &w = params_[products[k]], &s = scales_[k];
+      const auto type = w.scalar_type();
+      TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && w.dim() >= 2 &&
+                      (type == at::kFloat || type == at::kBFloat16 || type == at::kChar),
+                  "the products' weights must be contiguous fp32, bf16 or int8 CPU tensors");
+      if (type != at::kChar) {
+        TORCH_CHECK(!s.defined() || s.numel() == 0, "only int8 weights have scales");
+        continue;
+      }
+      std::vector<int64_t> shape(w.sizes().begin(), w.sizes().end());
+      shape.back() = attnlab::q8_blocks(shape.back());
+      check_cpu_fp32({s}, "the int8 weights' scales");
+      TORCH_CHECK(s.sizes() == at::IntArrayRef(shape), "an int8 weight's scales must be (..., out, ceil(in / ",
+                  attnlab::kQ8Block, "))");
+    }
+  }
+
   // A block's tensors (`params`, above) have the shapes the step reads; the widest hidden layer
   // of the dense or gated ones (W_, F_) sizes the working buffers.
   void check_block(const at::Tensor* p) {
@@ -638,16 +748,17 @@ class GPTStep {
       const at::Tensor* p = params_.data() + l * kPerBlock;
       const int64_t k = l * kProductsPerBlock;
       norm(rms_, xp, p[0], p[1], hp, B, C, eps_);
-      product(p[2], reordered(k), p[3], hp, qkv, B);
+      product(weight(k, l * kPerBlock + 2), reordered(k), p[3], hp, qkv, B);
       if (cos_.numel()) rotate_queries_and_keys(qkv, pos, B);
       attention(l, qkv, ap);
-      product(p[4], reordered(k + 1), p[5], ap, yp, B);
+      product(weight(k + 1, l * kPerBlock + 4), reordered(k + 1), p[5], ap, yp, B);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
       norm(rms_, xp, p[6], p[7], hp, B, C, eps_);
+      const Weight fc1 = weight(k + 2, l * kPerBlock + 8), fc2 = weight(k + 3, l * kPerBlock + 10);
       if (p[12].numel())
-        mixture(p[12], p[8], p[9], p[10], p[11], hp, yp, B, top_k_, act_, gated_);
+        mixture(p[12], fc1, p[9], fc2, p[11], hp, yp, B, top_k_, act_, gated_);
       else
-        feed_forward({p[8], reordered(k + 2), p[9], p[10], reordered(k + 3), p[11]}, hp, f, g, yp, B, act_, gated_);
+        feed_forward({fc1, reordered(k + 2), p[9], fc2, reordered(k + 3), p[11]}, hp, f, g, yp, B, act_, gated_);
       for (int64_t i = 0; i < B * C; ++i) xp[i] += yp[i];
     }
     if (out) {  // only these tokens' logits: gather their rows to the front
@@ -658,7 +769,9 @@ class GPTStep {
     at::Tensor logits = at::empty({rows_out, V_}, tokens_.options());
     const at::Tensor* p = params_.data() + n_layer * kPerBlock;
     norm(rms_, xp, p[0], p[1], hp, rows_out, C, eps_);
-    product(p[2], reordered(n_layer * kProductsPerBlock), none, hp, logits.data_ptr<float>(), rows_out);
+    const int64_t head = n_layer * kProductsPerBlock;
+    product(weight(head, static_cast<int64_t>(params_.size()) - 1), reordered(head), none, hp,
+            logits.data_ptr<float>(), rows_out);
     return logits;
   }
 
@@ -671,7 +784,7 @@ class GPTStep {
       rotate(qkv + r * heads_.width(), heads_.H + heads_.KV, heads_.D, cos + pos[r] * half, sin + pos[r] * half);
   }
 
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_, scales_;
   at::Tensor tokens_, positions_, cos_, sin_;
   std::vector<at::Tensor> k_, v_;
   at::Tensor x_, h_, qkv_, a_, f_, g_, y_;  // working buffers of `step`
@@ -837,11 +950,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using without_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.attr("STREAMED_MAX_ROWS") = kStreamedMaxRows;
   pybind11::class_<GPTStep>(m, "GPTStep")
-      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                          std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, double, int64_t, bool, bool,
-                          int64_t>())
+      .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor,
+                          at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, double, int64_t, bool,
+                          bool, int64_t>())
       .def("step", &GPTStep::step, without_gil(),
-           "One pre-norm GPT decoding step (CPU, fp32): tokens (B,), pos, packed -> logits (B, V)")
+           "One pre-norm GPT decoding step (CPU; fp32, bf16 or int8 weights): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")
       .def("prefill", &GPTStep::prefill, without_gil(),

@@ -88,3 +88,46 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
         help="with --backend ray: the cluster's head, e.g. 10.0.0.1:6379 (`ray start --head` prints it) or auto; "
         "default: a new Ray instance on this machine",
     )
+
+
+WEIGHTS = ("fp32", "bf16", "int8")
+"""--weights' choices: `attnlab.accel.fused.WEIGHT_FORMATS`, repeated here so that parsing imports no
+PyTorch (tests/decode/test_fused_int8.py checks that the two agree)."""
+
+
+def add_weights_argument(p: argparse.ArgumentParser) -> None:
+    """--weights: how the fused decoding step stores the products' weights (fp32, bf16 or int8)."""
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="fp32",
+        help="the decoding step's weights: fp32 (default); bf16 (rounded to 16 bits) or int8 (blocks of 32 "
+        "values with one fp32 scale each, as GGUF's q8_0), both read by the fused step (built first if "
+        "need be), activations in fp32; a model the fused step does not cover decodes with fp32 weights, saying so",
+    )
+
+
+def check_weights_options(args: argparse.Namespace) -> None:
+    """--weights bf16 or int8 need the fused step: refused beside --no-fused or --compile."""
+    from attnlab.errors import UserError
+
+    if args.weights == "fp32":
+        return
+    if args.fused is False or getattr(args, "compile", False):
+        what = "--no-fused" if args.fused is False else "--compile"
+        raise UserError(f"--weights {args.weights} is read by the fused decoding step; leave out {what}")
+
+
+def decoding_weights(model, weights: str, command: str) -> str:
+    """`weights` where the fused step covers `model`; else "fp32", after one line on stderr saying
+    why and what runs instead (`attnlab.accel.fused.weights_refusal`). `command` begins the line
+    ("sample", or "serve: NAME" for one of several models)."""
+    import sys
+
+    from attnlab.accel.fused import weights_refusal
+
+    refusal = weights_refusal(model, weights)
+    if refusal is None:
+        return weights
+    sys.stderr.write(f"attnlab {command}: {refusal}\n")
+    return "fp32"

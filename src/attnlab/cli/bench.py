@@ -1,11 +1,11 @@
 """attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile | --fused | --no-fused] [--repeats N]
-[--out FILE.json]"""
+[--weights fp32|bf16|int8] [--out FILE.json]"""
 
 import argparse
 import sys
 
 from attnlab.cli import positive_int
-from attnlab.cli.arguments import add_device_argument, add_json_argument
+from attnlab.cli.arguments import add_device_argument, add_json_argument, add_weights_argument, check_weights_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "for `attnlab train` and `attnlab sample`; --fused builds them first if need be, --no-fused measures "
         "PyTorch's path",
     )
+    add_weights_argument(p)
     add_json_argument(p, "the results")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
     p.set_defaults(run=run)
@@ -67,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--compile and --fused are two ways to run attnlab's steps; pick one")
     if args.fused and device.type != "cpu":
         raise UserError("--fused runs attnlab's CPU kernels; use --device cpu")
+    check_weights_options(args)
+    if args.weights != "fp32" and device.type != "cpu":
+        raise UserError(f"--weights {args.weights} is read by the fused decoding step, on the CPU; use --device cpu")
+    if args.fused is None and args.weights != "fp32":  # the fused step, built first if need be
+        args.fused = True
     if args.fused is None:  # the defaults' paths, which the other commands take
         from attnlab.accel import fused, kernels
 
@@ -77,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
                 + ("on (built here)" if args.fused else "off: not built here (`attnlab kernels build`, once)")
             )
     result = run_benchmarks(
-        device, quick=args.quick, repeats=args.repeats, progress=progress, compile=args.compile, fused=args.fused
+        device,
+        quick=args.quick,
+        repeats=args.repeats,
+        progress=progress,
+        compile=args.compile,
+        fused=args.fused,
+        weights=args.weights,
     )
     if out is not None:
         atomic_write_text(out, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")

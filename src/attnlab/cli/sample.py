@@ -1,5 +1,5 @@
 """attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-[--compile | --fused | --no-fused]
+[--compile | --fused | --no-fused] [--weights fp32|bf16|int8]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
 attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]
 
@@ -16,6 +16,9 @@ from attnlab.cli.arguments import (
     add_device_argument,
     add_json_argument,
     add_seed_argument,
+    add_weights_argument,
+    check_weights_options,
+    decoding_weights,
     split_index,
 )
 from attnlab.errors import UserError
@@ -62,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`attnlab kernels build` has built it; --fused builds it first if need be (~1 minute), "
         "--no-fused keeps PyTorch's path",
     )
+    add_weights_argument(p)
     _add_media_arguments(p)
     add_device_argument(p)
     add_json_argument(p, '{"samples": [...]}')
@@ -133,10 +137,11 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         loaded = load_causal_lm(args.run_dir)
         model, tokenizer = loaded.model.to(device), loaded.tokenizer
-    if args.fused is None:  # the default: the C++ step where it is built and covers the model
+    args.weights = decoding_weights(model, args.weights, "sample")
+    if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model
         from attnlab.accel.fused import by_default
 
-        args.fused = not args.compile and by_default(model)
+        args.fused = not args.compile and by_default(model, args.weights)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
@@ -158,6 +163,7 @@ def _text_options(args: argparse.Namespace) -> None:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.compile and args.fused:
         raise UserError("--compile and --fused are two ways to run the decoding step; pick one")
+    check_weights_options(args)
 
 
 def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick) -> list[str]:
@@ -176,6 +182,7 @@ def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick) 
             stop=args.stop,
             compile=args.compile,
             fused=args.fused,
+            weights=args.weights,
         )
         if args.stream and not args.json:
             sys.stdout.write(args.prompt)

@@ -1,5 +1,6 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
-[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused] [--threads N]
+[--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]
+[--weights fp32|bf16|int8] [--threads N]
 
 Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 
@@ -7,7 +8,13 @@ import argparse
 import os
 
 from attnlab.cli import positive_int
-from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument
+from attnlab.cli.arguments import (
+    add_checkpoint_argument,
+    add_device_argument,
+    add_weights_argument,
+    check_weights_options,
+    decoding_weights,
+)
 
 ENV_KEY = "ATTNLAB_API_KEY"
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
@@ -55,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "build` has built it and it covers the model; --fused builds it first if need be, --no-fused "
         "keeps PyTorch's path",
     )
+    add_weights_argument(p)
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -85,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.serve.server import bind, check_exposure, model_threads, url
 
     check_exposure(args.host, args.api_key)
+    check_weights_options(args)
     torch.set_num_threads(args.threads or model_threads())
     limits = Limits(
         max_tokens=args.max_tokens,
@@ -94,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         batched=not args.no_batching,
         fused=args.fused,
+        weights=args.weights,
     )
     runs = load_runs(args.runs, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    for name, run in runs.items():  # the models that decode with fp32 weights instead say so
+        if run.config.task == "language-model" and args.weights != "fp32":
+            decoding_weights(run.model, args.weights, f"serve: {name}")
     sock = bind(args.host, args.port)
     app = create_app(runs, api_key=args.api_key, limits=limits)
     names = ", ".join(f"{name} ({run.config.task})" for name, run in runs.items())

@@ -47,14 +47,15 @@ class Batcher:
     lengths in one forward); `step` gives every sequence its next token; sequences that finish
     leave by themselves, `leave` takes one out early (a client gone, a stop string). `fused`: the
     cached rows' step in C++ where `attnlab.accel.fused` covers the model (a warning and
-    PyTorch's path where it does not). Not thread-safe: one thread drives it.
+    PyTorch's path where it does not), its weights fp32, bf16 or int8 (`weights`). Not
+    thread-safe: one thread drives it.
 
     `scheduler` (who holds which row) and `runner` (the model's steps over those rows) are its two
     halves; the attributes below read through to them.
     """
 
-    def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False) -> None:
-        self.runner = Runner(model, max_batch, fused=fused)
+    def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False, weights: str = "fp32") -> None:
+        self.runner = Runner(model, max_batch, fused=fused, weights=weights)
         self.scheduler = Scheduler(max_batch, model.config.block_size, self._move_row, rolls=self.runner.rolls)
 
     def _move_row(self, from_row: int, to_row: int, slots: int) -> None:

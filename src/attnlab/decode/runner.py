@@ -41,10 +41,11 @@ class Runner:
     `model.new_cache`, `model.config.block_size`) over a cache of `rows` rows of block_size slots.
 
     `fused`: the steps in C++ where `attnlab.accel.fused` covers the model (a warning and
-    PyTorch's path where it does not). Every call runs in eval mode without autograd.
+    PyTorch's path where it does not), reading the weights as `weights` says (fp32, bf16 or int8).
+    Every call runs in eval mode without autograd.
     """
 
-    def __init__(self, model: nn.Module, rows: int, *, fused: bool = False) -> None:
+    def __init__(self, model: nn.Module, rows: int, *, fused: bool = False, weights: str = "fp32") -> None:
         self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.block = model.config.block_size
         self.cache = model.new_cache(rows, self.block)
@@ -56,7 +57,9 @@ class Runner:
         self.ring = isinstance(self.cache[0], RollingKVCache)
         self.rolls = self.ring and rolls_past_block(model)  # whole prompts, and no window slides
         self.row_positions = takes_row_positions(model, self.ring)  # else the cached rows step one at a time
-        self.fused = fused_step(model, self.cache) if fused else None
+        if weights != "fp32" and not fused:
+            raise ValueError(f"{weights} weights are the fused step's (fused=True)")
+        self.fused = fused_step(model, self.cache, weights) if fused else None
         self.device = self.cache[0].k.device
 
     @property

@@ -234,19 +234,40 @@ class _Step:
     steps skip the guards that cannot tell cache entries apart (`skip_guard_eval_unsafe`; what
     keeps it safe here is that nothing but the token and position values changes)."""
 
-    def __init__(self, model: nn.Module, compile: bool, fused: bool = False) -> None:
+    def __init__(self, model: nn.Module, compile: bool, fused: bool = False, weights: str = "fp32") -> None:
         if compile and fused:
             raise ValueError("compile and fused are two ways to run the decoding step; pick one")
+        if weights != "fp32" and not fused:
+            raise ValueError(f"{weights} weights are the fused step's (fused=True, with the cache)")
         self.model = model
         self.compile = compile
         self.compiled: nn.Module | None = None
         self.fused = fused  # still to be made: at the first step, in eval mode
+        self.weights = weights
         self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None  # if the model qualifies
+
+    def _make_fused(self, cache: list) -> None:
+        if self.fused:
+            from attnlab.accel.fused import gpt_step  # a build only where asked for
+
+            self.fused_step = gpt_step(self.model, cache, self.weights)
+            self.fused = False
+
+    @property
+    def _reads_stored_weights(self) -> bool:
+        """Whether the fused step reads bf16 or int8 copies of the weights: then the prompts and the
+        slid windows go through it too, or they would see other weights than the steps."""
+        return self.weights != "fp32" and self.fused_step is not None
 
     def prefill(self, prompt: torch.Tensor, cache: list, chunk: int) -> torch.Tensor:
         """Logits `(B, 1, V)` after the prompt `(B, T)`, its keys and values written to the cache,
         `chunk` tokens at a time (a rolling cache takes a prompt of any length, each chunk
-        attending to the ring and itself)."""
+        attending to the ring and itself). With bf16 or int8 weights the fused step reads it whole
+        (it covers full attention only, so the prompt fits its block)."""
+        if self.weights != "fp32":
+            self._make_fused(cache)
+            if self._reads_stored_weights:
+                return self.fused_step.prefill(prompt.tolist(), 0).unsqueeze(1)
         for start in range(0, prompt.size(1), chunk):
             part = prompt[:, start : start + chunk]
             if self.compile:  # the static path: positions as a tensor, the whole cache attended
@@ -271,16 +292,18 @@ class _Step:
                 self.compile = False
                 for layer in cache:  # hand over to the growing path, which counts the filled slots
                     layer.length = position
-        if self.fused:
-            from attnlab.accel.fused import gpt_step  # a build only where asked for
-
-            self.fused_step = gpt_step(self.model, cache)
-            self.fused = False
+        self._make_fused(cache)
         if self.fused_step is not None:
             return self.fused_step(token, cache, position)
         # Eagerly, attending to the filled slots alone costs less than the static path's mask
         # over the whole buffer, and shapes that change every step cost nothing.
         return self.model(token, cache=cache, last_only=True)
+
+    def window(self, seq: torch.Tensor) -> torch.Tensor:
+        """Logits `(B, 1, V)` after a window `(B, block_size)` read in full (the window slides)."""
+        if self._reads_stored_weights:  # prefilled afresh into the cache's rows, which nothing reads any more
+            return self.fused_step.prefill(seq.tolist(), 0).unsqueeze(1)
+        return self.model(seq, last_only=True)
 
 
 def rolls_past_block(model: nn.Module) -> bool:
@@ -306,6 +329,7 @@ def generate_tokens(
     use_cache: bool = True,
     compile: bool = False,
     fused: bool = False,
+    weights: str = "fp32",
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(B,)` one step at a time, after the prompt idx `(B, T)` (long).
 
@@ -314,7 +338,9 @@ def generate_tokens(
     recomputes the whole window at every step (the reference); `compile` runs the cached
     decoding step through torch.compile (worth it for long generations; the first call compiles);
     `fused` runs it as one C++ call (`attnlab.accel.fused`: pre-norm GPTs on the CPU; built on
-    first use). The projections take the decoding routes (`attnlab.accel.for_decoding`, in place)."""
+    first use), its products reading the weights as `weights` says (`attnlab.accel.fused.WEIGHT_FORMATS`:
+    fp32, bf16 or int8; the prompt then goes through the fused step too). The projections take the
+    decoding routes (`attnlab.accel.for_decoding`, in place)."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
@@ -325,7 +351,7 @@ def generate_tokens(
     # caller's code runs between steps and must not inherit them (nor lose them when another
     # generator, suspended in between, exits its context out of order).
     new: list[torch.Tensor] = []  # the generated tokens (B,); the whole sequence only when the window slides
-    step = _Step(model, compile and use_cache, fused and use_cache)
+    step = _Step(model, compile and use_cache, fused and use_cache, weights)
     rolls = rolls_past_block(model)
     with _eval_mode(model):
         prompt = idx if rolls else idx[:, -block:]
@@ -356,7 +382,7 @@ def generate_tokens(
             cache = None  # the window slides from here on
             seq = torch.cat([idx, torch.stack(new, dim=1)], dim=1)
             with _eval_mode(model):
-                logits = model(seq if rolls else seq[:, -block:], last_only=True)
+                logits = model(seq, last_only=True) if rolls else step.window(seq[:, -block:])
 
 
 def _collect(idx: torch.Tensor, tokens: Iterator[torch.Tensor]) -> torch.Tensor:
@@ -373,11 +399,12 @@ def greedy(
     use_cache: bool = True,
     compile: bool = False,
     fused: bool = False,
+    weights: str = "fp32",
 ) -> torch.Tensor:
-    """Extend idx `(B, T)` with the most likely token at each step -> `(B, T + N)`, N <= max_new_tokens."""
-    tokens = generate_tokens(
-        model, idx, max_new_tokens, greedy_picker(), eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused
-    )
+    """Extend idx `(B, T)` with the most likely token at each step -> `(B, T + N)`, N <= max_new_tokens.
+    The options are `generate_tokens`'."""
+    options = dict(eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused, weights=weights)
+    tokens = generate_tokens(model, idx, max_new_tokens, greedy_picker(), **options)
     return _collect(idx, tokens)
 
 
@@ -394,10 +421,11 @@ def sample(
     use_cache: bool = True,
     compile: bool = False,
     fused: bool = False,
+    weights: str = "fp32",
 ) -> torch.Tensor:
-    """Extend idx `(B, T)` by sampling -> `(B, T + N)`, N <= max_new_tokens. temperature 0 is greedy."""
+    """Extend idx `(B, T)` by sampling -> `(B, T + N)`, N <= max_new_tokens. temperature 0 is greedy.
+    The options are `generate_tokens`'."""
     pick = sampling_picker(temperature, top_k, top_p, generator)
-    tokens = generate_tokens(
-        model, idx, max_new_tokens, pick, eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused
-    )
+    options = dict(eos_id=eos_id, use_cache=use_cache, compile=compile, fused=fused, weights=weights)
+    tokens = generate_tokens(model, idx, max_new_tokens, pick, **options)
     return _collect(idx, tokens)

@@ -87,14 +87,15 @@ def stream_text(
     stop: Sequence[str] = (),
     compile: bool = False,
     fused: bool = False,
+    weights: str = "fp32",
 ) -> Iterator[str]:
     """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come (see
-    `TextPieces`). `compile` and `fused` choose how the decoding step runs (see `generate_tokens`).
+    `TextPieces`). `compile`, `fused` and `weights` choose how the decoding step runs (see
+    `generate_tokens`).
     """
     pieces = TextPieces(tokenizer, stop)
-    tokens = generate_tokens(
-        model, prompt_ids, max_new_tokens, pick, eos_id=tokenizer.eos_id, compile=compile, fused=fused
-    )
+    options = dict(eos_id=tokenizer.eos_id, compile=compile, fused=fused, weights=weights)
+    tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, **options)
     for token in tokens:
         token_id = int(token[0])
         if token_id == tokenizer.eos_id:

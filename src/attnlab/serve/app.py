@@ -66,6 +66,7 @@ def create_app(runs: dict[str, Any], *, api_key: str | None = None, limits: Limi
     `Limits()`."""
     limits = limits or Limits()
     options = dict(max_batch=limits.max_batch, max_queue=limits.max_queue, batched=limits.batched, fused=limits.fused)
+    options["weights"] = limits.weights
     if limits.max_prompt_tokens is not None:
         options["max_prompt_tokens"] = limits.max_prompt_tokens
     served = served_models(runs, worker_options=options)

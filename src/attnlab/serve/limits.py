@@ -35,9 +35,12 @@ class Limits:
     fused: bool | None = None
     """The language models' decoding step as one C++ call (`attnlab.accel.fused`); None: where it
     is built and covers the model, as `attnlab sample` does."""
+    weights: str = "fp32"
+    """How the fused step stores the language models' weights (`attnlab.accel.fused.WEIGHT_FORMATS`);
+    a model it does not cover decodes with fp32 weights."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("batched", "fused") and value is not None and value < 1:
+            if f.name not in ("batched", "fused", "weights") and value is not None and value < 1:
                 raise ValueError(f"{f.name} must be >= 1, got {value}")

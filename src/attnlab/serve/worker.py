@@ -157,6 +157,8 @@ class ModelWorker:
     wait for a row; more are refused with `QueueFull`. max_prompt_tokens: the longest prompt
     accepted (`context`); the model reads a prompt's last block_size tokens, as `attnlab sample` does.
     fused: the decoding step in C++ (`Batcher`'s); None: where it is built and covers the model.
+    weights: how the fused step stores the weights (fp32, bf16, int8); with bf16 or int8, None takes
+    the fused step wherever it covers the model, and a model it does not cover decodes in fp32.
     """
 
     def __init__(
@@ -169,14 +171,15 @@ class ModelWorker:
         batched: bool = True,
         max_prompt_tokens: int = 4096,
         fused: bool | None = None,
+        weights: str = "fp32",
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         if fused is None:
-            fused = by_default(model)
-        self.batcher = Batcher(model, max_batch if batched else 1, fused=fused)
+            fused = by_default(model, weights)
+        self.batcher = Batcher(model, max_batch if batched else 1, fused=fused, weights=weights if fused else "fp32")
         self.max_queue = max_queue
         self.context = max_prompt_tokens
         self.generated_tokens = 0

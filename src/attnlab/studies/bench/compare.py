@@ -91,12 +91,13 @@ def train_step(
 
 
 def attnlab_generate(
-    model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False
+    model: GPT, prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False, weights: str = "fp32"
 ) -> torch.Tensor:
     """attnlab's greedy decoding with its static KV cache: prompt `(B, P)` -> `(B, P + new_tokens)`;
     the one-token step through torch.compile with `compile` (compiled at the warm-up call), or as
-    one C++ call with `fused` (built at the warm-up call, when not built before)."""
-    return greedy(model, prompt, new_tokens, compile=compile, fused=fused)
+    one C++ call with `fused` (built at the warm-up call, when not built before), its weights
+    stored as `weights` says (fp32, bf16, int8)."""
+    return greedy(model, prompt, new_tokens, compile=compile, fused=fused, weights=weights)
 
 
 def transformers_generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:

@@ -52,9 +52,16 @@ def memory_bandwidth(device: torch.device, quick: bool = False, repeats: int = 5
     return 2 * n * src.element_size() / best
 
 
-def decode_weight_bytes(model: GPT) -> int:
-    """Bytes of weights one decoding step of `model` reads (see GenerateRow.weight_bytes)."""
-    return model.num_parameters() * model.lm_head.weight.element_size()
+BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32}
+"""Bytes a decoding step reads per weight, by `attnlab.accel.fused.WEIGHT_FORMATS` (int8: one byte
+and a 4-byte scale per 32 values)."""
+
+
+def decode_weight_bytes(model: GPT, weights: str | None = None) -> int:
+    """Bytes of weights one decoding step of `model` reads (see GenerateRow.weight_bytes): as they are
+    stored, or as the fused step stores them in format `weights`."""
+    per = model.lm_head.weight.element_size() if weights is None else BYTES_PER_WEIGHT[weights]
+    return int(model.num_parameters() * per)
 
 
 def flops_per_token(model: GPT, block: int) -> float:

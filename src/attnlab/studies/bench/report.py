@@ -33,6 +33,7 @@ def format_table(result: BenchResult) -> str:
         f"medians of {result.repeats} repeats, peers alternating"
         + ("; attnlab through torch.compile" if result.compiled else "")
         + ("; attnlab training with its C++ kernels, decoding with the fused step" if result.fused else "")
+        + (f" ({result.weights} weights)" if result.weights != "fp32" else "")
         + ("; --quick: a check that everything runs, not a measurement" if result.quick else ""),
     ]
     if result.transformers is None:

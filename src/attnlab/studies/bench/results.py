@@ -74,6 +74,8 @@ class BenchResult:
     train: list[TrainRow]
     generate: list[GenerateRow]
     attention_memory: list[MemoryRow]
+    weights: str = "fp32"
+    """How attnlab's fused decoding step stored the weights of the generation cases (fp32, bf16, int8)."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -52,13 +52,15 @@ def run_benchmarks(
     progress: Callable[[str], None] | None = None,
     compile: bool = False,
     fused: bool = False,
+    weights: str = "fp32",
 ) -> BenchResult:
     """Measure everything on `device` (cpu or cuda) -> BenchResult. `repeats` defaults to 5 (1 with
     `quick`, which uses tiny step counts and sizes: a check that everything runs, not a
     measurement). `progress` receives one line per finished case. `compile` runs attnlab's training
     forward and decoding step through torch.compile (the warm-up call compiles, untimed); `fused`
     runs attnlab's training blocks through its C++ kernels (`attnlab.accel.kernels`) and its decoding
-    step as one C++ call (`attnlab.accel.fused`), both built at the warm-up call when not before."""
+    step as one C++ call (`attnlab.accel.fused`), both built at the warm-up call when not before;
+    `weights` (fp32, bf16, int8; not fp32 with `fused` alone) is how that step stores its weights."""
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device}")
     repeats = (1 if quick else 5) if repeats is None else repeats
@@ -69,13 +71,11 @@ def run_benchmarks(
     hf = import_transformers()
     if hf is None:
         say("transformers not installed: measuring attnlab alone")
-
     peak, matmul_dtype = matmul_peak_flops(device, quick)
     say(f"matmul peak: {flops_text(peak, device)} ({matmul_dtype})")
     bandwidth = memory_bandwidth(device, quick)
     say(f"memory bandwidth: {bandwidth / 1e9:,.1f} GB/s")
-
-    plan = _Plan(device, quick, repeats, steps, hf, compile, fused, say)
+    plan = _Plan(device, quick, repeats, steps, hf, compile, fused, say, weights)
     measured = _measure_training(plan)
     # The peak once more, the better of the two kept: measured only before the training cases, a
     # slow spell of the machine at that moment put attnlab's MFU above what the step can reach
@@ -104,6 +104,7 @@ def run_benchmarks(
         quick=quick,
         compiled=compile,
         fused=fused,
+        weights=weights,
         repeats=repeats,
         transformers=None if hf is None else hf.__version__,
         train=train,
@@ -124,6 +125,7 @@ class _Plan:
     compile: bool
     fused: bool
     say: Callable[[str], None]
+    weights: str = "fp32"  # how attnlab's fused decoding step stores the weights
 
 
 def _measure_training(plan: _Plan) -> list[tuple[TrainCase, float, dict[str, float]]]:
@@ -168,12 +170,13 @@ def _measure_generation(plan: _Plan, bandwidth: float) -> list[GenerateRow]:
             built = {case.shape: build_models(case.shape, GENERATE_BLOCK, plan.device, plan.hf)}
         models = built[case.shape]
         prompt = torch.randint(0, VOCAB, (case.batch, PROMPT_LEN), device=plan.device)
-        fns = _generate_fns(models, prompt, case.new_tokens, plan.compile, plan.fused)
+        fns = _generate_fns(models, prompt, case.new_tokens, plan.compile, plan.fused, plan.weights)
         with _quiet(plan.hf):
             check = functools.partial(_check_length, length=PROMPT_LEN + case.new_tokens)
             speed = compare(fns, case.batch * case.new_tokens, 1, plan.repeats, plan.device, check)
         theirs = speed.get(PEER)
-        weight_bytes = decode_weight_bytes(models["attnlab"])
+        stored = None if plan.weights == "fp32" else plan.weights  # fp32: the model's own dtype (bf16 on a GPU)
+        weight_bytes = decode_weight_bytes(models["attnlab"], stored)
         bound = case.batch * bandwidth / weight_bytes
         generate.append(
             GenerateRow(
@@ -205,9 +208,14 @@ def _fresh_compiler(compile: bool) -> None:
 
 
 def _generate_fns(
-    models: dict[str, nn.Module], prompt: torch.Tensor, new_tokens: int, compile: bool = False, fused: bool = False
+    models: dict[str, nn.Module],
+    prompt: torch.Tensor,
+    new_tokens: int,
+    compile: bool = False,
+    fused: bool = False,
+    weights: str = "fp32",
 ) -> dict[str, Callable]:
-    fns = {"attnlab": lambda: attnlab_generate(models["attnlab"], prompt, new_tokens, compile, fused)}
+    fns = {"attnlab": lambda: attnlab_generate(models["attnlab"], prompt, new_tokens, compile, fused, weights)}
     if PEER in models:
         models[PEER].eval()
         fns[PEER] = lambda: transformers_generate(models[PEER], prompt, new_tokens)
