@@ -200,7 +200,8 @@ def check_writable(folders: Sequence[Path]) -> None:
 
 
 def summary_line(outcomes: Sequence[RunOutcome]) -> str:
-    """One line for a whole sweep, e.g. '4 runs: 3 trained now, 1 finished before (12.5 s of training)'."""
+    """One line for a whole sweep: how many runs, how many trained now and finished before, and the
+    seconds of training."""
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
