@@ -10,7 +10,8 @@ padded past it, and llama.cpp's converter names the padding rows `[PAD<id>]`. Th
 token ids, so the speed depends on the rows, not on the tokenizer.
 
 llama.cpp's own converter (`convert_hf_to_gguf.py` from llama-cpp-python's source distribution,
-run with the `gguf` package) writes the GGUFs: `--outtype f32`, `bf16` and `q8_0` (32 weights and
+run with the `gguf` package of the same source, `gguf-py/`, as it is by default: the release of
+`gguf` on PyPI can lag the converter's needs) writes the GGUFs: `--outtype f32`, `bf16` and `q8_0` (32 weights and
 one scale a block; no `llama-quantize` needed). It identifies a BPE tokenizer's pre-tokenizer by
 hashing the ids it gives a test string and refuses one it has not seen; ours is GPT-2's byte-level
 pre-tokenizer with a vocabulary of its own, so the converter runs with `get_vocab_base_pre` saying
@@ -54,7 +55,7 @@ CONVERT = """
 import runpy, sys
 from pathlib import Path
 source = Path(sys.argv.pop(1))
-sys.path.insert(0, str(source))
+sys.path[:0] = [str(source), str(source / "gguf-py")]  # the converter's own gguf, as it runs by default
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 sys.argv[0] = str(source / "convert_hf_to_gguf.py")
