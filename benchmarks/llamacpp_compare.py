@@ -10,9 +10,10 @@ padded past it, and llama.cpp's converter names the padding rows `[PAD<id>]`. Th
 token ids, so the speed depends on the rows, not on the tokenizer.
 
 llama.cpp's own converter (`convert_hf_to_gguf.py` from llama-cpp-python's source distribution,
-run with the `gguf` package of the same source, `gguf-py/`, as it is by default: the release of
-`gguf` on PyPI can lag the converter's needs) writes the GGUFs: `--outtype f32`, `bf16` and `q8_0` (32 weights and
-one scale a block; no `llama-quantize` needed). It identifies a BPE tokenizer's pre-tokenizer by
+run with the `gguf` package of the same source, `gguf-py/`, as it runs by default: the release of
+`gguf` on PyPI can lag the converter's needs; it reads Llama vocabularies with `sentencepiece`)
+writes the GGUFs: `--outtype f32`, `bf16` and `q8_0` (32 weights and one scale a block; no
+`llama-quantize` needed). It identifies a BPE tokenizer's pre-tokenizer by
 hashing the ids it gives a test string and refuses one it has not seen; ours is GPT-2's byte-level
 pre-tokenizer with a vocabulary of its own, so the converter runs with `get_vocab_base_pre` saying
 "gpt-2", which is what its refusal asks for ("update get_vocab_base_pre()"). Nothing else changes.
@@ -34,7 +35,7 @@ Measured, for each shape and thread count (`--threads`; torch's intra-op threads
 
 DIR is `vendor/llama.cpp` of the unpacked source distribution
 (`pip download --no-binary :all: --no-deps llama-cpp-python`); it is needed only to convert, and
-GGUFs already in `--work` are reused. Needs the `llamacpp` extra (llama-cpp-python and gguf) and
+GGUFs already in `--work` are reused. Needs the `llamacpp` extra (llama-cpp-python, gguf, sentencepiece) and
 attnlab's fused decoding step built (`make`, or `attnlab kernels build`).
 """
 
@@ -46,7 +47,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-EXTRA = "pip install 'attnlab[llamacpp]' (llama-cpp-python, gguf)"
+EXTRA = "pip install 'attnlab[llamacpp]' (llama-cpp-python, gguf, sentencepiece)"
 SHAPES = ("gpt2", "llama")
 PRECISIONS = ("f32", "bf16", "q8_0")
 TOKENIZER_VOCAB = 4096
@@ -70,9 +71,9 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def require_peer() -> None:
-    """llama.cpp's binding and the gguf package, or one line naming the extra."""
-    for module in ("llama_cpp", "gguf"):
+def require(*modules: str) -> None:
+    """The llama.cpp peer's `modules`, or one line naming the extra."""
+    for module in modules:
         try:
             __import__(module)
         except ImportError:
@@ -84,6 +85,8 @@ def ggufs(args: argparse.Namespace) -> dict[tuple[str, str], Path]:
     needs --llama-cpp), with the Hugging Face folder it comes from."""
     paths = {(s, p): args.work / f"{s}-{p}.gguf" for s in args.shapes for p in args.precisions}
     missing = [path for path in paths.values() if not path.is_file()]
+    if missing:
+        require("sentencepiece")  # the converter's reader of Llama vocabularies
     if missing and args.llama_cpp is None:
         fail(f"no GGUF at {missing[0]}: pass --llama-cpp DIR (llama.cpp's source) to convert it; {EXTRA}")
     if missing and not (args.llama_cpp / "convert_hf_to_gguf.py").is_file():
@@ -379,7 +382,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    require_peer()
+    require("llama_cpp", "gguf")
     paths = ggufs(args)
     sys.path.insert(0, str(Path(__file__).parent))
     from run_info import run_info

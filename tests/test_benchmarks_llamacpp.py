@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "llamacpp_compare.py"
 EXTRA = "pip install 'attnlab[llamacpp]'"
-PEER_INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf"))
+PEER_INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf", "sentencepiece"))
 
 # Runs the script as `python SCRIPT ARGS` would, with the named modules unimportable: Python's own
 # way of making an import fail (a None in sys.modules raises ImportError), so that the check runs
@@ -47,6 +47,13 @@ def assert_one_line_error(done: subprocess.CompletedProcess, *names: str) -> str
 def test_a_missing_module_names_the_extra(tmp_path, module):
     line = assert_one_line_error(run(tmp_path, without=module), module, EXTRA)
     assert "not installed" in line
+
+
+@pytest.mark.skipif(not PEER_INSTALLED, reason="the llamacpp extra is not installed")
+def test_converting_without_sentencepiece_names_the_extra(tmp_path):
+    """sentencepiece is asked for only where a GGUF is still to be converted."""
+    done = run(tmp_path, "--shapes", "llama", without="sentencepiece")
+    assert_one_line_error(done, "sentencepiece", EXTRA)
 
 
 @pytest.mark.skipif(not PEER_INSTALLED, reason="the llamacpp extra is not installed")
