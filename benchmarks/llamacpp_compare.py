@@ -28,7 +28,8 @@ Measured, for each shape and thread count (`--threads`; torch's intra-op threads
 - the roofline: a decoded token reads every weight once (an embedding table that is only looked up
   reads one row, so it is left out; a tied one is read whole as the head), so tokens/s can be at
   most copy bandwidth / weight bytes; the bandwidth is a 256 MiB torch tensor copy at the same
-  thread count, in the same run.
+  thread count, the better of one before and one after the case. Reading alone can go faster
+  than a copy's read and write, so a fraction above 1 means the copy underrates the machine.
 
     python benchmarks/llamacpp_compare.py --llama-cpp DIR [--shapes gpt2 llama] [--precisions f32 bf16 q8_0]
         [--threads 1 2] [--prompt 16] [--new-tokens 128] [--prefill 512] [--repeats 3] [--work DIR] [--json F]
@@ -313,6 +314,7 @@ def measure_case(shape: str, threads: int, peers, paths: dict, args: argparse.Na
         tokens.__setitem__,
     )
     prefill = compare(prefill_fns(ours, fused, theirs, llms, long_prompt), args.prefill, 1, args.repeats, cpu)
+    bandwidth = max(bandwidth, memory_bandwidth(cpu))  # a peak: the better of before and after
     for llm in llms.values():
         llm.close()
     weight_bytes = {f"llama.cpp {p}": gguf_bytes_per_token(paths[shape, p]) for p in args.precisions}
