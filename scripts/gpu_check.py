@@ -46,6 +46,8 @@ MORE = (  # the other presets, run with --all or named with --presets
     ("GPT", "finetune-lm", None),  # without --init-from: from scratch, the preset's recipe alone
     ("BERT tagger", "ud-pos", "ud-english-ewt"),
     ("BERT masked LM", "ud-mlm", "ud-english-ewt"),
+    ("BERT classifier", "sst2-minilm", "sst2"),  # without --init-from: the recipe on a BERT from scratch
+    ("BERT tagger", "ud-pos-minilm", "ud-english-ewt"),
     ("BiLSTM classifier", "sst2-bilstm", "sst2"),
     ("BiLSTM tagger", "ud-pos-bilstm", "ud-english-ewt"),
     ("GRU encoder-decoder", "multi30k-de-en-rnn", "multi30k"),

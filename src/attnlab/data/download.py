@@ -108,7 +108,7 @@ def _ud_ewt() -> DataSet:
         "Universal Dependencies English Web Treebank (CoNLL-U)",
         "CC BY-SA 4.0 (LICENSE.txt, downloaded with the data); parts of the underlying texts may be (c) "
         "Google, Yahoo!, UPenn or their authors",
-        ("ud-pos", "ud-pos-bilstm", "ud-mlm"),
+        ("ud-pos", "ud-pos-bilstm", "ud-mlm", "ud-pos-minilm"),
         _files("UniversalDependencies/UD_English-EWT", commit, "", sums),
     )
 
@@ -127,7 +127,7 @@ def _sst2() -> DataSet:
         "sst2",
         "GLUE SST-2, binary sentiment of movie-review sentences (Socher et al. 2013; Wang et al. 2018)",
         "no explicit data licence from the Stanford Sentiment Treebank or GLUE; cite Socher et al. 2013 and GLUE",
-        ("sst2", "sst2-bilstm"),
+        ("sst2", "sst2-bilstm", "sst2-minilm"),
         tuple(
             RemoteFile(n, _github("eyalbd2/Reproducing-AutoPrompt", commit, f"glue_data/SST-2/{src}"), s, b)
             for n, src, s, b in files
