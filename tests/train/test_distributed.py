@@ -151,3 +151,18 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves(tiny_tom
     assert len(stopped) == 1 and "(SIGTERM)" in stopped[0] and "--nproc 2" in stopped[0] and "--resume" in stopped[0]
     step = int(stopped[0].split("step ")[1].split()[0])
     assert has_checkpoint(out) and load_train_state(out)["step"] == step > 0
+
+
+def test_a_worker_under_a_launcher_writes_all_its_output_before_it_leaves():
+    """A process with torchrun's RANK and WORLD_SIZE skips the interpreter's teardown on exit
+    (`attnlab.__main__`): what it printed to a pipe still arrives whole, with its exit status."""
+    command = [sys.executable, "-m", "attnlab", "data", "list"]
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a pipe is by default
+    alone = subprocess.run(command, capture_output=True, text=True, env=buffered, timeout=120)
+    worker_env = {**buffered, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    worker = subprocess.run(command, capture_output=True, text=True, env=worker_env, timeout=120)
+    assert alone.returncode == worker.returncode == 0
+    assert worker.stdout == alone.stdout and "tinyshakespeare" in worker.stdout
+    download = [*command[:3], "data", "download", "no-such-set"]
+    refused = subprocess.run(download, capture_output=True, text=True, env=worker_env, timeout=120)
+    assert refused.returncode == 2 and "no-such-set" in refused.stderr
