@@ -1,5 +1,6 @@
 """Batch-1 decoding and prompt processing on the CPU: llama.cpp (GGUF f32, bf16, q8_0), attnlab
-(fp32, its fused decoding step) and `transformers`' `generate`, the same random weights in all three.
+(its fused decoding step, weights fp32, bf16 and int8) and `transformers`' `generate`, the same
+random weights in all three.
 
 Each shape is a random-weight (seed 0) Hugging Face folder written by `transformers`: GPT-2 124M
 (`GPT2Config()`'s defaults) and a Llama-shaped model (12 layers, width 768, 12 query and 4
@@ -21,10 +22,12 @@ pre-tokenizer with a vocabulary of its own, so the converter runs with `get_voca
 Measured, for each shape and thread count (`--threads`; torch's intra-op threads and llama.cpp's
 `n_threads` and `n_threads_batch` alike), peers alternating within every repeat, medians:
 - decoding: a `--prompt`-token prompt, then `--new-tokens` greedy tokens; new tokens/s over the
-  whole call (prompt included), as `attnlab bench` counts;
+  whole call (prompt included), as `attnlab bench` counts; attnlab with each of `--weights` (its
+  fused step's fp32, bf16 and int8: q8_0's blocks of 32 with an fp32 scale each, the precisions
+  matching llama.cpp's three);
 - prompt processing: `--prefill` tokens into an empty cache, the next token's logits only;
-  tokens/s. attnlab twice: the model's forward (what `greedy` prefills with) and the fused step's
-  C++ prefill (what the server's batcher prefills with);
+  tokens/s. attnlab's model forward (fp32: what `greedy` prefills with) and its fused step's C++
+  prefill with each of `--weights` (what the server's batcher prefills with);
 - the roofline: a decoded token reads every weight once (an embedding table that is only looked up
   reads one row, so it is left out; a tied one is read whole as the head), so tokens/s can be at
   most copy bandwidth / weight bytes; the bandwidth is a 256 MiB torch tensor copy at the same
@@ -32,7 +35,8 @@ Measured, for each shape and thread count (`--threads`; torch's intra-op threads
   than a copy's read and write, so a fraction above 1 means the copy underrates the machine.
 
     python benchmarks/llamacpp_compare.py --llama-cpp DIR [--shapes gpt2 llama] [--precisions f32 bf16 q8_0]
-        [--threads 1 2] [--prompt 16] [--new-tokens 128] [--prefill 512] [--repeats 3] [--work DIR] [--json F]
+        [--weights fp32 bf16 int8] [--threads 1 2] [--prompt 16] [--new-tokens 128] [--prefill 512]
+        [--repeats 3] [--work DIR] [--json F]
 
 DIR is `vendor/llama.cpp` of the unpacked source distribution
 (`pip download --no-binary :all: --no-deps llama-cpp-python`); it is needed only to convert, and
@@ -51,6 +55,9 @@ from pathlib import Path
 EXTRA = "pip install 'attnlab[llamacpp]' (llama-cpp-python, gguf, sentencepiece)"
 SHAPES = ("gpt2", "llama")
 PRECISIONS = ("f32", "bf16", "q8_0")
+WEIGHTS = ("fp32", "bf16", "int8")
+"""attnlab's formats (`attnlab.accel.fused.WEIGHT_FORMATS`), in the order of llama.cpp's PRECISIONS."""
+Q8_BLOCK = 32
 TOKENIZER_VOCAB = 4096
 CONTEXT = 1024  # positions of both shapes, and llama.cpp's n_ctx: room for the 512-token prefill
 CONVERT = """
@@ -182,13 +189,18 @@ def gguf_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in tensors.items() if name not in lookup)
 
 
-def torch_bytes_per_token(model) -> int:
-    """The same count for a `transformers` model (attnlab's holds the same tensors)."""
+def torch_bytes_per_token(model, weights: str = "fp32") -> int:
+    """The same count for a `transformers` model (attnlab's holds the same tensors), its matrices
+    read in attnlab's format `weights`: 4, 2 or 1 + 4/32 bytes a value (an int8 block of 32 has an
+    fp32 scale); norms and biases stay fp32."""
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()  # a tied table once
-        if not name.endswith("wpe.weight") and (p is not embedding or embedding is head)
+    per_value = {"fp32": 4.0, "bf16": 2.0, "int8": 1 + 4 / Q8_BLOCK}[weights]
+    return round(
+        sum(
+            p.numel() * (per_value if p.dim() == 2 else 4)
+            for name, p in model.named_parameters()  # a tied table once
+            if not name.endswith("wpe.weight") and (p is not embedding or embedding is head)
+        )
     )
 
 
@@ -225,8 +237,9 @@ def load_llamacpp(path: Path, threads: int):
     )
 
 
-def torch_peers(folder: Path):
-    """(attnlab's model, its fused step's C++ prefill, the `transformers` model) of `folder`."""
+def torch_peers(folder: Path, weights: list[str]):
+    """(attnlab's model, its fused step for each of `weights` (format -> step), the `transformers`
+    model) of `folder`."""
     import torch
     import transformers
 
@@ -238,14 +251,16 @@ def torch_peers(folder: Path):
         fail("attnlab's fused decoding step is not built here: run `make` (or `attnlab kernels build`)")
     ours = load_causal_lm(folder).model.eval()
     for_decoding(ours)  # what `greedy` applies at its first call: the prefill below takes it too
-    fused = gpt_step(ours, ours.new_cache(1, CONTEXT))
-    if fused is None:
+    fused = {w: gpt_step(ours, ours.new_cache(1, CONTEXT), weights=w) for w in weights}
+    if any(step is None for step in fused.values()):
         fail(f"attnlab's fused decoding step does not cover the model in {folder}")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return ours, fused, theirs
 
 
-def decode_fns(ours, theirs, llms: dict, prompt: list[int], new_tokens: int) -> dict[str, Callable[[], list[int]]]:
+def decode_fns(
+    ours, theirs, llms: dict, weights: list[str], prompt: list[int], new_tokens: int
+) -> dict[str, Callable[[], list[int]]]:
     """Each peer's greedy generation of `new_tokens` after `prompt` -> the new tokens."""
     import torch
 
@@ -254,9 +269,10 @@ def decode_fns(ours, theirs, llms: dict, prompt: list[int], new_tokens: int) -> 
 
     ids = torch.tensor([prompt])
     fns = {
-        "attnlab fp32": lambda: greedy(ours, ids, new_tokens, fused=True)[0, len(prompt) :].tolist(),
-        "transformers fp32": lambda: transformers_generate(theirs, ids, new_tokens)[0, len(prompt) :].tolist(),
+        f"attnlab {w}": lambda w=w: greedy(ours, ids, new_tokens, fused=True, weights=w)[0, len(prompt) :].tolist()
+        for w in weights
     }
+    fns["transformers fp32"] = lambda: transformers_generate(theirs, ids, new_tokens)[0, len(prompt) :].tolist()
     for precision, llm in llms.items():
         fns[f"llama.cpp {precision}"] = lambda llm=llm: llamacpp_generate(llm, prompt, new_tokens)
     return fns
@@ -272,11 +288,10 @@ def prefill_fns(ours, fused, theirs, llms: dict, prompt: list[int]) -> dict[str,
         with torch.inference_mode():
             return model(ids, **kwargs)
 
-    fns = {
-        "attnlab fp32": lambda: forward(ours, cache=ours.new_cache(1, CONTEXT), last_only=True),
-        "attnlab fp32, fused prefill": lambda: fused.prefill([prompt], 0),
-        "transformers fp32": lambda: forward(theirs, use_cache=True, logits_to_keep=1),
-    }
+    fns = {"attnlab fp32": lambda: forward(ours, cache=ours.new_cache(1, CONTEXT), last_only=True)}
+    for w, step in fused.items():
+        fns[f"attnlab {w}, fused prefill"] = lambda step=step: step.prefill([prompt], 0)
+    fns["transformers fp32"] = lambda: forward(theirs, use_cache=True, logits_to_keep=1)
     for precision, llm in llms.items():
         fns[f"llama.cpp {precision}"] = lambda llm=llm: llamacpp_prefill(llm, prompt)
     return fns
@@ -306,7 +321,7 @@ def measure_case(shape: str, threads: int, peers, paths: dict, args: argparse.Na
     tokens: dict[str, list[int]] = {}
     cpu = torch.device("cpu")
     decode = compare(
-        decode_fns(ours, theirs, llms, prompt, args.new_tokens),
+        decode_fns(ours, theirs, llms, args.weights, prompt, args.new_tokens),
         args.new_tokens,
         1,
         args.repeats,
@@ -318,7 +333,8 @@ def measure_case(shape: str, threads: int, peers, paths: dict, args: argparse.Na
     for llm in llms.values():
         llm.close()
     weight_bytes = {f"llama.cpp {p}": gguf_bytes_per_token(paths[shape, p]) for p in args.precisions}
-    weight_bytes["attnlab fp32"] = weight_bytes["transformers fp32"] = torch_bytes_per_token(theirs)
+    weight_bytes |= {f"attnlab {w}": torch_bytes_per_token(theirs, w) for w in args.weights}
+    weight_bytes["transformers fp32"] = torch_bytes_per_token(theirs)
     reference = tokens["transformers fp32"]
     return {
         "shape": shape,
@@ -369,6 +385,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llama-cpp", type=Path, help="llama.cpp's source (vendor/llama.cpp of llama-cpp-python's sdist)")
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS), help="llama.cpp's")
+    p.add_argument("--weights", nargs="+", choices=WEIGHTS, default=list(WEIGHTS), help="attnlab's")
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding")
     p.add_argument("--new-tokens", type=int, default=128)
@@ -391,7 +408,7 @@ def main() -> None:
 
     cases = []
     for shape in args.shapes:
-        peers = torch_peers(hf_folder(args.work, shape))
+        peers = torch_peers(hf_folder(args.work, shape), args.weights)
         cases += [measure_case(shape, threads, peers, paths, args) for threads in args.threads]
     import llama_cpp
 
