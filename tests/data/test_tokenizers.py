@@ -152,6 +152,38 @@ def test_bpe_save_load_round_trip(tmp_path: Path):
         assert loaded.decode(tok.encode(text)) == text
 
 
+def llama_named_bpe() -> BPETokenizer:
+    """A BPE whose bos and eos are Llama's "<s>" and "</s>", which attnlab's names do not find."""
+    tok = BPETokenizer.train([BPE_CORPUS], 300, special_tokens=("<s>", "</s>"))
+    assert (tok.bos_id, tok.eos_id) == (None, None)
+    return BPETokenizer(tok.tokenizer, bos_id=0, eos_id=1)
+
+
+def test_bpe_bos_and_eos_given_by_id_survive_save_and_load(tmp_path: Path):
+    path = tmp_path / "tokenizer.json"
+    llama_named_bpe().save(path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"bos_token": "<s>", "eos_token": "</s>"}
+    loaded = load_tokenizer(path)
+    assert (loaded.bos_id, loaded.eos_id) == (0, 1)
+    # transformers' own form of the file (AddedToken objects) reads the same.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>", "lstrip": False}}))
+    assert load_tokenizer(path).eos_id == 1
+
+
+def test_a_bpe_whose_names_say_it_all_writes_no_companion(tmp_path: Path):
+    bpe().save(tmp_path / "tokenizer.json")
+    assert not (tmp_path / "tokenizer_config.json").exists()
+
+
+@pytest.mark.parametrize("content", ['{"eos_token": "<|im_end|>"}', "{not json"])
+def test_a_companion_that_does_not_fit_its_tokenizer_is_one_line(tmp_path: Path, content):
+    path = tmp_path / "tokenizer.json"
+    llama_named_bpe().save(path)
+    (tmp_path / "tokenizer_config.json").write_text(content)
+    with pytest.raises(UserError, match="tokenizer_config.json"):
+        load_tokenizer(path)
+
+
 def test_bpe_encode_batch_matches_encode():
     tok = bpe()
     texts = BPE_CORPUS.splitlines(keepends=True) + UNSEEN

@@ -120,6 +120,10 @@ def test_run_takes_the_checkpoints_model_and_tokenizer_and_records_its_source(fo
     theirs = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     assert ours["model"]["vocab"] == theirs["model"]["vocab"] and ours["model"]["merges"] == theirs["model"]["merges"]
     assert source_record(out) == SourceRecord(path.resolve(), "llama", weights_sha256(path))
+    # Llama's "<s>" and "</s>" are named by the checkpoint's config.json, not by attnlab's token
+    # names: the run keeps them, so that sampling from it stops at "</s>".
+    hf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    assert (load(out).tokenizer.bos_id, load(out).tokenizer.eos_id) == (hf["bos_token_id"], hf["eos_token_id"])
     code, sample, err = cli(capsys, "sample", out, "--prompt", "ROMEO:", "--max-new-tokens", "5", "--temperature", "0")
     assert code == 0 and sample.startswith("ROMEO:"), err
 

@@ -90,7 +90,9 @@ class BPETokenizer:
     A published checkpoint's `tokenizer.json` (Llama's, Mistral's) names its special tokens itself:
     `bos_id` / `eos_id` then come from the checkpoint's config.json, and `add_special_tokens=True`
     lets the file's own post-processor add them when encoding, as transformers does (Llama's "<s>"
-    before every text). Neither is saved by `save`: they belong to the checkpoint, not the file.
+    before every text). `save` writes ids the names above would not find into a `tokenizer_config.json`
+    beside the file (transformers' place for them: `bos_token`, `eos_token`), and `load_tokenizer`
+    reads them back from there, so that a run fine-tuned from Llama still stops at its "</s>".
     """
 
     def __init__(
@@ -174,7 +176,41 @@ class BPETokenizer:
         return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(Path(path), self.tokenizer.to_str())
+        path = Path(path)
+        atomic_write_text(path, self.tokenizer.to_str())
+        named = BPETokenizer(self.tokenizer)  # the ids the file's token names give on their own
+        if (self.bos_id, self.eos_id) != (named.bos_id, named.eos_id):
+            special = {
+                f"{role}_token": self.tokenizer.id_to_token(i)
+                for role, i in (("bos", self.bos_id), ("eos", self.eos_id))
+                if i is not None
+            }
+            atomic_write_text(path.with_name(SPECIAL_TOKENS_FILE), json.dumps(special, indent=1) + "\n")
+
+
+SPECIAL_TOKENS_FILE = "tokenizer_config.json"
+"""Beside a tokenizer.json: its bos and eos tokens by name, where the names alone do not say."""
+
+
+def _special_ids(path: Path, tokenizer) -> dict[str, int | None]:
+    """bos_id and eos_id from the `tokenizer_config.json` beside the tokenizer file `path`, if there
+    is one (a run's, or a Hugging Face folder's: a token is a string or {"content": ...})."""
+    companion = path.with_name(SPECIAL_TOKENS_FILE)
+    try:
+        doc = json.loads(companion.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{companion} is unreadable or not JSON ({e}); restore it or delete it") from None
+    ids: dict[str, int | None] = {}
+    for role in ("bos", "eos"):
+        token = doc.get(f"{role}_token") if isinstance(doc, dict) else None
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            ids[f"{role}_id"] = tokenizer.token_to_id(token)
+            if ids[f"{role}_id"] is None:
+                raise UserError(f"{companion}: {role}_token {token!r} is not in {path.name}; restore the pair of files")
+    return ids
 
 
 # BERT's special tokens, in the order that fixes their ids when attnlab trains a WordPiece vocabulary.
@@ -404,4 +440,4 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPiece
         return WordPieceTokenizer(tok, source=str(path))
     if isinstance(model, dict) and model.get("continuing_subword_prefix") == "##":
         return WordPieceTokenizer(tok, source=str(path))  # BPE trained in the BERT pipeline
-    return BPETokenizer(tok)
+    return BPETokenizer(tok, **_special_ids(path, tok))
