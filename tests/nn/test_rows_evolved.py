@@ -4,6 +4,7 @@ its input, so that the padding is checked tap by tap), their parameter count aga
 and inside the GPT and the encoder–decoder: no look-ahead, cached decoding equal to the forward,
 training, and the configs' one-line refusals."""
 
+import dataclasses
 import math
 
 import pytest
@@ -397,3 +398,29 @@ def test_the_tuned_paths_leave_the_cells_to_pytorch():
     assert "block=evolved" in uncovered_parts(model)
     s2s = seq2seq()
     assert not any(covers_decoder_block(b) for b in s2s.decoder) and not supports_decoder(s2s)
+
+
+@pytest.mark.parametrize("spec", ["shakespeare-char", "wikitext2", "multi30k"])
+def test_the_specs_hold_the_row_at_about_the_baselines_parameters(spec, tmp_path):
+    from attnlab.studies.ablation import load_spec, plan
+    from helpers import FIXTURES, WIKITEXT
+
+    data = {"wikitext2": str(WIKITEXT), "multi30k": str(FIXTURES / "multi30k")}.get(spec)
+    runs = {r.name.split("/")[0]: r.config.model for r in plan(load_spec(spec), tmp_path, data_dir=data, seeds=1)}
+    vanilla, evolved = runs["vanilla"], runs["evolved"]
+    assert evolved.block == "evolved" and vanilla.block == "transformer"
+    if spec == "multi30k":
+        models = [Seq2SeqTransformer(dataclasses.replace(m, vocab_size=8000)) for m in (vanilla, evolved)]
+        embedding = 8000 * vanilla.d_model
+        counts = [m.num_parameters() - embedding for m in models]
+    else:
+        counts = [GPT(dataclasses.replace(m, vocab_size=65)).num_parameters() for m in (vanilla, evolved)]
+    assert 0.75 < counts[1] / counts[0] < 1.25, counts  # the depth halved, as the paper does
+
+
+def test_continuous_batching_refuses_the_cells_with_one_line():
+    from attnlab.decode.batching import Batcher
+    from attnlab.errors import UserError
+
+    with pytest.raises(UserError, match="block 'evolved' keeps no key/value slots"):
+        Batcher(gpt(), 2)
