@@ -424,3 +424,12 @@ def test_continuous_batching_refuses_the_cells_with_one_line():
 
     with pytest.raises(UserError, match="block 'evolved' keeps no key/value slots"):
         Batcher(gpt(), 2)
+
+
+def test_export_to_transformers_refuses_the_cells():
+    from attnlab.models.hf.gpt2 import gpt2_export_problems
+    from attnlab.models.hf.marian import marian_export_problems
+
+    assert "block = 'evolved' (GPT-2 has the Transformer's blocks" in " ".join(gpt2_export_problems(gpt().config))
+    assert any(p.startswith("block = 'evolved'") for p in marian_export_problems(seq2seq().config))
+    assert not any(p.startswith("block") for p in gpt2_export_problems(GPTConfig(vocab_size=V)))
