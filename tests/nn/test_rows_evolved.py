@@ -433,3 +433,16 @@ def test_export_to_transformers_refuses_the_cells():
     assert "block = 'evolved' (GPT-2 has the Transformer's blocks" in " ".join(gpt2_export_problems(gpt().config))
     assert any(p.startswith("block = 'evolved'") for p in marian_export_problems(seq2seq().config))
     assert not any(p.startswith("block") for p in gpt2_export_problems(GPTConfig(vocab_size=V)))
+
+
+def test_gpt_static_decoding_path_equals_the_forward():
+    """Positions as a tensor (compiled decoding's path): the attentions read the whole preallocated
+    cache masked up to the position, the convolutions their registers."""
+    model = gpt()
+    seq = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = model(seq)
+        cache = model.new_cache(2)
+        steps = [model(seq[:, :4], cache=cache, positions=torch.arange(4))]
+        steps += [model(seq[:, t : t + 1], cache=cache, positions=torch.tensor([t])) for t in range(4, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
