@@ -5,11 +5,11 @@ in some task or model kind, for the checks made before PyTorch is imported (`att
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "model": frozenset(
         "activation adaptive_cutoffs adaptive_div attention attention_block attention_dropout "
-        "attention_window bias block_dropout block_sharing block_size branched_attention capacity_factor "
-        "channels conv_channels conv_kernel d_embed d_ff d_model dilation_channels dropout emb_dim embed "
-        "embedding_dim expert_every expert_top_k experts feature_dropout ffn_hidden ffn_mult first_kernel "
-        "funnel_decoder_layers funnel_stages global_blocks head head_channels hidden hidden_size hop "
-        "image_size input_embedding kernel kind layer_norm_eps layers_per_block linformer_k max_len "
+        "attention_window bias block block_dropout block_sharing block_size branched_attention "
+        "capacity_factor channels conv_channels conv_kernel d_embed d_ff d_model dilation_channels dropout "
+        "emb_dim embed embedding_dim expert_every expert_top_k experts feature_dropout ffn_hidden ffn_mult "
+        "first_kernel funnel_decoder_layers funnel_stages global_blocks head head_channels hidden hidden_size "
+        "hop image_size input_embedding kernel kind layer_norm_eps layers_per_block linformer_k max_len "
         "memory_every memory_heads memory_keys memory_top_k mos_components n_blocks n_classes "
         "n_decoder_layers n_digits n_encoder_layers n_features n_fft n_heads n_kv_heads n_labels n_layers "
         "n_output_heads negative_slope norm normalization pad_id patch_size per_head_dropout pooling "

@@ -148,8 +148,8 @@ def test_the_language_model_specs_hold_these_rows_and_the_shapes_at_equal_parame
 def test_the_multi30k_spec_holds_the_encoder_decoder_rows(tmp_path):
     assert "multi30k" in ablation_specs()
     runs = plan(load_spec("multi30k"), tmp_path, data_dir=str(FIXTURES / "multi30k"))
-    assert len(runs) == 8 * 2 and runs[0].config.model.embedding_ties == "all"
-    assert changed_fields(runs) == {
+    assert len(runs) >= 8 * 2 and runs[0].config.model.embedding_ties == "all"
+    assert changed_fields(runs[: 8 * 2]) == {  # rows of other issues follow (their own tests)
         "vanilla": {},
         "untied-embeddings": {"tie_embeddings": "none"},
         "tied-encoder-decoder-inputs": {"tie_embeddings": "source-target"},

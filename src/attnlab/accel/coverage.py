@@ -43,7 +43,8 @@ def covers_block(block: TransformerBlock) -> bool:
     """LayerNorms, attention that `covers_attention` accepts and a dense feed-forward layer (either
     order of the norms: the training kernels take pre-norm blocks, and say so per call)."""
     return (
-        isinstance(block.norm1, nn.LayerNorm)
+        isinstance(block, TransformerBlock)  # not the Evolved Transformer's cells
+        and isinstance(block.norm1, nn.LayerNorm)
         and isinstance(block.gate1, nn.Identity)
         and covers_attention(block.attn)
         and isinstance(block.ffn, FeedForward)
@@ -53,7 +54,8 @@ def covers_block(block: TransformerBlock) -> bool:
 def covers_decoder_block(block: DecoderBlock) -> bool:
     """An encoder–decoder block of LayerNorms, covered attention both ways and a dense feed-forward layer."""
     return (
-        isinstance(block.norm1, nn.LayerNorm)
+        isinstance(block, DecoderBlock)
+        and isinstance(block.norm1, nn.LayerNorm)
         and isinstance(block.gate1, nn.Identity)
         and covers_attention(block.self_attn)
         and covers_attention(block.cross_attn)
@@ -111,7 +113,8 @@ def decodes_block(block: TransformerBlock) -> bool:
     attention that `decodes_attention` accepts and a feed-forward layer `decodes_feedforward` does."""
     norms = (nn.LayerNorm, RMSNorm)
     return (
-        block.pre_norm
+        isinstance(block, TransformerBlock)
+        and block.pre_norm
         and isinstance(block.norm1, norms)
         and type(block.norm2) is type(block.norm1)
         and isinstance(block.gate1, nn.Identity)
@@ -156,7 +159,16 @@ def uncovered_parts(model: nn.Module) -> str | None:
     if all(_covers(m) for m in model.modules()) and not shared_blocks(model):
         return None
     config = getattr(model, "config", None)
-    fields = ("positions", "attention", "n_kv_heads", "normalization", "activation", "experts", "block_sharing")
+    fields = (
+        "positions",
+        "attention",
+        "n_kv_heads",
+        "normalization",
+        "activation",
+        "experts",
+        "block_sharing",
+        "block",
+    )
     chosen = ", ".join(f"{f}={getattr(config, f)}" for f in fields if hasattr(config, f))
     return (
         "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "

@@ -50,8 +50,10 @@ class Runner:
         self.block = model.config.block_size
         self.cache = model.new_cache(rows, self.block)
         if not isinstance(self.cache[0], KVCache):  # a convolution's cache: its last inputs, no slots
+            evolved = getattr(model.config, "block", None) == "evolved"  # convolutions inside its cells
+            what = "block 'evolved'" if evolved else f"attention {model.config.attention!r}"
             raise UserError(
-                f"attention {model.config.attention!r} keeps no key/value slots for continuous batching to "
+                f"{what} keeps no key/value slots for continuous batching to "
                 "share; decode it with `attnlab sample` (or use full or window attention)"
             )
         self.ring = isinstance(self.cache[0], RollingKVCache)

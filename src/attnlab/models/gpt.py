@@ -38,6 +38,7 @@ from attnlab.nn import (
     tie_embeddings,
 )
 from attnlab.nn.conv_attention import CONVOLUTIONS, ConvCache
+from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell
 from attnlab.nn.funnel import FunnelOptions
 
 
@@ -89,7 +90,7 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.d_model)
-        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model)
+        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model, evolved=True)
         self.check_funnel(self.n_layers, causal=True)  # refused: pooling over time would leak the future
         factorized = self.embedding_dim is not None and self.embedding_dim != self.d_model
         self.check_embeddings(self.vocab_size, tied=self.tie_weights, factorized=factorized)
@@ -131,7 +132,20 @@ class GPT(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         spec = c.attention_spec(c.positions, c.block_size)
 
-        def block(i: int) -> TransformerBlock:
+        def block(i: int) -> TransformerBlock | EvolvedDecoderCell:
+            if c.block == "evolved":  # So et al. 2019's decoder cell, its cross-attentions left out
+                return EvolvedDecoderCell(
+                    c.d_model,
+                    c.n_heads,
+                    cross=False,
+                    dropout=c.dropout,
+                    bias=c.bias,
+                    norm=c.norm,
+                    normalization=c.normalization,
+                    eps=c.layer_norm_eps,
+                    spec=spec.for_layer(i),
+                    n_kv_heads=c.n_kv_heads,
+                )
             return TransformerBlock(
                 c.d_model,
                 c.n_heads,
@@ -180,12 +194,15 @@ class GPT(nn.Module):
             n -= sum(p.numel() for p in self.positions.parameters())
         return n
 
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache] | list[EvolvedCache]:
         """One preallocated KV cache per block, for incremental decoding up to `max_len` positions;
-        with window attention a ring of attention_window slots (`RollingKVCache`), whatever the length."""
+        with window attention a ring of attention_window slots (`RollingKVCache`), whatever the length;
+        an evolved cell's own (`EvolvedCache`: its two attentions' and three convolutions')."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
         p = next(self.blocks.parameters())  # the model's device and dtype, whatever its head
+        if c.block == "evolved":
+            return [b.new_cache(batch_size, max_len, device=p.device, dtype=p.dtype) for b in self.blocks]
         if c.attention in CONVOLUTIONS:  # a convolution reads its last conv_kernel inputs alone
             kind = (c.conv_kernel, c.d_model)
             return [ConvCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]

@@ -35,6 +35,7 @@ from attnlab.nn import (
     padding_mask_from_ids,
 )
 from attnlab.nn.conv_attention import CONVOLUTIONS
+from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell, EvolvedEncoderCell
 from attnlab.nn.transparent import TransparentMix
 
 EMBEDDING_TIES = ("all", "none", "source-target", "target-output")
@@ -94,7 +95,9 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model, encoder_decoder=True)
+        self.check_parts(
+            self.activation, n_heads=self.n_heads, d_model=self.d_model, encoder_decoder=True, evolved=True
+        )
         if self.embedding_ties not in EMBEDDING_TIES:
             raise ValueError(
                 f"tie_embeddings must be true, false or one of {', '.join(map(repr, EMBEDDING_TIES))}, "
@@ -127,16 +130,23 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
 class TransformerDecoderState:
     """What `step` needs: per-layer memory keys/values, the source mask, self-attention caches."""
 
-    memory_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    memory_kv: list[tuple]  # per layer (k, v); an evolved cell's a pair of them
     src_mask: torch.Tensor  # (B, 1, 1, S)
-    caches: list[KVCache]
+    caches: list[KVCache] | list[EvolvedCache]
 
     def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
         if not same_source:  # the encoder side is the same for every row of one source sentence
-            self.memory_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.memory_kv]
+            self.memory_kv = [_select_rows(kv, index) for kv in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, index)
         for cache in self.caches:
             cache.select_rows(index)
+
+
+def _select_rows(kv: tuple | torch.Tensor, index: torch.Tensor) -> tuple | torch.Tensor:
+    """The rows `index` of every tensor in a nest of tuples (one layer's projected memory)."""
+    if isinstance(kv, torch.Tensor):
+        return kv.index_select(0, index)
+    return tuple(_select_rows(part, index) for part in kv)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -159,13 +169,21 @@ class Seq2SeqTransformer(nn.Module):
         spec = c.attention_spec(c.positions, c.max_len)
         d_ff = c.ffn_width(c.activation, c.d_ff)
 
-        def encoder_block(i: int) -> TransformerBlock:
+        # The Evolved Transformer's cells (So et al. 2019) fix their own activations and widths.
+        cell_args = dict(dropout=c.dropout, norm=c.norm, normalization=c.normalization, eps=c.layer_norm_eps)
+        cell_args |= dict(n_kv_heads=c.n_kv_heads)
+
+        def encoder_block(i: int) -> TransformerBlock | EvolvedEncoderCell:
+            if c.block == "evolved":
+                return EvolvedEncoderCell(c.d_model, c.n_heads, spec=spec.for_layer(i), **cell_args)
             return TransformerBlock(
                 c.d_model, c.n_heads, d_ff, spec=spec.for_layer(i), parts=c.block_parts(i), **block_args
             )
 
-        def decoder_block(i: int) -> DecoderBlock:
+        def decoder_block(i: int) -> DecoderBlock | EvolvedDecoderCell:
             layer = c.n_encoder_layers + i
+            if c.block == "evolved":
+                return EvolvedDecoderCell(c.d_model, c.n_heads, cross=True, spec=spec.for_layer(layer), **cell_args)
             return DecoderBlock(
                 c.d_model, c.n_heads, d_ff, spec=spec.for_layer(layer), parts=c.block_parts(layer), **block_args
             )
@@ -247,8 +265,12 @@ class Seq2SeqTransformer(nn.Module):
         states, src_mask, _ = self._encoder_states(src)
         return [self.encoder_norm(m) for m in self.transparent(states)], src_mask
 
-    def _memory_kv(self, memories: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [block.cross_attn.project_memory(m) for block, m in zip(self.decoder, memories, strict=True)]
+    def _memory_kv(self, memories: list[torch.Tensor]) -> list[tuple]:
+        """Each decoder layer's cross-attention keys and values (an evolved cell: a pair of them)."""
+        return [
+            block.project_memory(m) if isinstance(block, EvolvedDecoderCell) else block.cross_attn.project_memory(m)
+            for block, m in zip(self.decoder, memories, strict=True)
+        ]
 
     def _decode(
         self,
@@ -278,11 +300,16 @@ class Seq2SeqTransformer(nn.Module):
         """Encode src `(B, S)` once and preallocate self-attention caches for `max_len` target tokens."""
         memories, src_mask = self._memories(src)
         memory, c = memories[-1], self.config
+        length = min(max_len, c.max_len)
+        if c.block == "evolved":  # its attentions' keys and values and its convolutions' last inputs
+            kind = dict(device=memory.device, dtype=memory.dtype)
+            caches = [block.new_cache(src.size(0), length, **kind) for block in self.decoder]
+            return TransformerDecoderState(self._memory_kv(memories), src_mask, caches)
         caches = [
             KVCache(
                 src.size(0),
                 c.n_kv_heads or c.n_heads,
-                min(max_len, c.max_len),
+                length,
                 c.d_model // c.n_heads,
                 device=memory.device,
                 dtype=memory.dtype,

@@ -15,6 +15,7 @@ from torch import nn
 
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.conv_attention import CONVOLUTIONS, build_convolution
+from attnlab.nn.evolved import BLOCKS, check_evolved
 from attnlab.nn.feedforward import build_feedforward, check_activation, gated_width, is_gated
 from attnlab.nn.fixup import FixupBias, FixupScale
 from attnlab.nn.memory import ProductKeyMemory
@@ -152,10 +153,19 @@ class BlockOptions:
     branched_attention: bool = False
     """The Weighted Transformer (Ahmed et al. 2017, attnlab.nn.weighted): each head a branch with
     its own projection, κ weight and feed-forward layer, the branches summed with α weights."""
+    block: str = "transformer"
+    """The blocks, one of attnlab.nn.evolved.BLOCKS: transformer (the family's own) or evolved (the
+    Evolved Transformer's cells, So et al. 2019: GPT and the encoder–decoder)."""
 
-    def check_parts(self, activation: str, *, n_heads: int, d_model: int, encoder_decoder: bool = False) -> None:
-        """ValueError naming the first field that is out of range or unknown."""
+    def check_parts(
+        self, activation: str, *, n_heads: int, d_model: int, encoder_decoder: bool = False, evolved: bool = False
+    ) -> None:
+        """ValueError naming the first field that is out of range or unknown; `evolved`: whether the
+        family builds the Evolved Transformer's cells (`block`)."""
         check_choice("normalization", self.normalization, BLOCK_NORMALIZATIONS)
+        check_choice("block", self.block, BLOCKS)
+        if self.block == "evolved":
+            self.check_evolved_block(n_heads, d_model, evolved=evolved)
         check_activation(activation)
         check_choice("block_sharing", self.block_sharing, SHARING)
         if self.block_sharing in ("encoder", "decoder") and not encoder_decoder:
@@ -183,6 +193,23 @@ class BlockOptions:
                 "branched_attention gives each head a dense feed-forward layer of its own: it takes a dense "
                 "activation (relu, gelu, ...), and no experts or memory"
             )
+
+    def check_evolved_block(self, n_heads: int, d_model: int, *, evolved: bool) -> None:
+        """ValueError where the Evolved Transformer's cells cannot be built (`attnlab.nn.evolved.check_evolved`)."""
+        if not evolved:
+            raise ValueError("block 'evolved' is built in GPT and the encoder–decoder; leave it 'transformer' here")
+        others = [
+            name
+            for name, on in (
+                ("experts", self.experts > 0),
+                ("memory_keys", self.memory_keys > 0),
+                ("branched_attention", self.branched_attention),
+                ("ffn_hidden", self.ffn_hidden is not None),
+            )
+            if on
+        ]
+        attention = getattr(self, "attention", "full")  # AttentionOptions' field, beside this mixin
+        check_evolved(d_model, n_heads, normalization=self.normalization, attention=attention, others=others)
 
     def check_memory(self) -> None:
         """ValueError naming the product key memory's field that is out of range."""

@@ -285,6 +285,7 @@ COMMON_EXPORT_RULES: dict[str, PartRule] = {
         "its own weights in every block (no ALBERT or Universal sharing)",
     ),
     "embedding_dim": (is_value("embedding_dim", None), "token embeddings as wide as the model (no factorization)"),
+    "block": (is_value("block", "transformer"), "the Transformer's blocks (no Evolved Transformer cells)"),
 }
 
 
