@@ -20,6 +20,7 @@ from attnlab.nn import (
     FIXUP,
     NORM_ORDERS,
     AttentionOptions,
+    AttentionSpec,
     BlockOptions,
     EmbeddingOptions,
     KVCache,
@@ -112,6 +113,35 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
         return self.n_kv_heads or self.n_heads
 
 
+def gpt_block(c: GPTConfig, spec: AttentionSpec, i: int) -> TransformerBlock | EvolvedDecoderCell:
+    """Block `i` of a GPT: the family's own, or the Evolved Transformer's decoder cell (`c.block`)."""
+    if c.block == "evolved":  # So et al. 2019's decoder cell, its cross-attentions left out
+        return EvolvedDecoderCell(
+            c.d_model,
+            c.n_heads,
+            cross=False,
+            dropout=c.dropout,
+            bias=c.bias,
+            norm=c.norm,
+            normalization=c.normalization,
+            eps=c.layer_norm_eps,
+            spec=spec.for_layer(i),
+            n_kv_heads=c.n_kv_heads,
+        )
+    return TransformerBlock(
+        c.d_model,
+        c.n_heads,
+        c.d_ff,
+        dropout=c.dropout,
+        activation=c.activation,
+        bias=c.bias,
+        norm=c.norm,
+        eps=c.layer_norm_eps,
+        spec=spec.for_layer(i),
+        parts=c.block_parts(i),
+    )
+
+
 class GPT(nn.Module):
     """Decoder-only Transformer. `forward(idx (B, T))` -> logits `(B, T, V)`."""
 
@@ -132,34 +162,7 @@ class GPT(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         spec = c.attention_spec(c.positions, c.block_size)
 
-        def block(i: int) -> TransformerBlock | EvolvedDecoderCell:
-            if c.block == "evolved":  # So et al. 2019's decoder cell, its cross-attentions left out
-                return EvolvedDecoderCell(
-                    c.d_model,
-                    c.n_heads,
-                    cross=False,
-                    dropout=c.dropout,
-                    bias=c.bias,
-                    norm=c.norm,
-                    normalization=c.normalization,
-                    eps=c.layer_norm_eps,
-                    spec=spec.for_layer(i),
-                    n_kv_heads=c.n_kv_heads,
-                )
-            return TransformerBlock(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                dropout=c.dropout,
-                activation=c.activation,
-                bias=c.bias,
-                norm=c.norm,
-                eps=c.layer_norm_eps,
-                spec=spec.for_layer(i),
-                parts=c.block_parts(i),
-            )
-
-        self.blocks = build_stack(block, c.n_layers, c.block_sharing)
+        self.blocks = build_stack(lambda i: gpt_block(c, spec, i), c.n_layers, c.block_sharing)
         universal = c.block_sharing == "universal"
         self.step_signal = StepSignal(c.d_model, c.block_size, c.n_layers, scale=EMBEDDING_STD) if universal else None
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
