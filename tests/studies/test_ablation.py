@@ -177,6 +177,20 @@ def test_a_finished_study_is_not_trained_again(study, capsys):
     )
 
 
+def test_variants_picks_rows_of_a_study_and_trains_nothing_finished(study, tmp_path, capsys):
+    out = tmp_path / "study"
+    shutil.copytree(study.out, out)
+    code, stdout, err = cli(capsys, "ablate", study.spec, "--out", out, "--json", "--variants", "wide")
+    assert code == 0, err
+    assert [r["variant"] for r in json.loads(stdout)["rows"]] == ["wide"]
+    assert "starting" not in err  # its runs were finished
+    assert_user_error(
+        cli(capsys, "ablate", study.spec, "--out", out, "--variants", "wide,wdie"),
+        "has no variant 'wdie'",
+        "did you mean 'wide'",
+    )
+
+
 class StopAt:
     """The trainer's stop request, asked once a step: a signal arrives at step `step`."""
 

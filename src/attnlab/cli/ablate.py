@@ -1,5 +1,5 @@
-"""attnlab ablate SPEC [--seeds N] [--out DIR] [--jobs J | --backend ray [--address ADDR]] [--data-dir DIR] [--device D]
-[--quiet] [--json]"""
+"""attnlab ablate SPEC [--variants A,B,...] [--seeds N] [--out DIR] [--jobs J | --backend ray [--address ADDR]]
+[--data-dir DIR] [--device D] [--quiet] [--json]"""
 
 import argparse
 from pathlib import Path
@@ -24,6 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "finished runs are kept, stopped ones continue from their checkpoint.",
     )
     p.add_argument("spec", metavar="SPEC", help="a shipped spec name (shakespeare-char, wikitext2) or a .toml file")
+    p.add_argument(
+        "--variants",
+        metavar="A,B,...",
+        help="train and tabulate these variants of the spec alone (comma-separated names; the study "
+        "folder keeps the others' runs)",
+    )
     p.add_argument("--seeds", type=positive_int, metavar="N", help="seeds per variant (default: the spec's, else 3)")
     p.add_argument("--out", type=Path, help="study folder (default runs/ablate-<spec name>)")
     p.add_argument(
@@ -45,10 +51,12 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import sys
 
-    from attnlab.studies.ablation import format_table, load_spec, run_ablation
+    from attnlab.studies.ablation import format_table, load_spec, run_ablation, select_variants
     from attnlab.studies.backends import make_backend
 
     spec = load_spec(args.spec)
+    if args.variants is not None:
+        spec = select_variants(spec, [name.strip() for name in args.variants.split(",") if name.strip()])
     backend = make_backend(args.backend, jobs=args.jobs, address=args.address)
     out = args.out if args.out is not None else Path("runs") / f"ablate-{spec.name}"
     log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))

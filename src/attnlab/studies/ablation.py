@@ -22,6 +22,7 @@ the task's downstream metric. The runs are ordinary run folders, trained resumab
 Layout: OUT/<variant>/seed<k>/ (seed k trains with train.seed = base seed + k), OUT/ablation.csv.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -95,6 +96,19 @@ class AblationSpec:
     variants: tuple[Variant, ...]
     seeds: int = 3
     description: str = ""
+
+
+def select_variants(spec: AblationSpec, names: Sequence[str]) -> AblationSpec:
+    """The spec with the variants `names` alone, in the spec's order (`attnlab ablate --variants`);
+    a name the spec lacks is a ConfigError with a did-you-mean."""
+    known = [v.name for v in spec.variants]
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"the spec {spec.name!r} has no variant {name!r}{close_matches(name, known)}; "
+                f"its variants: {', '.join(known)}"
+            )
+    return dataclasses.replace(spec, variants=tuple(v for v in spec.variants if v.name in names))
 
 
 def ablation_specs() -> list[str]:
