@@ -52,6 +52,7 @@ MORE = (  # the other presets, run with --all or named with --presets
     ("BiLSTM tagger", "ud-pos-bilstm", "ud-english-ewt"),
     ("GRU encoder-decoder", "multi30k-de-en-rnn", "multi30k"),
     ("GRU encoder-decoder", "multi30k-de-en-rnn-attention", "multi30k"),
+    ("Transformer encoder-decoder", "multi30k-ablate", "multi30k"),  # the multi30k ablations' base
     ("ViT", "fashion-vit-hybrid", "fashion-mnist"),
     ("CNN", "fashion-cnn", "fashion-mnist"),
     ("PixelCNN", "fashion-gated-pixelcnn", "fashion-mnist"),

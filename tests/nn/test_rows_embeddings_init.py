@@ -148,17 +148,18 @@ def test_the_language_model_specs_hold_these_rows_and_the_shapes_at_equal_parame
 def test_the_multi30k_spec_holds_the_encoder_decoder_rows(tmp_path):
     assert "multi30k" in ablation_specs()
     runs = plan(load_spec("multi30k"), tmp_path, data_dir=str(FIXTURES / "multi30k"))
-    assert len(runs) >= 8 * 2 and runs[0].config.model.embedding_ties == "all"
-    assert changed_fields(runs[: 8 * 2]) == {  # rows of other issues follow (their own tests)
+    assert runs[0].config.model.embedding_ties == "all"
+    changed = changed_fields(runs)
+    assert {
         "vanilla": {},
         "untied-embeddings": {"tie_embeddings": "none"},
         "tied-encoder-decoder-inputs": {"tie_embeddings": "source-target"},
         "tied-decoder-input-output": {"tie_embeddings": "target-output"},
-        "share-all": {"block_sharing": "all"},
+        "block-sharing": {"block_sharing": "all"},
         "shared-encoder-only": {"block_sharing": "encoder"},
         "shared-decoder-only": {"block_sharing": "decoder"},
         "transparent-attention": {"transparent_attention": True},
-    }
+    }.items() <= changed.items()
     for run in runs[::2]:
         model = Seq2SeqTransformer(dataclasses.replace(run.config.model, vocab_size=50))
         src, tgt = torch.randint(1, 50, (2, 6)), torch.randint(1, 50, (2, 5))

@@ -73,7 +73,7 @@ def _multi30k() -> DataSet:
         "Multi30k Task 1, German-English image descriptions (Elliott et al. 2016; test 2017: Elliott et al. 2017)",
         "no licence file; the publishers provide it for non-commercial research and educational use, "
         "images under the Flickr Terms of Use (github.com/multi30k/dataset, 'Use of the data')",
-        ("multi30k-de-en", "multi30k-de-en-rnn", "multi30k-de-en-rnn-attention"),
+        ("multi30k-de-en", "multi30k-de-en-rnn", "multi30k-de-en-rnn-attention", "multi30k-ablate"),
         _files("multi30k/dataset", commit, "data/task1/raw/", sums),
     )
 

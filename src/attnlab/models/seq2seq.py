@@ -11,6 +11,10 @@ Implements `attnlab.models.protocols.Seq2SeqModel`: `forward` for teacher-forced
 self-attention keys and values are cached, and each layer's projection of the encoder output is
 computed once), `cross_attention` for the alignment picture.
 
+With `funnel_stages` the encoder is a Funnel Transformer (Dai et al. 2020; `attnlab.nn.funnel`), as
+in Narang et al. 2021's encoder–decoder: its sequence is mean-pooled in pairs between stages, and
+the decoder cross-attends to the shortened memory `(B, S', C)` under the pooled source mask.
+
 Shape legend: B batch, S source length, T target length, C d_model, H heads, V vocabulary.
 """
 
@@ -22,6 +26,7 @@ from torch import nn
 
 from attnlab.nn import (
     FIXUP,
+    INPUT_POSITIONS,
     NORM_ORDERS,
     AttentionOptions,
     BlockOptions,
@@ -36,6 +41,7 @@ from attnlab.nn import (
 )
 from attnlab.nn.conv_attention import CONVOLUTIONS
 from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell, EvolvedEncoderCell
+from attnlab.nn.funnel import FunnelOptions, pool_pairs, upsample
 from attnlab.nn.transparent import TransparentMix
 
 EMBEDDING_TIES = ("all", "none", "source-target", "target-output")
@@ -46,11 +52,12 @@ embeddings), Narang et al. 2021's rows."""
 
 
 @dataclass(frozen=True)
-class Seq2SeqConfig(AttentionOptions, BlockOptions):
+class Seq2SeqConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """Shape and behaviour of an encoder–decoder Transformer. Validated on construction. The
     attention variants (`attention`, `rope_theta`, ...; `AttentionOptions`) apply to the
     self-attention of both stacks, the block parts (`normalization`, `experts`, `n_kv_heads`,
-    `block_sharing` = all, ...; `BlockOptions`) to the blocks of both."""
+    `block_sharing` = all, ...; `BlockOptions`) to the blocks of both; the Funnel Transformer's
+    stages (`funnel_stages`, summing to n_encoder_layers; `FunnelOptions`) to the encoder."""
 
     kind: str = "seq2seq-transformer"
     """Model family tag in run configs; always "seq2seq-transformer" for this class."""
@@ -117,6 +124,20 @@ class Seq2SeqConfig(AttentionOptions, BlockOptions):
             raise ValueError(f"attention {self.attention!r} (a convolution) is for GPT and BERT; use 'full' here")
         # causal: the decoder's self-attention, which the spec covers too
         self.check_attention(self.positions, causal=True, head_dim=self.d_model // self.n_heads, d_model=self.d_model)
+        self.check_funnel(self.n_encoder_layers, causal=False, layers_field="n_encoder_layers")
+        if self.funnel_stages is not None:
+            self._check_funnel_parts()
+
+    def _check_funnel_parts(self) -> None:
+        """ValueError for the parts a funnel encoder cannot take."""
+        # The pooled queries attend as cross-attention, which carries no positions or patterns;
+        # the encoder's states shrink, so a mix of them (transparent attention) has no one length.
+        if self.positions not in INPUT_POSITIONS or self.attention != "full" or self.transparent_attention:
+            raise ValueError(
+                "funnel_stages pools the encoder's queries: it takes positions at the input "
+                f"({', '.join(INPUT_POSITIONS)}), attention 'full' and no transparent_attention, got positions "
+                f"{self.positions!r}, attention {self.attention!r}, transparent_attention {self.transparent_attention}"
+            )
 
     @property
     def embedding_ties(self) -> str:
@@ -189,6 +210,7 @@ class Seq2SeqTransformer(nn.Module):
             )
 
         self.encoder = build_stack(encoder_block, c.n_encoder_layers, c.stack_sharing("encoder"))
+        self.pool_layers = c.funnel_pool_layers()  # empty without funnel_stages
         self.decoder = build_stack(decoder_block, c.n_decoder_layers, c.stack_sharing("decoder"))
         self.encoder_norm = self._final_norm()
         self.transparent = TransparentMix(c.n_encoder_layers, c.n_decoder_layers) if c.transparent_attention else None
@@ -231,7 +253,9 @@ class Seq2SeqTransformer(nn.Module):
         return self.dropout(embedding(ids) * math.sqrt(self.config.d_model) + self.positions(pos))
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """src `(B, S)` -> memory `(B, S, C)` and the source padding mask `(B, 1, 1, S)`."""
+        """src `(B, S)` -> memory `(B, S, C)` and the source padding mask `(B, 1, 1, S)`; with
+        `funnel_stages`, the pooled memory `(B, S', C)` and mask `(B, 1, 1, S')`,
+        S' = ⌈S / 2^(stages − 1)⌉."""
         memory, src_mask, _ = self._encode(src, need_weights=False)
         return memory, src_mask
 
@@ -244,12 +268,21 @@ class Seq2SeqTransformer(nn.Module):
         self, src: torch.Tensor, need_weights: bool = False
     ) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
         """The embedded source and every encoder layer's output `[(B, S, C)] * (N + 1)`, the source
-        mask and, when asked for, each layer's weights."""
-        src_mask = padding_mask_from_ids(src, self.pad_id)
+        mask (of the last state) and, when asked for, each layer's weights. In a Funnel Transformer
+        the first block of each later stage pools its queries only (Dai et al. 2020, Eq. 2): the
+        pair means `(B, ⌈S/2⌉, C)` read the unpooled keys and values, and the mask is pooled alike."""
+        src_mask = padding_mask_from_ids(src, self.pad_id)  # (B, 1, 1, S)
+        real = src != self.pad_id  # (B, S)
         states = [self._embed(src, self.src_embedding)]
         weights = []
-        for block in self.encoder:
-            x, w = block(states[-1], mask=src_mask, need_weights=need_weights)
+        for i, block in enumerate(self.encoder):
+            x = states[-1]
+            if i in self.pool_layers:
+                pooled, real = pool_pairs(x, real)
+                x, w = block(pooled, mask=src_mask, need_weights=need_weights, keys=x)
+                src_mask = real[:, None, None, :]  # (B, 1, 1, S')
+            else:
+                x, w = block(x, mask=src_mask, need_weights=need_weights)
             states.append(x)
             if w is not None:
                 weights.append(w)
@@ -325,16 +358,23 @@ class Seq2SeqTransformer(nn.Module):
 
     @torch.no_grad()
     def encoder_attention(self, src: torch.Tensor) -> list[torch.Tensor]:
-        """The encoder's per-head self-attention of every layer for src `(B, S)`: a list of `(B, H, S, S)`."""
+        """The encoder's per-head self-attention of every layer for src `(B, S)`: a list of `(B, H, S, S)`
+        (in a Funnel Transformer, `(B, H, Sq, Sk)` with each stage's lengths)."""
         return self._encode(src, need_weights=True)[2]
 
     @torch.no_grad()
     def cross_attention_layers(self, src: torch.Tensor, tgt_in: torch.Tensor) -> list[torch.Tensor]:
-        """Encoder–decoder attention of every decoder layer: a list of `(B, H, T, S)`."""
+        """Encoder–decoder attention of every decoder layer: a list of `(B, H, T, S)` (`(B, H, T, S')`
+        over a Funnel Transformer's pooled memory)."""
         memories, src_mask = self._memories(src)
         _, weights = self._decode(tgt_in, self._memory_kv(memories), src_mask, need_weights=True)
         return weights
 
     def cross_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """The alignment `(B, T, S)`: the last decoder layer's cross-attention, averaged over heads."""
-        return self.cross_attention_layers(src, tgt_in)[-1].mean(dim=1)
+        """The alignment `(B, T, S)`: the last decoder layer's cross-attention, averaged over heads.
+        Over a Funnel Transformer's pooled memory each source token shows the weight of the pooled
+        position that holds it (a row then sums to one over the pooled positions, not the tokens)."""
+        weights = self.cross_attention_layers(src, tgt_in)[-1].mean(dim=1)  # (B, T, S')
+        if weights.size(-1) == src.size(1):
+            return weights
+        return upsample(weights.transpose(1, 2), len(self.pool_layers), src.size(1)).transpose(1, 2)  # (B, T, S)

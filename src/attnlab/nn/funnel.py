@@ -71,27 +71,29 @@ def upsample(x: torch.Tensor, times: int, length: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class FunnelOptions:
     """The Funnel Transformer's config field, a mixin for the model families; only a
-    bidirectional encoder accepts it (`check_funnel`)."""
+    bidirectional encoder (BERT, the encoder–decoder's encoder) accepts it (`check_funnel`)."""
 
     funnel_stages: tuple[int, ...] | None = None
     """Blocks per stage of a Funnel Transformer (Dai et al. 2020), e.g. [2, 2]: the sequence is
     mean-pooled with stride 2 between stages (the first block of each later stage pools its queries
-    only); the counts sum to n_layers. None: no pooling."""
+    only); the counts sum to n_layers (an encoder–decoder's n_encoder_layers). None: no pooling."""
 
-    def check_funnel(self, n_layers: int, *, causal: bool) -> None:
-        """ValueError when `funnel_stages` is malformed, or set on a causal model."""
+    def check_funnel(self, n_layers: int, *, causal: bool, layers_field: str = "n_layers") -> None:
+        """ValueError when `funnel_stages` is malformed, or set on a causal model; `layers_field`
+        names the count the stages must sum to (an encoder–decoder's "n_encoder_layers")."""
         stages = self.funnel_stages
         if stages is None:
             return
         if causal:
             raise ValueError(
                 "funnel_stages pools pairs of positions over time, and a pooled position holds the later token "
-                "of its pair: a causal model would see its future; the Funnel Transformer is for an encoder (BERT)"
+                "of its pair: a causal model would see its future; the Funnel Transformer is for an encoder (BERT, "
+                "an encoder–decoder's encoder)"
             )
         if len(stages) < 2 or min(stages) < 1 or sum(stages) != n_layers:
             raise ValueError(
-                f"funnel_stages must list two or more stages of >= 1 block each, summing to n_layers ({n_layers}), "
-                f"got {list(stages)}"
+                f"funnel_stages must list two or more stages of >= 1 block each, summing to {layers_field} "
+                f"({n_layers}), got {list(stages)}"
             )
 
     def funnel_pool_layers(self) -> frozenset[int]:
