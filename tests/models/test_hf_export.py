@@ -108,6 +108,8 @@ def test_llama_config_round_trip():
         (dict(attention="window", attention_window=4), "attention = 'window'"),
         (dict(block_sharing="all"), "block_sharing = 'all'"),
         (dict(embedding_dim=8), "embedding_dim = 8"),
+        (dict(memory_keys=4, memory_top_k=2), "memory_keys = 4"),
+        (dict(branched_attention=True), "branched_attention = True"),
         (dict(norm="post"), "norm = 'post'"),
         (dict(activation="swiglu"), "activation = 'swiglu'"),
         (LLAMA_PARTS | dict(positions="alibi"), "cannot export to transformers Llama: positions = 'alibi'"),
@@ -228,6 +230,19 @@ def test_marian_config_round_trip():
 def test_marian_refuses_what_it_cannot_represent_by_name():
     with pytest.raises(ExportError, match=r"norm = 'pre' \(MarianMT has post-norm\); positions = 'rope'"):
         marian_export(translator(norm="pre", positions="rope"), bos_id=BOS, eos_id=EOS)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (dict(funnel_stages=(1, 1)), "funnel_stages = (1, 1)"),
+        (dict(transparent_attention=True), "transparent_attention = True"),
+    ],
+)
+def test_marian_refuses_a_funnel_encoder_and_transparent_attention(overrides, named):
+    with pytest.raises(ExportError, match="MarianMT") as info:
+        marian_export(translator(**overrides), bos_id=BOS, eos_id=EOS)
+    assert named in str(info.value)
 
 
 # -- tokenizers -------------------------------------------------------------------------------------

@@ -286,6 +286,9 @@ COMMON_EXPORT_RULES: dict[str, PartRule] = {
     ),
     "embedding_dim": (is_value("embedding_dim", None), "token embeddings as wide as the model (no factorization)"),
     "block": (is_value("block", "transformer"), "the Transformer's blocks (no Evolved Transformer cells)"),
+    "memory_keys": (is_value("memory_keys", 0), "a feed-forward layer in every block (no product key memory)"),
+    "branched_attention": (is_value("branched_attention", False), "one attention a block (no Weighted Transformer)"),
+    "funnel_stages": (is_value("funnel_stages", None), "every layer at full length (no Funnel pooling)"),
 }
 
 

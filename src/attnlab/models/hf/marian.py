@@ -151,6 +151,7 @@ MARIAN_EXPORT_RULES: dict[str, PartRule] = {
     "normalization": (is_value("normalization", "layernorm"), "LayerNorm"),
     "layer_norm_eps": (is_value("layer_norm_eps", MARIAN_LAYER_NORM_EPS), "1e-5"),
     "n_kv_heads": (lambda c: c.n_kv_heads in (None, c.n_heads), "one key/value head per query head"),
+    "transparent_attention": (is_value("transparent_attention", False), "cross-attention on the last encoder layer"),
 }
 
 
