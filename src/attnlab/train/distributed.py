@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -233,6 +234,11 @@ class Distributed:
         while rank 0 is still writing the last checkpoint)."""
         if self._owns_group and dist.is_initialized():
             dist.barrier()
+            # gloo's worker threads drop a finished collective's tensors after its wait() returns,
+            # and need the GIL for it. The group's destructor, which runs later on whatever frees
+            # the DDP wrapper, joins those threads holding the GIL: with one still waiting for it,
+            # the process never exits (pytorch/pytorch#56297). Sleeping hands them the GIL now.
+            time.sleep(0.1)
             dist.destroy_process_group()
             self._owns_group = False
 
