@@ -78,9 +78,11 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
 
 @dataclass(frozen=True)
 class FolderConfig:
-    """What the server reads of a run's config, for a model that is not a run: its task."""
+    """What the server reads of a run's config, for a Hugging Face folder held in a run's place: its
+    task and, for a causal LM, attnlab's config of the imported model."""
 
     task: str
+    model: Any = None  # a GPTConfig for a causal LM
 
 
 @dataclass
@@ -104,15 +106,14 @@ class BertFolder:
 def load_bert_folder(path: Path, device: str) -> BertFolder | None:
     """The BERT folder at `path` loaded for its sentence vectors, or None when `path` is not a
     Hugging Face BERT folder (config.json's model_type "bert")."""
-    import json
-
-    from attnlab.models.hf import is_hf_folder
+    from attnlab.errors import CheckpointError
+    from attnlab.models.hf import is_hf_folder, read_hf_config
 
     if not is_hf_folder(path):
         return None
     try:
-        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        model_type = read_hf_config(Path(path), "Hugging Face", "config.json")[1].get("model_type")
+    except CheckpointError:
         return None  # the folder's own loader says what is wrong with it
     if model_type != "bert":
         return None
@@ -123,14 +124,6 @@ def load_bert_folder(path: Path, device: str) -> BertFolder | None:
     return BertFolder(Path(path), load_sentence_encoder(path, torch.device(device)))
 
 
-@dataclass(frozen=True)
-class HFConfig:
-    """What the server reads of a run's config, for a Hugging Face folder."""
-
-    model: Any  # attnlab's config of the imported model (a GPTConfig)
-    task: str = "language-model"
-
-
 @dataclass
 class HFCausalLM:
     """A Hugging Face causal-LM folder dressed as a language-model run (`attnlab.load`'s `Run`):
@@ -138,7 +131,7 @@ class HFCausalLM:
     chat: the folder's chat template, or None."""
 
     path: Path
-    config: HFConfig
+    config: FolderConfig
     tokenizer: Any  # BPETokenizer
     model: Any  # GPT, in eval mode
     context: int
@@ -155,7 +148,9 @@ def load_hf_causal_lm(path: Path, device: str = "cpu") -> HFCausalLM:
     loaded = load_causal_lm(path)
     model = loaded.model.to(device).eval()
     chat = read_chat_template(path, loaded.tokenizer.decode)
-    return HFCausalLM(Path(path), HFConfig(model.config), loaded.tokenizer, model, model.config.block_size, chat)
+    return HFCausalLM(
+        Path(path), FolderConfig("language-model", model.config), loaded.tokenizer, model, model.config.block_size, chat
+    )
 
 
 @dataclass

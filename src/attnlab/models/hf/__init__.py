@@ -25,6 +25,7 @@ from attnlab.models.hf._common import (
     TOKENIZER_FILE,
     WEIGHT_FILES,
     HFCheckpoint,
+    read_hf_config,
     save_hf_checkpoint,
 )
 from attnlab.models.hf.auto import (
@@ -124,6 +125,7 @@ __all__ = [
     "marian_export",
     "marian_feature_order",
     "mixtral_config_from_hf",
+    "read_hf_config",
     "save_hf_checkpoint",
     "to_marian",
 ]
