@@ -207,6 +207,31 @@ def shared(tmp_path_factory, name: str) -> Path:
     return _SHARED[name]
 
 
+ONE_LAYER_LM = """
+task = "lm"
+[model]
+block_size = 16
+n_layers = 1
+n_heads = 2
+d_model = 32
+[data]
+path = "{corpus}"
+tokenizer = "char"
+[train]
+max_iters = 16
+batch_size = 4
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 2
+eval_interval = 4
+eval_iters = 2
+log_interval = 5
+device = "cpu"
+"""
+"""A one-layer character LM of 16 steps, as a TOML text: the base of the sweep and study tests
+(`.format(corpus=PATH)`)."""
+
+
 HF_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 

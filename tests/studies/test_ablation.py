@@ -26,29 +26,9 @@ from attnlab.models import GPT
 from attnlab.studies.ablation import ablation_specs, load_spec, plan, run_ablation
 from attnlab.train import train
 from attnlab.train.config import read_config
-from helpers import WIKITEXT, assert_user_error, cli
+from helpers import ONE_LAYER_LM, WIKITEXT, assert_user_error, cli
 
-BASE = """
-task = "lm"
-[model]
-block_size = 16
-n_layers = 1
-n_heads = 2
-d_model = 32
-[data]
-path = "{corpus}"
-tokenizer = "char"
-[train]
-max_iters = 16
-batch_size = 4
-learning_rate = 3e-3
-min_lr = 3e-4
-warmup_iters = 2
-eval_interval = 4
-eval_iters = 2
-log_interval = 5
-device = "cpu"
-"""
+BASE = ONE_LAYER_LM
 
 SPEC = """
 base = "base.toml"

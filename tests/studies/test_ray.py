@@ -24,7 +24,7 @@ from attnlab.errors import UserError
 from attnlab.studies.backends import RayBackend
 from attnlab.studies.sweep import LOG, LocalBackend, PlannedRun, run_all
 from attnlab.train import resolve
-from helpers import cli, losses
+from helpers import ONE_LAYER_LM, cli, losses
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'attnlab[ray]')")
 
@@ -183,24 +183,7 @@ def test_train_seeds_on_a_cluster_at_an_address_from_another_process(cluster, he
         assert_same_run(here / "ray" / name, here / "local" / name)
 
 
-TOML = """
-task = "lm"
-[model]
-block_size = 16
-n_layers = 1
-n_heads = 2
-d_model = 32
-[data]
-path = "corpus.txt"
-tokenizer = "char"
-[train]
-max_iters = 12
-batch_size = 4
-warmup_iters = 2
-eval_interval = 4
-eval_iters = 2
-device = "cpu"
-"""
+TOML = ONE_LAYER_LM.format(corpus="corpus.txt")
 
 
 SPEC = """

@@ -11,7 +11,7 @@ import pytest
 
 from attnlab.errors import UserError
 from attnlab.studies.backends import check_address, join_error
-from helpers import assert_user_error, cli
+from helpers import ONE_LAYER_LM, assert_user_error, cli
 
 SPEC = """
 base = "base.toml"
@@ -22,23 +22,7 @@ seeds = 1
 set = {{ "model.d_model" = 16 }}
 """
 
-BASE = """
-task = "lm"
-[model]
-block_size = 16
-n_layers = 1
-n_heads = 2
-d_model = 32
-[data]
-path = "{corpus}"
-tokenizer = "char"
-[train]
-max_iters = 16
-batch_size = 4
-eval_interval = 4
-eval_iters = 2
-device = "cpu"
-"""
+BASE = ONE_LAYER_LM
 
 
 @pytest.fixture
