@@ -8,7 +8,8 @@ LM_STUDY is an `attnlab ablate wikitext2` folder: its ablation.csv gives each va
 validation loss (mean ± sd over seeds). MT_STUDY is an `attnlab ablate multi30k` folder: each of
 its run folders OUT/<variant>/seed<k>/ is scored on Multi30k's test2016 (sacreBLEU, beam search,
 as `attnlab eval RUN --split test2016` does) and the result kept in the run folder as
-test2016.json, so that a second call decodes nothing; mean ± sd over seeds. The rows are the
+test2016.json, so that a second call decodes nothing; mean ± sd over seeds (without MT_STUDY, the
+language-model column alone, beside the paper's). The rows are the
 language-model study's variants in its spec's order, then the translation study's own (the rows
 that exist only in an encoder–decoder); a cell is blank where a column lacks the row. Δ is each
 column's difference from its own vanilla row.
@@ -356,7 +357,13 @@ def _log(line: str) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="transfer_table", description=__doc__.splitlines()[0])
     p.add_argument("lm_study", type=Path, metavar="LM_STUDY", help="an `attnlab ablate wikitext2` folder")
-    p.add_argument("mt_study", type=Path, metavar="MT_STUDY", help="an `attnlab ablate multi30k` folder")
+    p.add_argument(
+        "mt_study",
+        type=Path,
+        nargs="?",
+        metavar="MT_STUDY",
+        help="an `attnlab ablate multi30k` folder (without it: the language-model column alone)",
+    )
     p.add_argument("--data-dir", help="the Multi30k folder, where the runs' own data.data_dir is not it")
     p.add_argument("--beam", type=int, default=5, help="beam size of the test decoding (default 5)")
     p.add_argument(
@@ -375,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         lm = lm_column(args.lm_study)
-        folders = run_folders(args.mt_study)  # bad input is said before any decoding starts
+        folders = {} if args.mt_study is None else run_folders(args.mt_study)  # bad input before any decoding
         scoring = {"data_dir": args.data_dir, "beam": args.beam, "checkpoint": args.checkpoint, "device": args.device}
         mt = mt_column(folders, _log, **scoring)
     except UserError as e:

@@ -177,3 +177,15 @@ def test_a_run_folder_missing_from_the_study_is_one_line(studies):
     (mt_dir / "funnel" / "seed1" / "metrics.csv").unlink()
     (mt_dir / "funnel" / "seed1").rmdir()
     assert_one_line_error(run(lm_dir, mt_dir), "funnel", "seed1")
+
+
+def test_the_language_model_column_alone(tmp_path, capsys):
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "ablation.csv").write_text(
+        "variant,final_loss,final_loss_sd,seeds\nvanilla,2.0,0.01,3\nswiglu,1.9,0.02,3\nrezero,2.6,0.03,3\n"
+    )
+    assert transfer.main([str(lm)]) == 0
+    out = capsys.readouterr().out
+    assert "| swiglu | 1.900 ± 0.020 (-0.100) |  | 1.789 | 27.02 |" in out
+    assert "vs paper final loss: ρ = +1.00 (n = 3)" in out and "(n = 0)" in out
