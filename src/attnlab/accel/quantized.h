@@ -16,6 +16,7 @@
 // blocks, each lane accumulated in order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -151,6 +152,26 @@ void dot_rows_bf16(const uint16_t* w, const float* x, int64_t in, float* acc) {
     for (int64_t j = i; j < in; ++j) sum += bf16_to_float(w[j]) * x[b * in + j];
     acc[b] = sum;
   }
+}
+
+// The values of `rows` int8 weight rows (in wide) with their scales, widened to fp32 as
+// `dot_rows_q8` reads them: out[j, i] = s_k q[j, i] for i in block k. A product of many rows
+// multiplies these by a matrix product (fused_step.cpp, `widened_linear`).
+inline void widen_q8(const int8_t* q, const float* scales, int64_t rows, int64_t in, float* out) {
+  const int64_t blocks = q8_blocks(in);
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float s = scales[j * blocks + k];
+      const int64_t end = std::min(in, (k + 1) * kQ8Block);
+#pragma omp simd
+      for (int64_t i = k * kQ8Block; i < end; ++i) out[j * in + i] = s * static_cast<float>(q[j * in + i]);
+    }
+}
+
+// n bf16 weights widened to fp32 (exactly: the upper 16 bits of each).
+inline void widen_bf16(const uint16_t* w, int64_t n, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(w[i]);
 }
 
 }  // namespace attnlab
