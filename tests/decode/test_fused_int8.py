@@ -112,6 +112,49 @@ def test_the_step_computes_the_model_with_the_stored_weights(name, weights):
 
 
 @pytest.mark.parametrize("weights", STORED)
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_a_long_prefill_equals_its_prompts_in_streamed_groups(name, weights):
+    """From 16 rows on the products widen the stored weights for a matrix product, below that they
+    stream them: 5 prompts of 8 tokens prefilled in one call (40 rows) give the logits and caches
+    of each prompt prefilled alone (8 rows), within the float32 bound of a change of sum order."""
+    model = tiny_gpt(block_size=64, **ARCHITECTURES[name])
+    prompts = torch.randint(0, 23, (5, 8), generator=torch.Generator().manual_seed(7)).tolist()
+    bound = gpt_sums(model.config)
+    with torch.inference_mode():
+        together, apart = model.new_cache(5), model.new_cache(5)
+        got = FusedStep(model, extension(), together, weights).prefill(prompts, 0)
+        alone = FusedStep(model, extension(), apart, weights)
+        expected = torch.cat([alone.prefill([p], row) for row, p in enumerate(prompts)])
+    assert_float32_close(got, expected, **bound)
+    assert not torch.equal(got[0], got[1])  # the rows are different prompts' logits
+    for a, b in zip(together, apart, strict=True):
+        assert_float32_close(a.k[:, :, :8], b.k[:, :, :8], **bound)
+        assert_float32_close(a.v[:, :, :8], b.v[:, :, :8], **bound)
+
+
+@pytest.mark.parametrize("weights", STORED)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_long_prompt_prefills_as_its_tokens_decode_one_by_one(name, weights):
+    """A 40-token prompt in one call (the widened products) against the same tokens stepped one at
+    a time (the streamed ones) and the reference model: the logits after it and the caches."""
+    model = tiny_gpt(block_size=64, **ARCHITECTURES[name])
+    prompt = torch.randint(0, 23, (1, 40), generator=torch.Generator().manual_seed(8))
+    bound = gpt_sums(model.config)
+    with torch.inference_mode():
+        whole, stepped = model.new_cache(1), model.new_cache(1)
+        got = FusedStep(model, extension(), whole, weights).prefill(prompt.tolist(), 0)
+        step = FusedStep(model, extension(), stepped, weights)
+        for position in range(40):
+            expected = step(prompt[:, position : position + 1], stepped, position)
+        reference = reference_model(model, weights)(prompt, last_only=True)
+    assert_float32_close(got, expected[:, -1], **bound)
+    assert_float32_close(got, reference[:, -1], **bound)
+    for a, b in zip(whole, stepped, strict=True):
+        assert_float32_close(a.k[:, :, :40], b.k[:, :, :40], **bound)
+        assert_float32_close(a.v[:, :, :40], b.v[:, :, :40], **bound)
+
+
+@pytest.mark.parametrize("weights", STORED)
 def test_batched_rows_read_the_stored_weights_too(weights):
     """Continuous batching with more than 8 rows at a step (past the streamed products of fp32):
     each sequence gets the tokens the reference model gives it decoded alone."""

@@ -29,6 +29,9 @@ caches stay fp32, and the products widen each weight to fp32 as they read it and
 (`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++; the AVX-512 BF16 instructions, which
 would round the activations to bf16 too, are not used). At batch 1 a step's speed is how fast the
 weights stream from memory, and bf16 and int8 read 2 and about 1 byte a weight where fp32 reads 4.
+A step of many rows (a prompt's prefill, a large batch) costs its multiply-adds instead: from 16
+rows on, each stored weight is widened to fp32 once per product, a chunk of rows at a time, for
+PyTorch's matrix product (the values the streamed products read, summed in another order).
 The stored copies are made at the first step and kept while the model's weights are unchanged.
 
 The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers
@@ -211,7 +214,7 @@ class FusedStep:
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
     With `weights` bf16 or int8 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
-    instead, streamed at any number of rows.
+    instead, streamed up to 15 rows and widened to fp32 for PyTorch's product from 16 on.
     """
 
     def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache], weights: str = "fp32") -> None:
@@ -238,7 +241,7 @@ class FusedStep:
         for index, (values, _) in zip(_product_indices(len(model.blocks)), stored, strict=True):
             params[index] = values
         # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two); bf16
-        # and int8 weights are always streamed
+        # and int8 weights have no reordered copies (the step streams or widens them itself)
         large = any(w is not None and w.numel() >= REORDERED_MIN_WEIGHT for w in self.weights)
         self.reordered = weights == "fp32" and MKLDNN and large
         c = model.config

@@ -19,7 +19,8 @@
 //   index into the memory, both reordered in Python for the price of a few integers.
 // The weight products read each weight row once for every row of the batch, so up to a few rows
 // cost about what one does; past 8 rows the products go to oneDNN's (over reordered weights,
-// where the caller gives them) or PyTorch's matrix product.
+// where the caller gives them) or PyTorch's matrix product; bf16 and int8 weights stream up to
+// 15 rows and from 16 on are widened to fp32, a chunk at a time, for PyTorch's matrix product.
 //
 // Layouts are PyTorch's: weights (out, in) row-major, a row of the in-projection's output
 // [q (H*D); k (KV*D); v (KV*D)] (see `Heads`), head h the columns [h*D, (h+1)*D) of each; the
@@ -146,8 +147,8 @@ void quantized_rows(const Weight& W, const float* bias, const float* x, float* y
 }
 
 // `linear` for a bf16 or int8 weight, any number of rows, in groups of 8: every group reads the
-// weights once. There is no matrix product over them to hand many rows to, and widening a weight
-// costs less than the 8 rows' multiply-adds that share it.
+// weights once, and widening a weight costs less than the 8 rows' multiply-adds that share it.
+// `product` hands it fewer than kWidenedMinRows rows; more go to `widened_linear`.
 void quantized_linear(const Weight& W, const float* bias, const float* x, float* y, int64_t B) {
   const int64_t out = W.out(), in = W.in();
   for (int64_t b0 = 0; b0 < B; b0 += 8) {
@@ -164,6 +165,50 @@ void quantized_linear(const Weight& W, const float* bias, const float* x, float*
       case 7: quantized_rows<7>(W, bias, xb, yb); break;
       default: quantized_rows<8>(W, bias, xb, yb);
     }
+  }
+}
+
+// Weights a chunk of `widened_linear` holds in fp32: 256K of them (1 MiB), a few hundred rows
+// of a model's products, small enough to stay in the cache between the widening and the product.
+constexpr int64_t kWidenedChunk = int64_t{1} << 18;
+
+// Rows [begin, begin + n) of a bf16 or int8 weight widened to fp32 into out (n, in), exactly the
+// values the streamed products read (quantized.h), in parallel over the rows.
+void widen(const Weight& W, int64_t begin, int64_t n, float* out) {
+  const int64_t in = W.in();
+  const bool q8 = W.values.scalar_type() == at::kChar;
+  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 14) / in), [&](int64_t lo, int64_t hi) {
+    const int64_t j = begin + lo;
+    if (q8)
+      attnlab::widen_q8(W.values.data_ptr<int8_t>() + j * in, W.scales.data_ptr<float>() + j * attnlab::q8_blocks(in),
+                        hi - lo, in, out + lo * in);
+    else
+      attnlab::widen_bf16(reinterpret_cast<const uint16_t*>(W.values.data_ptr()) + j * in, (hi - lo) * in,
+                          out + lo * in);
+  });
+}
+
+// `linear` for a bf16 or int8 weight and many rows (a prompt's prefill, a large batch): there the
+// cost is the multiply-adds, not reading the weights, and streamed in groups of 8 the weights
+// were widened again for every group (64 times for a 512-token prompt). Here each weight is
+// widened once, a chunk of kWidenedChunk at a time, and the chunk's outputs come from PyTorch's
+// matrix product, as an fp32 weight's do past kStreamedMaxRows.
+void widened_linear(const Weight& W, const at::Tensor& bias, const float* x, float* y, int64_t R) {
+  const int64_t out = W.out(), in = W.in();
+  const int64_t rows = std::min(out, std::max<int64_t>(16, kWidenedChunk / in / 16 * 16));
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor chunk = at::empty({rows, in}, opts);
+  const at::Tensor xt = at::from_blob(const_cast<float*>(x), {R, in}, opts), yt = at::from_blob(y, {R, out}, opts);
+  const bool biased = bias.defined() && bias.numel();
+  for (int64_t j = 0; j < out; j += rows) {
+    const int64_t n = std::min(rows, out - j);
+    const at::Tensor w = chunk.narrow(0, 0, n);
+    widen(W, j, n, w.data_ptr<float>());
+    at::Tensor yj = yt.narrow(1, j, n);  // (R, n), rows `out` apart: the product writes in place
+    if (biased)
+      at::addmm_out(yj, bias.narrow(0, j, n), xt, w.t());
+    else
+      at::mm_out(yj, xt, w.t());
   }
 }
 
@@ -349,14 +394,23 @@ at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const a
 // reordered weights only for steps past it).
 constexpr int64_t kStreamedMaxRows = 8;
 
+// From this many rows on, a bf16 or int8 product widens its weight for a matrix product: below
+// it two streamed groups of 8 (9 to 15 rows) still ran faster (benchmarks/llamacpp_compare.py's
+// shapes, one thread).
+constexpr int64_t kWidenedMinRows = 16;
+
 // y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to
 // kStreamedMaxRows rows, where reading the weights is the cost; past that, where the arithmetic
 // is, oneDNN's product over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
-// A bf16 or int8 weight streams at any number of rows (`quantized_linear`).
+// A bf16 or int8 weight streams in groups of 8 rows (`quantized_linear`) up to kWidenedMinRows,
+// and from there is widened to fp32 a chunk at a time for PyTorch's product (`widened_linear`).
 void product(const Weight& weight, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
              int64_t R) {
   if (!weight.fp32()) {
-    quantized_linear(weight, data_or_null(bias), x, y, R);
+    if (R < kWidenedMinRows)
+      quantized_linear(weight, data_or_null(bias), x, y, R);
+    else
+      widened_linear(weight, bias, x, y, R);
     return;
   }
   const at::Tensor& W = weight.values;

@@ -16,6 +16,7 @@
 // blocks, each lane accumulated in order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -91,10 +92,12 @@ constexpr int kVecsPerBlock = kQ8Block / kVecWidth;
 // acc[b] = sum over the row's blocks of s_k (q_k . x[b]_k) for the B rows of x (in wide), one
 // int8 weight row q (in) with its scales: the weights are read and widened once for all rows.
 // Rows of at most 2 take two blocks per iteration into separate accumulators, so that one
-// block's additions do not wait on the previous one's.
+// block's additions do not wait on the previous one's; one row on AVX-512 takes eight, which
+// made batch-1 decoding faster (the fused step on llamacpp_compare.py's shapes; AVX2's 16
+// registers would not hold them). Blocks left over from the unrolled loop go one at a time.
 template <int B>
 void dot_rows_q8(const int8_t* q, const float* scales, const float* x, int64_t in, float* acc) {
-  constexpr int U = B <= 2 ? 2 : 1;
+  constexpr int U = B == 1 && kVecWidth == 16 ? 8 : B <= 2 ? 2 : 1;
   Vec total[B][U];
   for (int b = 0; b < B; ++b)
     for (int u = 0; u < U; ++u) total[b][u] = vzero();
@@ -112,15 +115,18 @@ void dot_rows_q8(const int8_t* q, const float* scales, const float* x, int64_t i
         total[b][u] = vfma(vset(scales[k + u]), s, total[b][u]);
       }
   }
+  for (; k < full; ++k)
+    for (int b = 0; b < B; ++b) {
+      const int8_t* qk = q + k * kQ8Block;
+      const float* xb = x + b * in + k * kQ8Block;
+      Vec s = vzero();
+      for (int v = 0; v < kVecsPerBlock; ++v) s = vfma(vload_q8(qk + v * kVecWidth), vload(xb + v * kVecWidth), s);
+      total[b][0] = vfma(vset(scales[k]), s, total[b][0]);
+    }
   for (int b = 0; b < B; ++b) {
     Vec t = total[b][0];
     for (int u = 1; u < U; ++u) t = t + total[b][u];
     float sum = vsum(t);
-    for (int64_t j = k; j < full; ++j) {  // a block left over from the unrolled loop
-      float s = 0.f;
-      for (int64_t i = j * kQ8Block; i < (j + 1) * kQ8Block; ++i) s += q[i] * x[b * in + i];
-      sum += scales[j] * s;
-    }
     if (full * kQ8Block < in) {  // a short last block
       float s = 0.f;
       for (int64_t i = full * kQ8Block; i < in; ++i) s += q[i] * x[b * in + i];
@@ -151,6 +157,26 @@ void dot_rows_bf16(const uint16_t* w, const float* x, int64_t in, float* acc) {
     for (int64_t j = i; j < in; ++j) sum += bf16_to_float(w[j]) * x[b * in + j];
     acc[b] = sum;
   }
+}
+
+// The values of `rows` int8 weight rows (in wide) with their scales, widened to fp32 as
+// `dot_rows_q8` reads them: out[j, i] = s_k q[j, i] for i in block k. A product of many rows
+// multiplies these by a matrix product (fused_step.cpp, `widened_linear`).
+inline void widen_q8(const int8_t* q, const float* scales, int64_t rows, int64_t in, float* out) {
+  const int64_t blocks = q8_blocks(in);
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float s = scales[j * blocks + k];
+      const int64_t end = std::min(in, (k + 1) * kQ8Block);
+#pragma omp simd
+      for (int64_t i = k * kQ8Block; i < end; ++i) out[j * in + i] = s * static_cast<float>(q[j * in + i]);
+    }
+}
+
+// n bf16 weights widened to fp32 (exactly: the upper 16 bits of each).
+inline void widen_bf16(const uint16_t* w, int64_t n, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(w[i]);
 }
 
 }  // namespace attnlab
