@@ -8,8 +8,13 @@ step's rows), and every token after a window's first is scored given the ones be
 window. The same windows through the model's own forward (PyTorch, fp32) give the reference the
 fused fp32 figure must match.
 
+With --prompt P each window's first P tokens are instead prefilled as prompts, the group's windows
+in one call (P × rows rows: the many-row products), and its tokens from P + 1 on scored as they
+decode. That is the path where bf16 weights on a CPU with bf16 instructions multiply the prompt's
+rows in bf16 (`attnlab.accel.fused.NATIVE_BF16`), measured beside bf16 widened ("bf16-widened").
+
     python benchmarks/weights_perplexity.py RUN --data ../shared/data/wikitext-2/valid.txt
-        [--rows 8] [--max-tokens N] [--json FILE]
+        [--rows 8] [--max-tokens N] [--prompt P] [--json FILE]
 
 Prints one JSON object: the run, the tokens scored, the perplexity per precision and each one's
 relative difference from fp32's.
@@ -25,7 +30,7 @@ from pathlib import Path
 import torch
 
 import attnlab
-from attnlab.accel.fused import WEIGHT_FORMATS, FusedStep, extension, supports
+from attnlab.accel.fused import NATIVE_BF16, WEIGHT_FORMATS, FusedStep, extension, supports
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run_info import run_info  # noqa: E402
@@ -38,27 +43,39 @@ def windows(ids: list[int], block: int, rows: int) -> torch.Tensor:
     return torch.tensor(ids[: n * block]).view(n, block)
 
 
-def fused_nll(model: torch.nn.Module, chunks: torch.Tensor, rows: int, weights: str) -> float:
-    """Summed negative log-likelihood (nats) of every window's tokens after its first, decoded by
-    the fused step with `weights`, `rows` windows at a time."""
+def fused_nll(
+    model: torch.nn.Module,
+    chunks: torch.Tensor,
+    rows: int,
+    weights: str,
+    prompt: int = 0,
+    native_bf16: bool | None = None,
+) -> float:
+    """Summed negative log-likelihood (nats) of every window's tokens after its first (after its
+    first `prompt`, prefilled in one call for the group), decoded by the fused step with `weights`,
+    `rows` windows at a time."""
     total = 0.0
     with torch.inference_mode():
         for group in chunks.split(rows):
             cache = model.new_cache(rows)
-            step = FusedStep(model, extension(), cache, weights)
-            for t in range(group.size(1) - 1):
+            step = FusedStep(model, extension(), cache, weights, native_bf16=native_bf16)
+            if prompt:
+                logits = step.prefill(group[:, :prompt].tolist(), 0)  # (rows, V): the next token of each
+                total -= logits.log_softmax(-1).gather(1, group[:, prompt : prompt + 1]).sum().item()
+            for t in range(prompt, group.size(1) - 1):
                 logits = step(group[:, t : t + 1], cache, t)[:, -1]  # (rows, V)
                 total -= logits.log_softmax(-1).gather(1, group[:, t + 1 : t + 2]).sum().item()
     return total
 
 
-def eager_nll(model: torch.nn.Module, chunks: torch.Tensor, rows: int) -> float:
+def eager_nll(model: torch.nn.Module, chunks: torch.Tensor, rows: int, prompt: int = 0) -> float:
     """The same sum through the model's own forward over whole windows (fp32, PyTorch)."""
     total = 0.0
+    first = max(0, prompt - 1)  # the logits that predict the first scored token
     with torch.inference_mode():
         for group in chunks.split(rows):
-            logits = model(group[:, :-1])  # (rows, block - 1, V)
-            total -= logits.log_softmax(-1).gather(2, group[:, 1:, None]).sum().item()
+            logits = model(group[:, :-1])[:, first:]  # (rows, block - 1 - first, V)
+            total -= logits.log_softmax(-1).gather(2, group[:, first + 1 :, None]).sum().item()
     return total
 
 
@@ -68,6 +85,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, required=True, help="the text to score, e.g. WikiText-2's valid.txt")
     p.add_argument("--rows", type=int, default=8, help="windows decoded side by side (default 8)")
     p.add_argument("--max-tokens", type=int, help="score at most about this many tokens (default: the whole text)")
+    p.add_argument("--prompt", type=int, default=0, help="prefill each window's first P tokens (default 0: none)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args()
@@ -80,13 +98,23 @@ def main() -> None:
     if args.max_tokens:
         ids = ids[: args.max_tokens]
     chunks = windows(ids, model.config.block_size, args.rows)
-    scored = chunks.numel() - chunks.size(0)
+    if not 0 <= args.prompt < model.config.block_size - 1:
+        raise SystemExit(f"--prompt must be in 0..{model.config.block_size - 2}")
+    scored = chunks.numel() - chunks.size(0) * max(1, args.prompt)
     ppl, seconds = {}, {}
-    reference = math.exp(eager_nll(model, chunks, args.rows) / scored)
-    for weights in WEIGHT_FORMATS:
+    reference = math.exp(eager_nll(model, chunks, args.rows, args.prompt) / scored)
+    formats = {w: (w, None) for w in WEIGHT_FORMATS}
+    if args.prompt:
+        formats = {
+            "fp32": ("fp32", None),
+            "bf16": ("bf16", None),
+            "bf16-widened": ("bf16", False),
+            "int8": ("int8", None),
+        }
+    for label, (weights, native) in formats.items():
         start = time.perf_counter()
-        ppl[weights] = math.exp(fused_nll(model, chunks, args.rows, weights) / scored)
-        seconds[weights] = round(time.perf_counter() - start, 1)
+        ppl[label] = math.exp(fused_nll(model, chunks, args.rows, weights, args.prompt, native) / scored)
+        seconds[label] = round(time.perf_counter() - start, 1)
     result = {
         **run_info(),
         "run": str(args.run),
@@ -94,6 +122,8 @@ def main() -> None:
         "block_size": model.config.block_size,
         "parameters": sum(p.numel() for p in model.parameters()),
         "windows": chunks.size(0),
+        "prompt": args.prompt,
+        "bf16_native_here": NATIVE_BF16,
         "tokens_scored": scored,
         "perplexity_pytorch_fp32": round(reference, 4),
         "perplexity": {w: round(v, 4) for w, v in ppl.items()},

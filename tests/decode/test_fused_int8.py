@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.accel.fused import WEIGHT_FORMATS, FusedStep, extension, quantize_q8_0, weights_refusal
+from attnlab.accel.fused import NATIVE_BF16, WEIGHT_FORMATS, FusedStep, extension, quantize_q8_0, weights_refusal
+from attnlab.accel.projection import MKLDNN
 from attnlab.cli.arguments import WEIGHTS as CLI_WEIGHTS
 from attnlab.decode import greedy
 from attnlab.decode.batching import Batcher
@@ -116,13 +117,14 @@ def test_the_step_computes_the_model_with_the_stored_weights(name, weights):
 def test_a_long_prefill_equals_its_prompts_in_streamed_groups(name, weights):
     """From 16 rows on the products widen the stored weights for a matrix product, below that they
     stream them: 5 prompts of 8 tokens prefilled in one call (40 rows) give the logits and caches
-    of each prompt prefilled alone (8 rows), within the float32 bound of a change of sum order."""
+    of each prompt prefilled alone (8 rows), within the float32 bound of a change of sum order.
+    (bf16 widened as on a CPU without bf16 instructions: `test_native_bf16_...` has the others.)"""
     model = tiny_gpt(block_size=64, **ARCHITECTURES[name])
     prompts = torch.randint(0, 23, (5, 8), generator=torch.Generator().manual_seed(7)).tolist()
     bound = gpt_sums(model.config)
     with torch.inference_mode():
         together, apart = model.new_cache(5), model.new_cache(5)
-        got = FusedStep(model, extension(), together, weights).prefill(prompts, 0)
+        got = FusedStep(model, extension(), together, weights, native_bf16=False).prefill(prompts, 0)
         alone = FusedStep(model, extension(), apart, weights)
         expected = torch.cat([alone.prefill([p], row) for row, p in enumerate(prompts)])
     assert_float32_close(got, expected, **bound)
@@ -142,7 +144,7 @@ def test_a_long_prompt_prefills_as_its_tokens_decode_one_by_one(name, weights):
     bound = gpt_sums(model.config)
     with torch.inference_mode():
         whole, stepped = model.new_cache(1), model.new_cache(1)
-        got = FusedStep(model, extension(), whole, weights).prefill(prompt.tolist(), 0)
+        got = FusedStep(model, extension(), whole, weights, native_bf16=False).prefill(prompt.tolist(), 0)
         step = FusedStep(model, extension(), stepped, weights)
         for position in range(40):
             expected = step(prompt[:, position : position + 1], stepped, position)
@@ -152,6 +154,55 @@ def test_a_long_prompt_prefills_as_its_tokens_decode_one_by_one(name, weights):
     for a, b in zip(whole, stepped, strict=True):
         assert_float32_close(a.k[:, :, :40], b.k[:, :, :40], **bound)
         assert_float32_close(a.v[:, :, :40], b.v[:, :, :40], **bound)
+
+
+def bf16_rows(model: nn.Module) -> nn.Module:
+    """`model` with each block product's input rows and outputs rounded to bf16, as a product
+    multiplied in bf16 with fp32 sums gives them (its weights already bf16: `reference_model`)."""
+    for block in model.blocks:
+        products = [
+            block.attn.in_proj,
+            block.attn.out_proj,
+            getattr(block.ffn, "fc1", None),
+            getattr(block.ffn, "fc2", None),
+        ]
+        for layer in products:
+            if isinstance(layer, nn.Linear):  # a mixture's experts keep fp32 rows
+                layer.register_forward_pre_hook(lambda _, args: (args[0].to(torch.bfloat16).float(),))
+                layer.register_forward_hook(lambda _, __, out: out.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_native_bf16_prefill_multiplies_the_blocks_rows_in_bf16(name):
+    """On a CPU with bf16 instructions a bf16 prefill of 16 rows or more multiplies the blocks'
+    products in bf16 (rows rounded to bf16, fp32 sums, bf16 outputs; the head in fp32): its logits
+    and caches are the reference model's with exactly those roundings, within one bf16 rounding
+    (2^-8), and the fp32 rows of the widened products fall outside that."""
+    model = tiny_gpt(block_size=64, **ARCHITECTURES[name])
+    prompts = torch.randint(0, 23, (5, 8), generator=torch.Generator().manual_seed(7))
+    one_rounding = {"rtol": 2**-8, "atol": 2**-8}
+    with torch.inference_mode():
+        native, widened = model.new_cache(5), model.new_cache(5)
+        got = FusedStep(model, extension(), native, "bf16", native_bf16=True).prefill(prompts.tolist(), 0)
+        fp32_rows = FusedStep(model, extension(), widened, "bf16", native_bf16=False).prefill(prompts.tolist(), 0)
+        want_cache = model.new_cache(5)
+        want = bf16_rows(reference_model(model, "bf16"))(prompts, cache=want_cache, last_only=True)[:, -1]
+    torch.testing.assert_close(got, want, **one_rounding)
+    for a, b in zip(native, want_cache, strict=True):
+        torch.testing.assert_close(a.k[:, :, :8], b.k[:, :, :8], **one_rounding)
+        torch.testing.assert_close(a.v[:, :, :8], b.v[:, :, :8], **one_rounding)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(fp32_rows, want, **one_rounding)
+
+
+def test_native_bf16_is_the_default_where_the_cpu_has_bf16_instructions():
+    model = tiny_gpt(block_size=64)
+    with torch.inference_mode():
+        step = FusedStep(model, extension(), model.new_cache(1), "bf16")
+        assert step.native_bf16 == (NATIVE_BF16 and MKLDNN)
+        assert not FusedStep(model, extension(), model.new_cache(1), "int8").native_bf16
+        assert not FusedStep(model, extension(), model.new_cache(1), "fp32").native_bf16
 
 
 @pytest.mark.parametrize("weights", STORED)
@@ -324,9 +375,12 @@ def test_attnlab_bench_and_serve_take_the_option(capsys, run_dir):
 
 
 @pytest.mark.parametrize("weights", STORED)
-def test_the_server_worker_decodes_with_the_stored_weights(weights):
+def test_the_server_worker_decodes_with_the_stored_weights(weights, monkeypatch):
     """`attnlab serve --weights` reaches each model's worker (its fused step by default, whether
-    built or not): concurrent completions are the reference model's, each decoded alone."""
+    built or not): concurrent completions are the reference model's, each decoded alone. (bf16's
+    prompts widened: multiplied in bf16, a prompt's rows round with the batch it is prefilled in,
+    which `test_native_bf16_prefill_multiplies_the_blocks_rows_in_bf16` checks.)"""
+    monkeypatch.setattr("attnlab.accel.fused.NATIVE_BF16", False)
     from attnlab.data.tokenizers import CharTokenizer
     from attnlab.decode import complete, greedy_picker
     from attnlab.serve.worker import Sampling

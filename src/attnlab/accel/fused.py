@@ -26,12 +26,15 @@ head's) in one of `WEIGHT_FORMATS` (`weights=`): fp32, the model's own; bf16, ea
 to its upper 16 bits; or int8, GGUF's q8_0 (`quantize_q8_0`: blocks of 32 values of a row, one
 fp32 scale each). Only the weights are stored so: the activations, norms, embeddings, router and
 caches stay fp32, and the products widen each weight to fp32 as they read it and sum in fp32
-(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++; the AVX-512 BF16 instructions, which
-would round the activations to bf16 too, are not used). At batch 1 a step's speed is how fast the
-weights stream from memory, and bf16 and int8 read 2 and about 1 byte a weight where fp32 reads 4.
-A step of many rows (a prompt's prefill, a large batch) costs its multiply-adds instead: from 16
-rows on, each stored weight is widened to fp32 once per product, a chunk of rows at a time, for
-PyTorch's matrix product (the values the streamed products read, summed in another order).
+(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++). At batch 1 a step's speed is how fast
+the weights stream from memory, and bf16 and int8 read 2 and about 1 byte a weight where fp32
+reads 4. A step of many rows (a prompt's prefill, a large batch) costs its multiply-adds instead:
+from 16 rows on, each stored weight is widened to fp32 once per product, a chunk of rows at a time,
+for PyTorch's matrix product (the values the streamed products read, summed in another order);
+except bf16 weights on a CPU with bf16 instructions (`NATIVE_BF16`: AVX-512 BF16 or AMX), whose
+many-row products in the blocks run in bf16 through oneDNN, the rows rounded to bf16 as
+llama.cpp's bf16 products round them (fp32 sums, bf16 outputs), at about twice fp32's
+multiply-adds a second; the head's logits keep fp32 activations.
 The stored copies are made at the first step and kept while the model's weights are unchanged.
 
 The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers
@@ -59,6 +62,7 @@ from attnlab.accel.extensions import build
 from attnlab.accel.extensions import is_built as is_built_here
 from attnlab.accel.kernels import ACTIVATION_CODES
 from attnlab.accel.projection import MKLDNN, reordered_weight
+from attnlab.device import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16_matmul
 from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm, rope_angles
 from attnlab.nn.feedforward import is_gated
 
@@ -109,6 +113,10 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.round(w / safe.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
     return q.reshape(*lead, blocks * Q8_BLOCK)[..., :n].contiguous(), scale.contiguous()
 
+
+NATIVE_BF16 = bool(set(BF16_CPU_FLAGS) & cpu_flags()) and cpu_has_bf16_matmul()
+"""Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX) through oneDNN: a bf16 step
+of 16 rows or more then multiplies in bf16 rather than widening its weights to fp32."""
 
 _STORED: dict[tuple[int, str], tuple[weakref.ref, int, tuple[torch.Tensor, torch.Tensor]]] = {}
 """(id(weight), format) -> (the weight, its version when stored, (values, scales))."""
@@ -214,10 +222,29 @@ class FusedStep:
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
     With `weights` bf16 or int8 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
-    instead, streamed up to 15 rows and widened to fp32 for PyTorch's product from 16 on.
+    instead, streamed up to 15 rows and widened to fp32 for PyTorch's product from 16 on (bf16
+    where `native_bf16`: the blocks' products multiplied in bf16 by oneDNN from 16 rows on, the rows
+    rounded to bf16). `native_bf16` defaults to `NATIVE_BF16`, whether this CPU has bf16
+    instructions; False keeps a bf16 step's rows fp32 on any CPU.
     """
 
-    def __init__(self, model: nn.Module, ext: ModuleType, cache: list[KVCache], weights: str = "fp32") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        ext: ModuleType,
+        cache: list[KVCache],
+        weights: str = "fp32",
+        native_bf16: bool | None = None,
+    ) -> None:
+        self._bind(model, ext, cache, weights)
+        native = NATIVE_BF16 if native_bf16 is None else native_bf16
+        # the bf16 weights themselves in place of reordered copies: the C++ step's sign to multiply in
+        # bf16; not the head's, whose logits (scored prompts, sampling) keep fp32's precision
+        self.native_bf16 = weights == "bf16" and native and MKLDNN
+        blocks = [_NONE if w is None else stored_weight(w, "bf16")[0] for w in self.weights[:-1]]
+        self._bf16 = [*blocks, _NONE] if self.native_bf16 else []
+
+    def _bind(self, model: nn.Module, ext: ModuleType, cache: list[KVCache], weights: str) -> None:
         params: list[torch.Tensor] = []
         # The products' weights, in the step's order; None for a mixture's experts, which always
         # take the streamed or PyTorch's product (each sees a step's few tokens routed to it).
@@ -291,8 +318,13 @@ class FusedStep:
 
     def _packed(self, rows: int) -> list[torch.Tensor]:
         """The reordered weights for a step of `rows` rows (an empty tensor for a weight multiplied
-        by PyTorch's product); none up to 8 rows, where the C++ step streams the weights itself."""
-        if rows <= self.streamed_max_rows or not self.reordered:
+        by PyTorch's product); none up to 8 rows, where the C++ step streams the weights itself. For
+        `native_bf16` steps, the bf16 weights (the C++ step multiplies them in bf16 from 16 rows on)."""
+        if rows <= self.streamed_max_rows:
+            return []
+        if self.native_bf16:
+            return self._bf16
+        if not self.reordered:
             return []
         return [
             reordered_weight(w) if w is not None and w.numel() >= REORDERED_MIN_WEIGHT else _NONE for w in self.weights

@@ -212,6 +212,18 @@ void widened_linear(const Weight& W, const at::Tensor& bias, const float* x, flo
   }
 }
 
+// `linear` for a bf16 weight and many rows on a CPU whose oneDNN multiplies bf16 itself (AVX-512
+// BF16, AMX): the caller passes the weight as `native` only there. The rows are rounded to bf16, as
+// llama.cpp's bf16 products round them, oneDNN sums in fp32 and hands the outputs back in bf16;
+// the streamed products and `widened_linear` keep the activations in fp32.
+void native_bf16_linear(const at::Tensor& native, const at::Tensor& bias, const float* x, float* y, int64_t R) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor xt = at::from_blob(const_cast<float*>(x), {R, native.size(1)}, opts).to(at::kBFloat16);
+  at::Tensor yt = at::from_blob(y, {R, native.size(0)}, opts);
+  yt.copy_(at::mm(xt, native.t()));
+  if (bias.defined() && bias.numel()) yt.add_(bias);
+}
+
 // LayerNorm of B rows of C (y may be x). The training kernels' (attnlab/accel/kernels.cpp) does the
 // same per row with vectorized sums; these run in order, and the tests hold this step to 1e-5 of
 // the model's own over 11 steps, which the vectorized sums miss (1.1e-5).
@@ -403,12 +415,15 @@ constexpr int64_t kWidenedMinRows = 16;
 // kStreamedMaxRows rows, where reading the weights is the cost; past that, where the arithmetic
 // is, oneDNN's product over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
 // A bf16 or int8 weight streams in groups of 8 rows (`quantized_linear`) up to kWidenedMinRows,
-// and from there is widened to fp32 a chunk at a time for PyTorch's product (`widened_linear`).
+// and from there is widened to fp32 a chunk at a time for PyTorch's product (`widened_linear`),
+// or, for bf16 where `packed` is the bf16 weight itself, multiplied in bf16 (`native_bf16_linear`).
 void product(const Weight& weight, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
              int64_t R) {
   if (!weight.fp32()) {
     if (R < kWidenedMinRows)
       quantized_linear(weight, data_or_null(bias), x, y, R);
+    else if (packed.defined() && packed.scalar_type() == at::kBFloat16)
+      native_bf16_linear(packed, bias, x, y, R);
     else
       widened_linear(weight, bias, x, y, R);
     return;
