@@ -83,6 +83,27 @@ def test_every_row_builds_an_encoder_decoder_that_takes_a_training_step(row, mod
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+@pytest.mark.parametrize("row", NAMES)
+def test_every_row_trains_and_translates_under_bf16_autocast(row, models):
+    """As the trainer runs a translation run on a CPU with bf16 instructions (`train.dtype` auto):
+    the step and its evaluation's loss and beam search under bf16 autocast."""
+    from attnlab.decode.seq2seq import beam_search
+
+    torch.manual_seed(0)
+    config = models[row]
+    model = Seq2SeqTransformer(dataclasses.replace(config, vocab_size=40, d_model=16, max_len=24, d_ff=32))
+    src, tgt = torch.randint(3, 40, (3, 9)), torch.randint(3, 40, (3, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        model.eval()
+        with torch.inference_mode():
+            out = beam_search(model, src[:1], beam_size=2, bos_id=1, eos_id=2)
+    assert torch.isfinite(loss)
+    assert len(out) >= 1
+
+
 def test_the_depth_width_rows_hold_the_bases_parameters(models):
     base = models["vanilla"]
     assert (base.n_encoder_layers, base.n_decoder_layers, base.d_model, base.n_heads) == (3, 3, 128, 4)

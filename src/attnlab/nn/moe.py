@@ -119,7 +119,10 @@ class MixtureOfExperts(nn.Module):
         rows = expert * capacity + slot  # (kept,) row of the dispatch buffer
         buffer = tokens.new_zeros(e * capacity, shape[-1]).index_copy_(0, rows, tokens[token])
         out = self.experts(buffer.view(e, capacity, -1)).view(e * capacity, -1)  # (E·cap, C)
-        y = torch.zeros_like(tokens).index_add_(0, token, out[rows] * gate[:, None].to(out.dtype))
+        # the experts' dtype, not the tokens': under autocast their products come back in bf16
+        y = tokens.new_zeros(tokens.shape, dtype=out.dtype).index_add_(
+            0, token, out[rows] * gate[:, None].to(out.dtype)
+        )
         return self.dropout(y.view(shape))
 
     def capacity(self, n_tokens: int) -> int:
