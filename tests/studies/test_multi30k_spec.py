@@ -3,12 +3,14 @@ rows join the language-model column by name, each builds an encoder–decoder th
 depth–width rows hold the base's parameters."""
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attnlab.config import read_toml
+from attnlab.errors import UserError
 from attnlab.models import Seq2SeqTransformer
 from attnlab.nn import depth_width_shapes
 from attnlab.studies.ablation import load_spec, plan
@@ -102,6 +104,24 @@ def test_every_row_trains_and_translates_under_bf16_autocast(row, models):
             out = beam_search(model, src[:1], beam_size=2, bos_id=1, eos_id=2)
     assert torch.isfinite(loss)
     assert len(out) >= 1
+
+
+def test_a_study_given_its_data_folder_relative_resumes_its_runs(tmp_path, monkeypatch):
+    """A run folder keeps data.data_dir absolute; the same folder given relative is the same study
+    (it was refused), another folder is not."""
+    from attnlab.studies.sweep import check_existing
+    from attnlab.train.config import absolute_paths, write_config
+
+    monkeypatch.chdir(FIXTURES)
+    run = plan(SPEC, tmp_path / "out", seeds=1, data_dir="multi30k")[0]
+    assert run.config.data.data_dir == "multi30k"
+    run.folder.mkdir(parents=True)
+    write_config(run.folder, dataclasses.replace(run.config, data=absolute_paths(run.config.data)))
+    check_existing(run)
+    shutil.copytree(FIXTURES / "multi30k", tmp_path / "elsewhere")
+    moved = plan(SPEC, tmp_path / "out", seeds=1, data_dir=str(tmp_path / "elsewhere"))[0]
+    with pytest.raises(UserError, match="holds a run with data.data_dir"):
+        check_existing(moved)
 
 
 def test_the_depth_width_rows_hold_the_bases_parameters(models):

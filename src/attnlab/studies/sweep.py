@@ -20,6 +20,7 @@ import contextlib
 import csv
 import math
 import multiprocessing
+import os
 import signal
 import tempfile
 from collections import deque
@@ -127,12 +128,21 @@ def check_existing(run: PlannedRun) -> None:
     settings = run.settings
     if "task" in settings:  # a spec may use the old task and kind names; the saved config has today's
         settings = flatten(upgrade(nest(settings.items())))
+    # a run folder keeps its data paths absolute (`absolute_paths`); the study may give them relative
+    paths = {f"data.{name}" for name in getattr(run.config.data, "path_fields", ())}
     for key, value in settings.items():
-        if key not in UNCOMPARED and saved.get(key) != value:
+        if key not in UNCOMPARED and not same_setting(saved.get(key), value, path=key in paths):
             raise UserError(
                 f"{run.folder} holds a run with {key} = {saved.get(key)!r}, but this study sets {value!r}; "
                 "choose another --out folder (or delete that run to train it again)"
             )
+
+
+def same_setting(saved: Any, planned: Any, *, path: bool = False) -> bool:
+    """Whether a run folder's setting is the study's; a `path` compared as absolute paths."""
+    if path and isinstance(saved, str) and isinstance(planned, str):
+        return os.path.abspath(os.path.expanduser(saved)) == os.path.abspath(os.path.expanduser(planned))
+    return saved == planned
 
 
 def threads_per_job(jobs: int) -> int:
