@@ -33,8 +33,8 @@ from 16 rows on, each stored weight is widened to fp32 once per product, a chunk
 for PyTorch's matrix product (the values the streamed products read, summed in another order);
 except bf16 weights on a CPU with bf16 instructions (`NATIVE_BF16`: AVX-512 BF16 or AMX), whose
 many-row products in the blocks run in bf16 through oneDNN, the rows rounded to bf16 as
-llama.cpp's bf16 products round them (fp32 sums, bf16 outputs), at about twice fp32's
-multiply-adds a second; the head's logits keep fp32 activations.
+llama.cpp's bf16 products round them (fp32 sums, bf16 outputs); the head's logits keep fp32
+activations (speed: docs/benchmarks.md, "Matching precisions").
 The stored copies are made at the first step and kept while the model's weights are unchanged.
 
 The decoder step (`FusedDecoderState`, used by `beam_search(..., fused=True)`) covers

@@ -20,7 +20,6 @@ import contextlib
 import csv
 import math
 import multiprocessing
-import os
 import signal
 import tempfile
 from collections import deque
@@ -37,7 +36,7 @@ from attnlab.config import flatten, nest
 from attnlab.errors import UserError
 from attnlab.names import upgrade
 from attnlab.tasks import TASKS
-from attnlab.train.config import RunConfig, read_config
+from attnlab.train.config import RunConfig, absolute_path, read_config
 from attnlab.train.load import load_run
 from attnlab.train.signals import StopRequest
 from attnlab.train.trainer import TrainResult, train
@@ -128,7 +127,7 @@ def check_existing(run: PlannedRun) -> None:
     settings = run.settings
     if "task" in settings:  # a spec may use the old task and kind names; the saved config has today's
         settings = flatten(upgrade(nest(settings.items())))
-    # a run folder keeps its data paths absolute (`absolute_paths`); the study may give them relative
+    # a run folder keeps its data paths absolute (`absolute_path`); the study may give them relative
     paths = {f"data.{name}" for name in getattr(run.config.data, "path_fields", ())}
     for key, value in settings.items():
         if key not in UNCOMPARED and not same_setting(saved.get(key), value, path=key in paths):
@@ -141,7 +140,7 @@ def check_existing(run: PlannedRun) -> None:
 def same_setting(saved: Any, planned: Any, *, path: bool = False) -> bool:
     """Whether a run folder's setting is the study's; a `path` compared as absolute paths."""
     if path and isinstance(saved, str) and isinstance(planned, str):
-        return os.path.abspath(os.path.expanduser(saved)) == os.path.abspath(os.path.expanduser(planned))
+        return absolute_path(saved) == absolute_path(planned)
     return saved == planned
 
 

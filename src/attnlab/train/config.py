@@ -246,6 +246,11 @@ def read_config(run_dir: Path) -> RunConfig:
         raise CheckpointError(f"{run_dir / CONFIG}: {e}") from None
 
 
+def absolute_path(value: str) -> str:
+    """`value` as `train` stores a config's path: `~` expanded, made absolute against the current folder."""
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def absolute_paths(data: Any) -> Any:
     """`data` with its `path_fields` made absolute against the current folder (`~` expanded): what
     `train` stores, so that a run folder's config.toml names the same files from any folder. (A
@@ -255,7 +260,7 @@ def absolute_paths(data: Any) -> Any:
     changes = {}
     for name in getattr(data, "path_fields", ()):
         value = getattr(data, name)
-        if value and (absolute := os.path.abspath(os.path.expanduser(value))) != value:
+        if value and (absolute := absolute_path(value)) != value:
             changes[name] = absolute
     return dataclasses.replace(data, **changes) if changes else data
 
