@@ -204,8 +204,8 @@ def test_config_from_dict():
 # ---- refusals ---------------------------------------------------------------------------------
 
 REFUSED = {
-    "rope_scaling": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, ["rope_scaling"]),
-    "rope_type": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, ["'llama3'"]),
+    "rope_scaling": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, ["'dynamic'"]),
+    "rope_type": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}}, ["'yarn'"]),
     "rope_extra_key": (
         {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}},
         ["partial_rotary_factor"],
@@ -213,7 +213,7 @@ REFUSED = {
     "attention_bias": ({"attention_bias": True}, ["attention_bias"]),
     "mlp_bias": ({"mlp_bias": True}, ["mlp_bias"]),
     "hidden_act": ({"hidden_act": "gelu"}, ["hidden_act", "'gelu'"]),
-    "head_dim": ({"head_dim": 16}, ["head_dim=16", "32 / 4"]),
+    "head_dim": ({"head_dim": 0}, ["head_dim", "positive int"]),
     "model_type": ({"model_type": "mistral"}, ["model_type", "'mistral'"]),
     "kv_heads": ({"num_key_value_heads": 3}, ["n_kv_heads"]),
 }
@@ -237,7 +237,7 @@ def test_llama_refuses_what_attnlab_cannot_represent(tmp_path, name):
         ({"num_experts_per_tok": 1}, ["num_experts_per_tok=1", "weight 1"]),
         ({"model_type": "llama"}, ["'llama'"]),
         ({"hidden_act": "relu"}, ["hidden_act", "'relu'"]),
-        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ["rope_scaling"]),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ["'dynamic'"]),
     ],
 )
 def test_mixtral_refuses_what_attnlab_cannot_represent(tmp_path, changes, needles):

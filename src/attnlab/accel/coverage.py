@@ -29,10 +29,24 @@ from attnlab.nn import (
 from attnlab.nn.positions import RotaryPositions
 
 
+def plain_heads(attn: MultiHeadAttention) -> bool:
+    """The heads the C++ steps compute: width / heads each, scores scaled by 1/√D, no norm over
+    the queries and keys, and biases on all four projections or on none (not Qwen2's q/k/v
+    biases alone, Qwen3's q/k norms or Gemma's sizes and scale)."""
+    return (
+        attn.q_dim == attn.d_model
+        and attn.scale is None
+        and attn.q_norm is None
+        and attn.k_norm is None
+        and (getattr(attn.in_proj, "bias", None) is None) == (getattr(attn.out_proj, "bias", None) is None)
+    )
+
+
 def covers_attention(attn: nn.Module) -> bool:
     """Full attention with positions only at the input, one key and value head per query head."""
     return (
         isinstance(attn, MultiHeadAttention)
+        and plain_heads(attn)
         and attn.positions is None
         and attn.pattern is None
         and attn.n_kv_heads == attn.n_heads
@@ -95,6 +109,7 @@ def decodes_attention(attn: nn.Module) -> bool:
     of key/value heads (grouped-query and multi-query attention)."""
     return (
         isinstance(attn, MultiHeadAttention)
+        and plain_heads(attn)
         and attn.pattern is None
         and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
     )
@@ -128,7 +143,8 @@ def decodes_gpt(model: GPT) -> bool:
     """Blocks that `decodes_block` accepts, none shared, one norm throughout (the final one's kind
     too), one rotary base, no factorized embeddings."""
     blocks = list(model.blocks)
-    rotary = {getattr(getattr(b.attn, "positions", None), "theta", None) for b in blocks}
+    placed = [getattr(getattr(b, "attn", None), "positions", None) for b in blocks]
+    rotary = {(getattr(p, "theta", None), getattr(p, "scaling", None)) for p in placed}
     return (
         all(decodes_block(b) for b in blocks)
         and all(type(b.norm1) is type(model.final_norm) for b in blocks)

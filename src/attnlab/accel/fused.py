@@ -63,7 +63,7 @@ from attnlab.accel.extensions import is_built as is_built_here
 from attnlab.accel.kernels import ACTIVATION_CODES
 from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.device import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16_matmul
-from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm, rope_angles
+from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm
 from attnlab.nn.feedforward import is_gated
 
 T = TypeVar("T")
@@ -359,7 +359,7 @@ def _rotary_tables(attn: nn.Module, n_positions: int) -> tuple[torch.Tensor, tor
     rotary = attn.positions
     if rotary is None:
         return torch.empty(0), torch.empty(0)
-    angles = rope_angles(torch.arange(n_positions), rotary.head_dim, rotary.theta)  # (P, D/2)
+    angles = rotary.angles(torch.arange(n_positions))  # (P, D/2), scaled as the model scales them
     return angles.cos().contiguous(), angles.sin().contiguous()
 
 

@@ -86,11 +86,12 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
         for name in ("block_size", "n_layers", "n_heads", "d_model", "ffn_mult"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads != 0:
+        if self.head_size is None and self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self.check_attention(self.positions, causal=True, head_dim=self.head_dim, d_model=self.d_model)
+        self.check_layers(self.n_layers)
         self.check_parts(self.activation, n_heads=self.n_heads, d_model=self.d_model, evolved=True)
         self.check_funnel(self.n_layers, causal=True)  # refused: pooling over time would leak the future
         factorized = self.embedding_dim is not None and self.embedding_dim != self.d_model
@@ -102,7 +103,7 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
 
     @property
     def d_ff(self) -> int:
@@ -160,7 +161,7 @@ class GPT(nn.Module):
         self.embedding_proj = nn.Linear(e, c.d_model, bias=False) if e != c.d_model else nn.Identity()
         self.positions = build_positions(c.positions, c.block_size, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
-        spec = c.attention_spec(c.positions, c.block_size)
+        spec = c.attention_spec(c.positions, c.block_size, norm_eps=c.layer_norm_eps)
 
         self.blocks = build_stack(lambda i: gpt_block(c, spec, i), c.n_layers, c.block_sharing)
         universal = c.block_sharing == "universal"
@@ -209,12 +210,12 @@ class GPT(nn.Module):
         if c.attention in CONVOLUTIONS:  # a convolution reads its last conv_kernel inputs alone
             kind = (c.conv_kernel, c.d_model)
             return [ConvCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]
-        if c.attention == "window":
-            kind = (c.kv_heads, c.attention_window, c.head_dim)
-            return [RollingKVCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]
+        layers = c.layer_attention or (c.attention,) * c.n_layers
         return [
-            KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
-            for _ in range(c.n_layers)
+            RollingKVCache(batch_size, c.kv_heads, c.attention_window, c.head_dim, device=p.device, dtype=p.dtype)
+            if pattern == "window"
+            else KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
+            for pattern in layers
         ]
 
     def _positions(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
+from attnlab.nn.norms import build_norm
 from attnlab.nn.sparse import window_rule
 from attnlab.nn.synthesizer import Synthesizer
 from attnlab.nn.variants import AttentionSpec
@@ -306,7 +307,8 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
+        spec = spec or AttentionSpec()
+        if spec.head_size is None and d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
@@ -314,12 +316,17 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = spec.head_size or d_model // n_heads
+        self.q_dim = n_heads * self.head_dim  # d_model unless the heads are sized apart (head_size)
         self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        spec = spec or AttentionSpec()
+        self.scale = spec.scale  # None: 1/√D
+        qkv_bias = bias if spec.qkv_bias is None else spec.qkv_bias
+        self.in_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
+        # Qwen3's and Gemma 3's norm over each head's queries and keys, before positions act.
+        self.q_norm = build_head_norm(spec.qk_norm, self.head_dim, spec.qk_norm_eps)
+        self.k_norm = build_head_norm(spec.qk_norm, self.head_dim, spec.qk_norm_eps)
         self.positions = spec.build_positions(n_heads, self.head_dim)
         self.pattern = spec.build_pattern(n_heads, self.head_dim)
 
@@ -344,23 +351,28 @@ class MultiHeadAttention(nn.Module):
         """The queries `(B, H, Tq, D)` of x `(B, Tq, C)`, and the keys and values `(B, Hkv, Tk, D)`:
         of x itself (self-attention, one product by the stacked `in_proj`), or of the memory."""
         if memory is None and memory_kv is None:
-            q, k, v = self.in_proj(x).split((self.d_model, self.kv_dim, self.kv_dim), dim=-1)
-            return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            q, k, v = self.in_proj(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+            q, k = self._norm_heads(self._split_heads(q), self.q_norm), self._norm_heads(self._split_heads(k), self.k_norm)
+            return q, k, self._split_heads(v)
         k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
-        return self._split_heads(self.project_query(x)), k, v
+        return self._norm_heads(self._split_heads(self.project_query(x)), self.q_norm), k, v
+
+    @staticmethod
+    def _norm_heads(x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        return x if norm is None else norm(x)
 
     def project_query(self, x: torch.Tensor) -> torch.Tensor:
-        """Cross-attention's queries `(B, Tq, C)` of x `(B, Tq, C)`: the first C rows of `in_proj`."""
-        c = self.d_model
+        """Cross-attention's queries `(B, Tq, H·D)` of x `(B, Tq, C)`: the first H·D rows of `in_proj`."""
+        c = self.q_dim
         bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
         return F.linear(x, self.in_proj.weight[:c], bias)
 
     def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values `(B, Hkv, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
-        c = self.d_model
+        c = self.q_dim
         bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
         k, v = F.linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
-        return self._split_heads(k), self._split_heads(v)
+        return self._norm_heads(self._split_heads(k), self.k_norm), self._split_heads(v)
 
     def forward(
         self,
@@ -404,7 +416,8 @@ class MultiHeadAttention(nn.Module):
             k, v, mask, causal, k_pos = self._update_cache(cache, k, v, positions, mask, causal)
         k, v = self._share(k), self._share(v)
         if self.pattern is not None and q_pos is not None and k_pos is None:
-            if cache is None and not need_weights:  # the whole sequence: the pattern's blocked computation
+            # The whole sequence: the pattern's blocked computation (which scales scores by 1/√D).
+            if cache is None and not need_weights and self.scale is None:
                 padding = _key_padding(mask, q.size(0), k.size(2))
                 dropout_p = self.dropout if self.training else 0.0
                 y = self.pattern(q, k, v, causal=causal, key_padding=padding, terms=self.positions, dropout_p=dropout_p)
@@ -500,7 +513,7 @@ class MultiHeadAttention(nn.Module):
             look_ahead = causal_mask(t_q, t_k, device=q.device)
             mask = look_ahead if mask is None else mask & look_ahead
         if formula:
-            weights = attention_weights(q, k, mask, score_bias)
+            weights = attention_weights(q, k, mask, score_bias, scale=self.scale)
             applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
             y = applied @ v
             if value_bias:
@@ -509,7 +522,9 @@ class MultiHeadAttention(nn.Module):
         attn_mask = mask
         if score_bias is not None:  # a float mask: the bias, and -inf where a key is hidden
             attn_mask = score_bias if mask is None else score_bias.masked_fill(~mask, float("-inf"))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal, scale=self.scale
+        )
         if may_empty_rows:
             # Fully masked rows: the fused kernel may give NaN; the formula's answer is zero.
             y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
@@ -529,7 +544,7 @@ class MultiHeadAttention(nn.Module):
 
     def _merge_heads(self, y: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = y.shape
-        return y.transpose(1, 2).contiguous().view(b, t, self.d_model)  # (B, Tq, C): concat(head_1..head_h)
+        return y.transpose(1, 2).contiguous().view(b, t, self.q_dim)  # (B, Tq, H·D): concat(head_1..head_h)
 
     @staticmethod
     def _query_positions(
@@ -541,6 +556,13 @@ class MultiHeadAttention(nn.Module):
             return positions
         start = cache.length if cache is not None else 0
         return torch.arange(start, start + t_q, device=device)
+
+
+def build_head_norm(kind: str, head_dim: int, eps: float) -> nn.Module | None:
+    """The norm over each head's D features that `qk_norm` names; None for "none"."""
+    if kind == "none":
+        return None
+    return build_norm(kind, head_dim, eps=eps)
 
 
 def _key_padding(mask: torch.Tensor | None, batch: int, t_k: int) -> torch.Tensor | None:

@@ -7,12 +7,18 @@ import torch
 
 
 def attention_weights(
-    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ / √D + bias) over the keys that `mask` lets each query see: `(..., Tq, Tk)`.
     A query whose keys are all masked gets zero weights, never NaN. `bias` (a position scheme's
-    term, already scaled) broadcasts to the scores."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
+    term, already scaled) broadcasts to the scores. `scale` replaces 1/√D where given."""
+    scores = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    scores = scores / math.sqrt(q.size(-1)) if scale is None else scores * scale
     if bias is not None:
         scores = scores + bias
     if mask is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from attnlab.nn.positions import check_choice
 
-NORMALIZATIONS = ("layernorm", "rmsnorm", "rezero", "rezero+layernorm", "rezero+rmsnorm")
+NORMALIZATIONS = ("layernorm", "rmsnorm", "rezero", "rezero+layernorm", "rezero+rmsnorm", "offset-rmsnorm")
 
 
 class RMSNorm(nn.Module):
@@ -30,6 +30,21 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+class OffsetRMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) · (1 + g), all in fp32 and cast back at the end: Gemma's RMSNorm,
+    whose gain is stored as its offset from 1 (zero-initialised, so weight decay pulls it to 1)."""
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class ReZero(nn.Module):
@@ -59,6 +74,8 @@ def build_norm(name: str, d_model: int, *, eps: float = 1e-5, bias: bool = True)
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(d_model, eps=eps)
+    if kind == "offset-rmsnorm":
+        return OffsetRMSNorm(d_model, eps=eps)
     return nn.Identity()
 
 

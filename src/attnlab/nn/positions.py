@@ -20,6 +20,7 @@ References:
 
 import difflib
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -198,21 +199,74 @@ def rope_rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+ROPE_SCALINGS = ("none", "linear", "llama3")
+"""How a rotary scheme stretches its frequencies for contexts longer than it was trained on:
+none; linear (position interpolation, Chen et al. 2023: every frequency divided by the factor);
+llama3 (Llama 3.1's: long wavelengths divided by the factor, short ones kept, a smooth ramp between)."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """One rotary scheme's frequency scaling (`ROPE_SCALINGS`) and its settings."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    """How much longer the context is than the one trained on (linear, llama3)."""
+    original_context: int = 8192
+    """llama3: the context the model was pre-trained at."""
+    low_freq_factor: float = 1.0
+    """llama3: wavelengths longer than original_context / low_freq_factor are fully scaled."""
+    high_freq_factor: float = 4.0
+    """llama3: wavelengths shorter than original_context / high_freq_factor are kept."""
+
+    def __post_init__(self) -> None:
+        check_choice("rope_scaling", self.kind, ROPE_SCALINGS)
+        if self.factor <= 0 or self.original_context < 1:
+            raise ValueError(f"rope_factor must be > 0 and rope_original_context >= 1, got {self}")
+        if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError("rope_low_freq_factor must be > 0 and below rope_high_freq_factor")
+
+    def frequencies(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled frequencies θ_i `(D/2,)` of the unscaled ones."""
+        if self.kind == "linear":
+            return inv_freq / self.factor
+        if self.kind == "llama3":
+            wavelength = 2 * math.pi / inv_freq
+            low, high = self.original_context / self.low_freq_factor, self.original_context / self.high_freq_factor
+            # Between the two wavelengths the frequency moves smoothly from scaled to kept.
+            smooth = (self.original_context / wavelength - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            ramp = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+            return torch.where(wavelength > low, inv_freq / self.factor, torch.where(wavelength < high, inv_freq, ramp))
+        return inv_freq
+
+
 class RotaryPositions(AttentionPositions):
     """RoPE (Su et al. 2021): q and k rotated by position-dependent angles, no parameters. A key
     is rotated once, when it is made; a KV cache holds rotated keys, so a decoding step rotates
-    only the new position."""
+    only the new position. `scaling` stretches the frequencies (`RopeScaling`)."""
 
     row_positions = True
 
-    def __init__(self, n_heads: int, head_dim: int, *, theta: float = 10000.0, **_: object) -> None:
+    def __init__(
+        self, n_heads: int, head_dim: int, *, theta: float = 10000.0, scaling: RopeScaling | None = None, **_: object
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rope rotates pairs of dimensions: the head size must be even, got {head_dim}")
         self.head_dim, self.theta = head_dim, theta
+        self.scaling = scaling or RopeScaling()
+
+    def angles(self, pos: torch.Tensor) -> torch.Tensor:
+        """The rotation angles p·θ_i, float32 `(T, D/2)` for pos `(T,)` (or `(..., T)`)."""
+        if self.scaling.kind == "none":
+            return rope_angles(pos, self.head_dim, self.theta)
+        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=pos.device) / self.head_dim)
+        return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = rope_angles(pos, self.head_dim, self.theta)  # once for both
+        angles = self.angles(pos)  # once for both
         return rope_rotate(q, angles), rope_rotate(k, angles)
 
 

@@ -14,7 +14,9 @@ from torch import nn
 
 from attnlab.nn.conv_attention import CONVOLUTIONS
 from attnlab.nn.positions import (
+    ROPE_SCALINGS,
     AttentionPositions,
+    RopeScaling,
     build_attention_positions,
     check_choice,
     check_positions,
@@ -28,6 +30,9 @@ PATTERN_NAMES = (*PATTERNS, *SYNTHESIZERS, *CONVOLUTIONS)
 convolutions (`attnlab.nn.conv_attention`), which replace the attention (`BlockParts`)."""
 
 FIXED_LENGTH = ("linformer", *SYNTHESIZERS)
+
+QK_NORMS = ("none", "rmsnorm", "offset-rmsnorm")
+"""The norms over each head's queries and keys (`AttentionOptions.qk_norm`)."""
 """Patterns with parameters for each of `max_len` positions: no sequence may be longer."""
 
 
@@ -49,13 +54,40 @@ class AttentionSpec:
     conv_kernel: int = 15
     seed: int = 0
     """BigBird's random blocks: each layer gets its own (`for_layer`)."""
+    rope_scaling: RopeScaling = RopeScaling()
+    head_size: int | None = None
+    """Each head's size D where it is not d_model / n_heads (Qwen3, Gemma 3)."""
+    qkv_bias: bool | None = None
+    """Biases on the q, k, v projections alone (Qwen2); None: as the block's `bias`."""
+    qk_norm: str = "none"
+    """A norm over each head's queries and keys before positions are applied (Qwen3, Gemma 3)."""
+    qk_norm_eps: float = 1e-6
+    scale: float | None = None
+    """The scores' factor where it is not 1/√D (Gemma's query_pre_attn_scalar^−1/2)."""
+    layer_patterns: tuple[str, ...] = ()
+    """Each layer's pattern where they differ ("full" or "window"): `for_layer` picks one."""
+    window_rope_theta: float | None = None
+    """RoPE's base in the window layers where it differs from the full ones' (Gemma 3, ModernBERT)."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers whose attention has no positions at all (SmolLM3's NoPE layers)."""
 
     def for_layer(self, index: int) -> "AttentionSpec":
-        return dataclasses.replace(self, seed=self.seed + index)
+        """Layer `index`'s own spec: its pattern, its RoPE base and positions, its random seed."""
+        pattern = self.layer_patterns[index] if self.layer_patterns else self.pattern
+        theta = self.window_rope_theta if pattern == "window" and self.window_rope_theta else self.rope_theta
+        positions = "none" if index in self.nope_layers else self.positions
+        return dataclasses.replace(
+            self, seed=self.seed + index, pattern=pattern, rope_theta=theta, positions=positions, layer_patterns=()
+        )
 
     def build_positions(self, n_heads: int, head_dim: int) -> AttentionPositions | None:
         return build_attention_positions(
-            self.positions, n_heads, head_dim, theta=self.rope_theta, max_distance=self.relative_distance
+            self.positions,
+            n_heads,
+            head_dim,
+            theta=self.rope_theta,
+            max_distance=self.relative_distance,
+            scaling=self.rope_scaling,
         )
 
     def build_pattern(self, n_heads: int, head_dim: int) -> nn.Module | None:
@@ -112,6 +144,33 @@ class AttentionOptions:
     conv_kernel: int = 15
     """Taps k of "lightweight-conv" and "dynamic-conv": a causal model reads the last k positions.
     15 is the middle of Wu et al.'s schedule (3 … 31 by layer), a quarter of a 64-character context."""
+    # The parts of today's published checkpoints (attnlab.models.hf), none of them on by default.
+    rope_scaling: str = "none"
+    """How RoPE's frequencies are stretched for long contexts, one of attnlab.nn.positions.ROPE_SCALINGS."""
+    rope_factor: float = 1.0
+    """rope_scaling's factor: the context's stretch."""
+    rope_original_context: int = 8192
+    """rope_scaling llama3: the pre-training context."""
+    rope_low_freq_factor: float = 1.0
+    """rope_scaling llama3: wavelengths above rope_original_context / this are fully scaled."""
+    rope_high_freq_factor: float = 4.0
+    """rope_scaling llama3: wavelengths below rope_original_context / this are kept."""
+    head_size: int | None = None
+    """Each attention head's size; None: the width / the number of heads (Qwen3 and Gemma 3 set it apart)."""
+    qkv_bias: bool | None = None
+    """Biases on the query, key and value projections alone (Qwen2); None: as the model's `bias`."""
+    qk_norm: str = "none"
+    """A norm over each head's queries and keys before positions act, one of attnlab.nn.NORMALIZATIONS'
+    plain norms or "none" (Qwen3, Gemma 3: RMSNorm)."""
+    attention_scale: float | None = None
+    """The factor of the scores q·k; None: 1/√(head size) (Gemma: query_pre_attn_scalar^−1/2)."""
+    layer_attention: tuple[str, ...] = ()
+    """Each layer's pattern, "full" or "window" (Gemma 3's and ModernBERT's interleaved window
+    layers); empty: `attention` in every layer."""
+    window_rope_theta: float | None = None
+    """RoPE's base in the "window" layers of `layer_attention`; None: rope_theta."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers with no positions at all (SmolLM3's NoPE layers), counted from 0."""
 
     def check_attention(self, positions: str, *, causal: bool, head_dim: int, d_model: int) -> None:
         """ValueError naming the field for a combination that cannot run."""
@@ -125,6 +184,7 @@ class AttentionOptions:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        self.check_checkpoint_parts()
         if positions == "rope" and head_dim % 2:
             raise ValueError(f"positions 'rope' rotates pairs: the head size must be even, got {head_dim}")
         if positions == "fourier" and d_model % 2:
@@ -146,7 +206,43 @@ class AttentionOptions:
                     f"for {positions!r} to compare; use rope or a scheme at the input"
                 )
 
-    def attention_spec(self, positions: str, max_len: int) -> AttentionSpec:
+    def check_checkpoint_parts(self) -> None:
+        """ValueError naming the field of the published checkpoints' parts that cannot be built."""
+        check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        if self.head_size is not None and self.head_size < 1:
+            raise ValueError(f"head_size must be >= 1, got {self.head_size}")
+        if self.attention_scale is not None and self.attention_scale <= 0:
+            raise ValueError(f"attention_scale must be > 0, got {self.attention_scale}")
+        for pattern in self.layer_attention:
+            check_choice("layer_attention", pattern, ("full", "window"))
+        if self.layer_attention and self.attention != "full":
+            raise ValueError("layer_attention sets each layer's pattern: leave attention 'full'")
+        if self.window_rope_theta is not None and self.window_rope_theta <= 0:
+            raise ValueError(f"window_rope_theta must be > 0, got {self.window_rope_theta}")
+        if any(i < 0 for i in self.nope_layers):
+            raise ValueError(f"nope_layers counts layers from 0, got {list(self.nope_layers)}")
+        self.rope_scaling_spec()  # its own checks
+
+    def check_layers(self, n_layers: int) -> None:
+        """ValueError where a per-layer field does not fit `n_layers` layers."""
+        if self.layer_attention and len(self.layer_attention) != n_layers:
+            raise ValueError(f"layer_attention names {len(self.layer_attention)} layers; the model has {n_layers}")
+        if any(i >= n_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers {list(self.nope_layers)} counts past the model's {n_layers} layers")
+
+    def rope_scaling_spec(self) -> RopeScaling:
+        return RopeScaling(
+            self.rope_scaling,
+            self.rope_factor,
+            self.rope_original_context,
+            self.rope_low_freq_factor,
+            self.rope_high_freq_factor,
+        )
+
+    def attention_spec(self, positions: str, max_len: int, *, norm_eps: float = 1e-6) -> AttentionSpec:
+        """The spec every layer's attention is built from (`AttentionSpec.for_layer` makes each
+        layer's own); `norm_eps` is the q/k norm's epsilon, the model's."""
         return AttentionSpec(
             positions=positions,
             pattern=self.attention,
@@ -159,6 +255,15 @@ class AttentionOptions:
             random_blocks=self.random_blocks,
             linformer_k=self.linformer_k,
             conv_kernel=self.conv_kernel,
+            rope_scaling=self.rope_scaling_spec(),
+            head_size=self.head_size,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            scale=self.attention_scale,
+            layer_patterns=self.layer_attention,
+            window_rope_theta=self.window_rope_theta,
+            nope_layers=self.nope_layers,
+            qk_norm_eps=norm_eps,
         )
 
 

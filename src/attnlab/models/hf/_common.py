@@ -94,6 +94,28 @@ def read_hf_config(folder: Path, family: str, holding: str) -> tuple[Path, dict[
     return config_path, hf_config
 
 
+@dataclasses.dataclass
+class HFSource:
+    """A checkpoint's config.json and tensors as read: from a folder (`as_source`), or converted
+    from another file (a GGUF file's metadata and tensors under transformers' names). Every
+    importer takes one in place of a folder; messages name `config_path` and `weights_path`."""
+
+    config_path: Path
+    config: dict[str, Any]
+    weights_path: Path
+    tensors: dict[str, torch.Tensor]
+
+
+def as_source(folder: "str | Path | HFSource", family: str) -> HFSource:
+    """`folder`'s config.json and weights (`read_hf_config`, `read_weights`); an `HFSource` as it is."""
+    if isinstance(folder, HFSource):
+        return folder
+    holding = f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
+    config_path, hf_config = read_hf_config(Path(folder), family, holding)
+    weights_path, tensors = read_weights(Path(folder))
+    return HFSource(config_path, hf_config, weights_path, tensors)
+
+
 def one_dropout(rates: dict[str, float], source: str) -> float:
     """The one dropout rate attnlab models have, from a checkpoint's several (which must agree)."""
     if len(set(rates.values())) > 1:
@@ -222,7 +244,7 @@ def read_lm_tokenizer(folder: Path, hf: Mapping[str, Any], source: str, vocab_si
         raise CheckpointError(f"no {TOKENIZER_FILE} in {folder}; download the tokenizer with the weights")
     tokenizer = load_tokenizer(path)
     if not isinstance(tokenizer, BPETokenizer):
-        raise CheckpointError(f"{path} is not a BPE tokenizer; a GPT-2, Llama or Mixtral checkpoint needs its BPE file")
+        raise CheckpointError(f"{path} is not a BPE tokenizer; a causal language model folder needs its BPE file")
     special: dict[str, int | None] = {}
     for key in ("bos_token_id", "eos_token_id"):
         value = hf.get(key)

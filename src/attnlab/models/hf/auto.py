@@ -15,19 +15,39 @@ from pathlib import Path
 
 import torch
 
+from attnlab import families
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT
-from attnlab.models.hf._common import CONFIG_FILE, HFCheckpoint, read_hf_config, read_lm_tokenizer, refusal
+from attnlab.models.hf._common import (
+    CONFIG_FILE,
+    HFCheckpoint,
+    HFSource,
+    as_source,
+    read_lm_tokenizer,
+    refusal,
+)
+from attnlab.models.hf.bert import load_bert
 from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
 from attnlab.models.hf.llama import llama_export, llama_export_problems, load_llama
+from attnlab.models.hf.mistral import load_mistral, load_smollm3
 from attnlab.models.hf.mixtral import load_mixtral
+from attnlab.models.hf.qwen import load_qwen2, load_qwen3
 
-# config.json model_type -> the importer of that family.
+# config.json model_type -> the importer of that family: every model_type of `attnlab.families`'
+# causal LMs (tests/test_families.py checks that the two agree).
 CAUSAL_LM_LOADERS: dict[str, Callable[..., GPT]] = {
     "gpt2": load_gpt2,
     "llama": load_llama,
     "mixtral": load_mixtral,
+    "mistral": load_mistral,
+    "qwen2": load_qwen2,
+    "qwen3": load_qwen3,
+    "smollm3": load_smollm3,
+}
+# The same for the encoders (BERT's kind): model_type -> the importer of a `LoadedBert`.
+ENCODER_LOADERS: dict[str, Callable[..., object]] = {
+    "bert": load_bert,
 }
 
 
@@ -42,6 +62,11 @@ class LoadedCausalLM:
     post-processor adds when encoding (Llama's "<s>")."""
     model_type: str
     """config.json's model_type: one of `CAUSAL_LM_LOADERS`."""
+    chat_template: str | None = None
+    """The Jinja chat template the checkpoint carries (a GGUF file's `tokenizer.chat_template`);
+    None where it has none, or where it is read from the folder's files by the caller."""
+    origin: str = ""
+    """Where the model came from, in words: the folder or file read."""
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -51,22 +76,30 @@ def is_hf_folder(path: str | Path) -> bool:
     return (path / CONFIG_FILE).is_file() and not (path / "config.toml").is_file()
 
 
-def load_causal_lm(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedCausalLM:
-    """Load the GPT-2, Llama or Mixtral checkpoint in `folder` (config.json, weights,
-    tokenizer.json) with its tokenizer. Raises `CheckpointError` for another model_type or any
-    problem with the files."""
-    folder = Path(folder)
-    config_path, hf_config = read_hf_config(
-        folder, "Hugging Face", f"{CONFIG_FILE}, model.safetensors and tokenizer.json"
-    )
-    model_type = hf_config.get("model_type")
+def causal_lm_model(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32) -> GPT:
+    """The model alone of a causal LM checkpoint (`folder`, or a config and tensors read from
+    another file), built by its family's importer. Raises `CheckpointError` for a model_type that is
+    not a causal LM of `attnlab.families`, or any problem with the files."""
+    source = as_source(folder, "Hugging Face")
+    model_type = source.config.get("model_type")
     if model_type not in CAUSAL_LM_LOADERS:
+        family = families.by_model_type(model_type)
+        kind = f"is a {family.name} ({family.kind}), not a causal language model" if family else "is not one attnlab builds"
         raise CheckpointError(
-            f"{config_path}: model_type is {model_type!r}; attnlab can sample from {sorted(CAUSAL_LM_LOADERS)}"
+            f"{source.config_path}: model_type {model_type!r} {kind}; attnlab reads causal language models of "
+            f"{families.names(families.CAUSAL_LM)}"
         )
-    model = CAUSAL_LM_LOADERS[model_type](folder, dtype=dtype)
-    tokenizer = read_lm_tokenizer(folder, hf_config, str(config_path), model.config.vocab_size)
-    return LoadedCausalLM(model=model, tokenizer=tokenizer, model_type=model_type)
+    return CAUSAL_LM_LOADERS[model_type](source, dtype=dtype)
+
+
+def load_causal_lm(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedCausalLM:
+    """Load the causal LM checkpoint in `folder` (config.json, weights, tokenizer.json; any causal
+    family of `attnlab.families`) with its tokenizer. Raises `CheckpointError` for another model_type
+    or any problem with the files."""
+    source = as_source(folder, "Hugging Face")
+    model = causal_lm_model(source, dtype=dtype)
+    tokenizer = read_lm_tokenizer(Path(folder), source.config, str(source.config_path), model.config.vocab_size)
+    return LoadedCausalLM(model=model, tokenizer=tokenizer, model_type=source.config["model_type"], origin=str(folder))
 
 
 # The causal LM families a GPT can be exported as, in order of preference: (name, what it lacks, exporter).

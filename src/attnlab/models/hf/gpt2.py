@@ -44,15 +44,15 @@ from attnlab.models.hf._common import (
     EXPORT_ACTIVATIONS,
     HF_ACTIVATIONS,
     HFCheckpoint,
+    HFSource,
     PartRule,
+    as_source,
     check_switches,
     checked,
     config_value,
     is_value,
     one_dropout,
     part_problems,
-    read_hf_config,
-    read_weights,
     refuse,
 )
 
@@ -161,7 +161,7 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
         raise CheckpointError(f"{source}: {e}") from e
 
 
-def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout: float | None = None) -> GPT:
+def load_gpt2(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float | None = None) -> GPT:
     """Load the Hugging Face GPT-2 checkpoint in `folder` as an attnlab `GPT`, in eval mode.
 
     The folder holds `config.json` and the weights (see the module docstring). Every tensor must be
@@ -169,12 +169,9 @@ def load_gpt2(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout
     to the token embedding unless the checkpoint stores an `lm_head.weight` that differs from it.
     Parameters are cast to `dtype`. Raises `CheckpointError` naming the file and key on any mismatch.
     """
-    folder = Path(folder)
-    config_path, hf_config = read_hf_config(
-        folder, "GPT-2", f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
-    )
-    config = gpt2_config_from_hf(hf_config, dropout=dropout, source=str(config_path))
-    weights_path, tensors = read_weights(folder)
+    source = as_source(folder, "GPT-2")
+    config_path, weights_path, tensors = source.config_path, source.weights_path, source.tensors
+    config = gpt2_config_from_hf(source.config, dropout=dropout, source=str(config_path))
 
     # GPT2LMHeadModel saves "transformer.wte.weight", GPT2Model saves "wte.weight".
     hf_state: dict[str, torch.Tensor] = {}

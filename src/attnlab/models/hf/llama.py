@@ -51,13 +51,13 @@ from attnlab.models.hf._common import (
     CONFIG_FILE,
     CheckpointTensors,
     HFCheckpoint,
+    HFSource,
+    as_source,
     PartRule,
     check_switches,
     config_value,
     is_value,
     part_problems,
-    read_hf_config,
-    read_weights,
     refuse,
 )
 from attnlab.nn import build_positions
@@ -81,8 +81,22 @@ LLAMA_DEFAULTS: dict[str, Any] = {
 LLAMA_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
     "attention_bias": (False, "it adds biases to the q, k, v and output projections"),
     "mlp_bias": (False, "it adds biases to the feed-forward projections"),
-    "rope_scaling": (None, "it stretches the rotary angles for longer contexts (linear, dynamic, YaRN, llama3)"),
     "partial_rotary_factor": (None, "it rotates only part of each head"),
+}
+
+# rope_parameters' rope_type -> attnlab's rope_scaling, and the keys each reads (HF key -> GPTConfig field).
+ROPE_TYPES: dict[str, tuple[str, dict[str, str]]] = {
+    "default": ("none", {}),
+    "linear": ("linear", {"factor": "rope_factor"}),
+    "llama3": (
+        "llama3",
+        {
+            "factor": "rope_factor",
+            "low_freq_factor": "rope_low_freq_factor",
+            "high_freq_factor": "rope_high_freq_factor",
+            "original_max_position_embeddings": "rope_original_context",
+        },
+    ),
 }
 
 # hidden_act values that are SiLU (transformers' ACT2FN maps both to nn.SiLU), making the gated
@@ -110,30 +124,71 @@ LLAMA_IGNORED_TENSOR = re.compile(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq
 FFNReader = Callable[[CheckpointTensors, int, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
-def rope_theta_from_hf(hf: Mapping[str, Any], default: float, source: str) -> float:
-    """RoPE's base from a config.json: transformers 5's `rope_parameters` ({"rope_type": "default",
-    "rope_theta": ...}) or the top-level `rope_theta` of older files; `default` when neither is there.
-    Any other rope type rescales the angles and is refused by name."""
+def rope_parameters(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """RoPE's settings from a config.json: transformers 5's `rope_parameters`, or the top-level
+    `rope_theta` and `rope_scaling` of older files (a `rope_scaling` of null: none)."""
     params = hf.get("rope_parameters")
     if params is None:
-        params = {}
+        params = {**(hf.get("rope_scaling") or {})}
+        if "rope_theta" in hf:
+            params["rope_theta"] = hf["rope_theta"]
     if not isinstance(params, dict):
         raise CheckpointError(f"{source}: rope_parameters must be an object, got {params!r}")
+    return params
+
+
+def rope_fields_from_hf(hf: Mapping[str, Any], default: float, source: str) -> dict[str, Any]:
+    """The `GPTConfig` fields of RoPE (rope_theta, rope_scaling and its settings) from a config.json;
+    `default` is the family's base where the file gives none. A rope_type attnlab does not compute
+    (dynamic, yarn, longrope) is refused by name."""
+    params = rope_parameters(hf, source)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ROPE_TYPES:
         raise CheckpointError(
-            f"{source}: rope_parameters.rope_type={rope_type!r} cannot be imported (it rescales the rotary "
-            "angles); attnlab's rotary positions support only rope_type='default'"
+            f"{source}: rope_parameters.rope_type={rope_type!r} cannot be imported (it rescales the rotary angles "
+            f"its own way); attnlab computes rope_type {', '.join(map(repr, ROPE_TYPES))}"
         )
-    for key in params:
-        if key not in ("rope_type", "type", "rope_theta"):
+    scaling, keys = ROPE_TYPES[rope_type]
+    fields: dict[str, Any] = {"rope_scaling": scaling}
+    for key, value in params.items():
+        if key in keys:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise CheckpointError(f"{source}: rope_parameters.{key} must be a number, got {value!r}")
+            fields[keys[key]] = int(value) if keys[key] == "rope_original_context" else float(value)
+        elif key not in ("rope_type", "type", "rope_theta"):
             raise CheckpointError(
-                f"{source}: rope_parameters.{key} cannot be imported; attnlab's rotary positions take only rope_theta"
+                f"{source}: rope_parameters.{key} cannot be imported; attnlab's {rope_type!r} rotary positions "
+                f"take only {['rope_theta', *keys]}"
             )
-    theta = params.get("rope_theta", hf.get("rope_theta", default))
+    theta = params.get("rope_theta", default)
     if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {theta!r}")
-    return float(theta)
+    return {"rope_theta": float(theta), **fields}
+
+
+def window_fields_from_hf(hf: Mapping[str, Any], n_layers: int, context: int, source: str) -> dict[str, Any]:
+    """Sliding-window attention from a config.json (Mistral's `sliding_window`; Qwen's and Gemma's
+    `layer_types`): every layer's window, or each layer's pattern. A window at least as long as the
+    context is full attention."""
+    window = hf.get("sliding_window")
+    types = hf.get("layer_types")
+    if window is None or (hf.get("use_sliding_window") is False):
+        return {}
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise CheckpointError(f"{source}: sliding_window must be a positive int or null, got {window!r}")
+    if types is None:
+        types = ["sliding_attention"] * n_layers
+    known = {"full_attention": "full", "sliding_attention": "window"}
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in known for t in types):
+        raise CheckpointError(
+            f"{source}: layer_types must list {n_layers} of {list(known)}, got {types!r}"
+        )
+    patterns = tuple(known[t] for t in types)
+    if window >= context or set(patterns) == {"full"}:
+        return {}
+    if set(patterns) == {"window"}:
+        return {"attention": "window", "attention_window": window}
+    return {"layer_attention": patterns, "attention_window": window}
 
 
 def llama_like_config(
@@ -165,19 +220,28 @@ def llama_like_config(
             f"{source}: hidden_act {activation!r} cannot be imported; attnlab's {family} feed-forward is SwiGLU, "
             f"hidden_act must be one of {list(SILU)}"
         )
-    d_model, n_heads, n_kv_heads = llama_heads(hf, get("hidden_size", int), get("num_attention_heads", int), source)
+    head_dim = hf.get("head_dim", defaults.get("head_dim"))  # Qwen3's default is its own, not the width / heads
+    d_model, n_heads, n_kv_heads, head_size = llama_heads(
+        hf, get("hidden_size", int), get("num_attention_heads", int), head_dim, source
+    )
+    n_layers, context = get("num_hidden_layers", int), get("max_position_embeddings", int)
+    fields = {
+        **rope_fields_from_hf(hf, defaults["rope_theta"], source),
+        **window_fields_from_hf(hf, n_layers, context, source),
+        **fields,
+    }
     try:
         return GPTConfig(
             vocab_size=get("vocab_size", int),
-            block_size=get("max_position_embeddings", int),
-            n_layers=get("num_hidden_layers", int),
+            block_size=context,
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             d_model=d_model,
+            head_size=head_size,
             dropout=dropout,
             bias=False,
             positions="rope",
-            rope_theta=rope_theta_from_hf(hf, defaults["rope_theta"], source),
             normalization="rmsnorm",
             activation="swiglu",
             norm="pre",
@@ -190,21 +254,21 @@ def llama_like_config(
         raise CheckpointError(f"{source}: {e}") from e
 
 
-def llama_heads(hf: Mapping[str, Any], d_model: int, n_heads: int, source: str) -> tuple[int, int, int]:
-    """(d_model, n_heads, n_kv_heads) of a Llama-shaped config.json, checked: key/value heads default to
-    one per query head, and an explicit head_dim must split the model width evenly."""
+def llama_heads(
+    hf: Mapping[str, Any], d_model: int, n_heads: int, head_dim: Any, source: str
+) -> tuple[int, int, int, int | None]:
+    """(d_model, n_heads, n_kv_heads, head_size) of a Llama-shaped config.json, checked: key/value
+    heads default to one per query head; head_size is None where head_dim is the width / the heads."""
     n_kv_heads = hf.get("num_key_value_heads")
     if n_kv_heads is None:
         n_kv_heads = n_heads  # transformers' default: one key/value head per query head
     elif not isinstance(n_kv_heads, int) or isinstance(n_kv_heads, bool):
         raise CheckpointError(f"{source}: num_key_value_heads must be int, got {n_kv_heads!r}")
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim * n_heads != d_model:
-        raise CheckpointError(
-            f"{source}: head_dim={head_dim!r} is not hidden_size / num_attention_heads = {d_model} / {n_heads}; "
-            "attnlab's heads split the model width evenly"
-        )
-    return d_model, n_heads, n_kv_heads
+    if head_dim is None or head_dim * n_heads == d_model:
+        return d_model, n_heads, n_kv_heads, None
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+        raise CheckpointError(f"{source}: head_dim must be a positive int, got {head_dim!r}")
+    return d_model, n_heads, n_kv_heads, head_dim
 
 
 def llama_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: str = CONFIG_FILE) -> GPTConfig:
@@ -237,7 +301,7 @@ def llama_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.T
     }
 
 
-def load_llama(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:
+def load_llama(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:
     """Load the Hugging Face Llama checkpoint in `folder` as an attnlab `GPT`, in eval mode.
 
     The folder holds `config.json` and the weights (see the module docstring). Every tensor must be
@@ -248,7 +312,7 @@ def load_llama(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropou
 
 
 def load_llama_like(
-    folder: str | Path,
+    folder: str | Path | HFSource,
     family: str,
     config_from_hf: Callable[..., GPTConfig],
     ffn: FFNReader,
@@ -257,14 +321,10 @@ def load_llama_like(
     dropout: float,
 ) -> GPT:
     """What `load_llama` and `load_mixtral` share: everything but the feed-forward layer `ffn`."""
-    folder = Path(folder)
-    config_path, hf_config = read_hf_config(
-        folder, family, f"{CONFIG_FILE} and model.safetensors (download it first, e.g. with huggingface-cli download)"
-    )
-    config = config_from_hf(hf_config, dropout=dropout, source=str(config_path))
-    weights_path, stored = read_weights(folder)
+    source = as_source(folder, family)
+    config = config_from_hf(source.config, dropout=dropout, source=str(source.config_path))
     # LlamaForCausalLM saves "model.layers.0...." and "lm_head.weight"; LlamaModel "layers.0....".
-    tensors = CheckpointTensors(stored, weights_path, prefix="model.", ignored=LLAMA_IGNORED_TENSOR)
+    tensors = CheckpointTensors(source.tensors, source.weights_path, prefix="model.", ignored=LLAMA_IGNORED_TENSOR)
 
     with torch.device("meta"):
         model = GPT(config)  # shapes only; the checkpoint provides every value
@@ -302,7 +362,23 @@ def llama_body_state(
         state[f"{ours}attn.in_proj.weight"] = tensors.rows(
             qkv, expected[f"{ours}attn.in_proj.weight"], qkv_rows(config)
         )
+        state.update(attention_extras(tensors, hf, ours, config, expected))
         state.update(ffn(tensors, i, expected))
+    return state
+
+
+def attention_extras(
+    tensors: CheckpointTensors, hf: str, ours: str, config: GPTConfig, expected: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The attention parts beyond Llama's that the config asks for: Qwen2's q, k, v biases
+    (stacked as the weights are) and Qwen3's per-head q and k norms."""
+    state = {}
+    if f"{ours}attn.in_proj.bias" in expected:
+        biases = [hf + name.replace(".weight", ".bias") for name in LLAMA_QKV]
+        state[f"{ours}attn.in_proj.bias"] = tensors.rows(biases, expected[f"{ours}attn.in_proj.bias"], qkv_rows(config))
+    for part in ("q_norm", "k_norm"):
+        if f"{ours}attn.{part}.weight" in expected:
+            state[f"{ours}attn.{part}.weight"] = tensors.take(f"{hf}self_attn.{part}.weight", expected[f"{ours}attn.{part}.weight"])
     return state
 
 

@@ -36,7 +36,7 @@ import torch
 
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.hf._common import CONFIG_FILE, CheckpointTensors, config_value
+from attnlab.models.hf._common import CONFIG_FILE, CheckpointTensors, HFSource, config_value
 from attnlab.models.hf.llama import LLAMA_FIXED_SWITCHES, llama_like_config, load_llama_like
 
 # transformers' MixtralConfig defaults (Mixtral-8x7B), used for keys a config.json leaves out.
@@ -58,7 +58,7 @@ MIXTRAL_DEFAULTS: dict[str, Any] = {
 # As LLAMA_FIXED_SWITCHES. Mixtral's attention has no biases (no attention_bias key), and its
 # feed-forward experts none either.
 MIXTRAL_FIXED_SWITCHES: dict[str, tuple[Any, str]] = {
-    **{key: LLAMA_FIXED_SWITCHES[key] for key in ("rope_scaling", "partial_rotary_factor")},
+    "partial_rotary_factor": LLAMA_FIXED_SWITCHES["partial_rotary_factor"],
     "sliding_window": (None, "each query then sees only the last sliding_window keys (Mistral's window)"),
 }
 
@@ -123,7 +123,7 @@ def mixtral_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch
     }
 
 
-def load_mixtral(folder: str | Path, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:
+def load_mixtral(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:
     """Load the Hugging Face Mixtral checkpoint in `folder` as an attnlab `GPT`, in eval mode.
 
     As `load_llama`, with the experts read from either layout. Raises `CheckpointError` naming the
