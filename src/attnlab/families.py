@@ -41,6 +41,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen2", ("qwen2",), CAUSAL_LM, ("qwen2",)),
     Family("Qwen3", ("qwen3",), CAUSAL_LM, ("qwen3",)),
     Family("SmolLM3", ("smollm3",), CAUSAL_LM, ("smollm3",)),
+    Family("Gemma 3", ("gemma3_text",), CAUSAL_LM, ("gemma3",)),
     Family("BERT", ("bert",), ENCODER),
 )
 

@@ -135,7 +135,7 @@ def test_tied_weight_gets_gradient_from_both_uses():
         ({"dropout": float("nan")}, "dropout"),
         ({"positions": "rotary"}, "positions"),
         ({"activation": "mish"}, "activation"),
-        ({"norm": "sandwich"}, "norm"),
+        ({"norm": "middle"}, "norm"),
         ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
     ],
 )
@@ -149,7 +149,7 @@ def test_config_validation_names_the_field(overrides, field):
     [
         ({"positions": "rotary"}, ["learned", "none", "sinusoidal"]),
         ({"activation": "mish"}, ["gelu", "gelu_tanh", "relu", "swish", "swiglu"]),
-        ({"norm": "sandwich"}, ["pre", "post"]),
+        ({"norm": "middle"}, ["pre", "post", "sandwich"]),
     ],
 )
 def test_config_validation_lists_allowed_values(overrides, allowed):

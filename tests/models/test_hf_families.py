@@ -114,6 +114,38 @@ CASES = {
             rope_parameters={"rope_type": "default", "rope_theta": 2e6},
         ),
     ),
+    "gemma3-interleaved": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            query_pre_attn_scalar=20,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+    ),
+    "gemma3-softcap-mqa": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=24,
+            intermediate_size=40,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=5,
+            layer_types=["full_attention", "sliding_attention"],
+            final_logit_softcapping=3.0,
+        ),
+    ),
 }
 
 
@@ -125,8 +157,8 @@ def hf_model(case: str, seed: int = 0) -> torch.nn.Module:
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            if "norm" in name:  # (Gemma's offset gains then sit near 1 as well: x̂ · (1 + w))
+                p.copy_((0.0 if "gemma" in case else 1.0) + 0.2 * torch.randn_like(p))
             elif name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)
             elif name.endswith(".bias"):

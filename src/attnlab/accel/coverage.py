@@ -58,6 +58,7 @@ def covers_block(block: TransformerBlock) -> bool:
     order of the norms: the training kernels take pre-norm blocks, and say so per call)."""
     return (
         isinstance(block, TransformerBlock)  # not the Evolved Transformer's cells
+        and block.order != "sandwich"
         and isinstance(block.norm1, nn.LayerNorm)
         and isinstance(block.gate1, nn.Identity)
         and covers_attention(block.attn)
@@ -101,7 +102,13 @@ def covers_gpt(model: GPT) -> bool:
         and isinstance(model.token_embedding, nn.Embedding)
         and isinstance(model.lm_head, nn.Linear)
         and model.step_signal is None
+        and plain_ends(model)
     )
+
+
+def plain_ends(model: GPT) -> bool:
+    """Token embeddings and logits as they are: not scaled by √C nor soft-capped (Gemma's)."""
+    return not model.config.scale_embeddings and model.config.logit_softcap is None
 
 
 def decodes_attention(attn: nn.Module) -> bool:
@@ -153,6 +160,7 @@ def decodes_gpt(model: GPT) -> bool:
         and isinstance(model.embedding_proj, nn.Identity)
         and isinstance(model.head_proj, nn.Identity)
         and model.step_signal is None
+        and plain_ends(model)
     )
 
 

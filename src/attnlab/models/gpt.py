@@ -17,8 +17,8 @@ from torch import nn
 
 from attnlab.nn import (
     EMBEDDING_STD,
+    BLOCK_ORDERS,
     FIXUP,
-    NORM_ORDERS,
     AttentionOptions,
     AttentionSpec,
     BlockOptions,
@@ -79,6 +79,10 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
     """Epsilon of every norm (LayerNorm or RMSNorm)."""
     tie_weights: bool = True
     """Share the token embedding matrix with the output projection (False: untied embeddings)."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by √d_model (the paper's §3.4; Gemma)."""
+    logit_softcap: float | None = None
+    """Soft-cap the logits at ±c: c·tanh(logits / c) (Gemma 2's final_logit_softcapping); None: none."""
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None and self.vocab_size < 1:
@@ -96,8 +100,12 @@ class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions)
         self.check_funnel(self.n_layers, causal=True)  # refused: pooling over time would leak the future
         factorized = self.embedding_dim is not None and self.embedding_dim != self.d_model
         self.check_embeddings(self.vocab_size, tied=self.tie_weights, factorized=factorized)
-        if self.norm not in NORM_ORDERS:
-            raise ValueError(f"norm must be one of {list(NORM_ORDERS)}, got {self.norm!r}")
+        if self.norm not in BLOCK_ORDERS:
+            raise ValueError(f"norm must be one of {list(BLOCK_ORDERS)}, got {self.norm!r}")
+        if self.norm == "sandwich" and self.block != "transformer":
+            raise ValueError("norm 'sandwich' is built in the Transformer's blocks; leave block 'transformer'")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ValueError(f"logit_softcap must be > 0 or None, got {self.logit_softcap}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
 
@@ -169,7 +177,7 @@ class GPT(nn.Module):
         # Post-norm blocks end in a norm already; pre-norm stacks need one before the head.
         self.final_norm = (
             build_any_norm(c.normalization, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-            if c.norm == "pre"
+            if c.norm in ("pre", "sandwich")
             else nn.Identity()
         )
         self.head_proj = nn.Linear(c.d_model, e, bias=False) if e != c.d_model else nn.Identity()
@@ -238,7 +246,10 @@ class GPT(nn.Module):
 
     def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings `(B, T, C)` of idx `(B, T)` at positions `(T,)`."""
-        return self.dropout(self.embedding_proj(self.token_embedding(idx)) + self.positions(positions))
+        tokens = self.embedding_proj(self.token_embedding(idx))
+        if self.config.scale_embeddings:  # √C rounded to the weights' dtype first, as Gemma rounds it
+            tokens = tokens * torch.tensor(math.sqrt(self.config.d_model), dtype=tokens.dtype)
+        return self.dropout(tokens + self.positions(positions))
 
     def _stack(
         self,
@@ -291,6 +302,8 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(self.head_proj(x))  # (B, T, V)
+        if self.config.logit_softcap is not None:
+            logits = torch.tanh(logits / self.config.logit_softcap) * self.config.logit_softcap
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

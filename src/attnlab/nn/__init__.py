@@ -1,7 +1,7 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention, RollingKVCache, scaled_dot_product_attention
-from attnlab.nn.blocks import NORM_ORDERS, DecoderBlock, TransformerBlock
+from attnlab.nn.blocks import BLOCK_ORDERS, NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.embeddings import (
     INPUT_EMBEDDINGS,
     SOFTMAXES,
@@ -89,6 +89,7 @@ __all__ = [
     "ATTENTION_POSITIONS",
     "INPUT_POSITIONS",
     "NORM_ORDERS",
+    "BLOCK_ORDERS",
     "PATTERN_NAMES",
     "POSITIONS",
     "ALiBiPositions",

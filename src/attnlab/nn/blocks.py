@@ -20,6 +20,9 @@ from attnlab.nn.parts import BlockParts
 from attnlab.nn.variants import AttentionSpec
 
 NORM_ORDERS = ("pre", "post")
+BLOCK_ORDERS = (*NORM_ORDERS, "sandwich")
+"""A decoder-only block's orders: also "sandwich", a norm before and after each sublayer (Gemma 2
+and 3's four norms a block: x = x + Norm'(Sublayer(Norm(x))))."""
 
 
 class TransformerBlock(nn.Module):
@@ -45,9 +48,10 @@ class TransformerBlock(nn.Module):
         parts: BlockParts | None = None,
     ) -> None:
         super().__init__()
-        if norm not in NORM_ORDERS:
-            raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
+        if norm not in BLOCK_ORDERS:
+            raise ValueError(f"unknown norm order {norm!r}; choose one of {BLOCK_ORDERS}")
         parts = parts or BlockParts()
+        self.order = norm
         self.pre_norm = norm == "pre"
         self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate1 = parts.build_gate()
@@ -61,6 +65,9 @@ class TransformerBlock(nn.Module):
         self.norm2 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate2 = parts.build_gate()
         self.ffn = parts.build_ffn(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        if norm == "sandwich":  # the norms after each sublayer, before the residual sum
+            self.post_norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
+            self.post_norm2 = parts.build_norm(d_model, eps=eps, bias=bias)
 
     def forward(
         self,
@@ -79,7 +86,11 @@ class TransformerBlock(nn.Module):
         the Funnel Transformer's pooled queries reading the unpooled sequence (`attnlab.nn.funnel`)."""
         kw = dict(mask=mask, causal=causal, cache=cache, positions=positions, need_weights=need_weights)
         apart = () if keys is None else (keys,)  # passed only when given: a convolution takes x alone
-        if self.pre_norm:
+        if self.order == "sandwich":
+            a, weights = self.attn(self.norm1(x), *(self.norm1(k) for k in apart), **kw)
+            x = x + self.gate1(self.dropout(self.post_norm1(a)))
+            x = x + self.gate2(self.post_norm2(self.ffn(self.norm2(x))))
+        elif self.pre_norm:
             a, weights = self.attn(self.norm1(x), *(self.norm1(k) for k in apart), **kw)
             x = x + self.gate1(self.dropout(a))
             if self.ffn is not None:
@@ -115,9 +126,10 @@ class DecoderBlock(nn.Module):
         parts: BlockParts | None = None,
     ) -> None:
         super().__init__()
-        if norm not in NORM_ORDERS:
-            raise ValueError(f"unknown norm order {norm!r}; choose one of {NORM_ORDERS}")
+        if norm not in BLOCK_ORDERS:
+            raise ValueError(f"unknown norm order {norm!r}; choose one of {BLOCK_ORDERS}")
         parts = parts or BlockParts()
+        self.order = norm
         self.pre_norm = norm == "pre"
         self.norm1 = parts.build_norm(d_model, eps=eps, bias=bias)
         self.gate1 = parts.build_gate()

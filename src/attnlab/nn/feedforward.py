@@ -41,6 +41,7 @@ ACTIVATIONS = {
 GATED_UNITS = {
     "glu": torch.sigmoid,
     "geglu": gelu,
+    "geglu_tanh": gelu_tanh,  # Gemma's: GELU's tanh approximation on the gate
     "reglu": F.relu,
     "swiglu": F.silu,
     "liglu": lambda x: x,

@@ -74,10 +74,20 @@ class AttentionSpec:
     def for_layer(self, index: int) -> "AttentionSpec":
         """Layer `index`'s own spec: its pattern, its RoPE base and positions, its random seed."""
         pattern = self.layer_patterns[index] if self.layer_patterns else self.pattern
-        theta = self.window_rope_theta if pattern == "window" and self.window_rope_theta else self.rope_theta
+        local = pattern == "window" and self.window_rope_theta is not None
+        # A window layer with a base of its own keeps its rotary frequencies unscaled (Gemma 3's
+        # local layers): the scaling stretches the full layers' long range.
+        theta = self.window_rope_theta if local else self.rope_theta
+        scaling = RopeScaling() if local else self.rope_scaling
         positions = "none" if index in self.nope_layers else self.positions
         return dataclasses.replace(
-            self, seed=self.seed + index, pattern=pattern, rope_theta=theta, positions=positions, layer_patterns=()
+            self,
+            seed=self.seed + index,
+            pattern=pattern,
+            rope_theta=theta,
+            rope_scaling=scaling,
+            positions=positions,
+            layer_patterns=(),
         )
 
     def build_positions(self, n_heads: int, head_dim: int) -> AttentionPositions | None:

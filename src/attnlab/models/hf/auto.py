@@ -28,6 +28,7 @@ from attnlab.models.hf._common import (
     refusal,
 )
 from attnlab.models.hf.bert import load_bert
+from attnlab.models.hf.gemma import load_gemma3
 from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
 from attnlab.models.hf.llama import llama_export, llama_export_problems, load_llama
 from attnlab.models.hf.mistral import load_mistral, load_smollm3
@@ -44,6 +45,7 @@ CAUSAL_LM_LOADERS: dict[str, Callable[..., GPT]] = {
     "qwen2": load_qwen2,
     "qwen3": load_qwen3,
     "smollm3": load_smollm3,
+    "gemma3_text": load_gemma3,
 }
 # The same for the encoders (BERT's kind): model_type -> the importer of a `LoadedBert`.
 ENCODER_LOADERS: dict[str, Callable[..., object]] = {

@@ -129,12 +129,14 @@ def rope_parameters(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     `rope_theta` and `rope_scaling` of older files (a `rope_scaling` of null: none)."""
     params = hf.get("rope_parameters")
     if params is None:
-        params = {**(hf.get("rope_scaling") or {})}
-        if "rope_theta" in hf:
-            params["rope_theta"] = hf["rope_theta"]
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{source}: rope_parameters must be an object, got {params!r}")
-    return params
+        params = {"rope_theta": hf["rope_theta"]} if "rope_theta" in hf else {}
+    legacy = hf.get("rope_scaling")
+    for name, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{source}: {name} must be an object, got {value!r}")
+    # An older file's rope_scaling says how the base is stretched, wherever the base is written.
+    legacy = {("rope_type" if key == "type" else key): value for key, value in (legacy or {}).items()}
+    return {**params, **legacy}
 
 
 def rope_fields_from_hf(hf: Mapping[str, Any], default: float, source: str) -> dict[str, Any]:
@@ -184,10 +186,11 @@ def window_fields_from_hf(hf: Mapping[str, Any], n_layers: int, context: int, so
             f"{source}: layer_types must list {n_layers} of {list(known)}, got {types!r}"
         )
     patterns = tuple(known[t] for t in types)
-    if window >= context or set(patterns) == {"full"}:
+    if set(patterns) == {"full"} or (set(patterns) == {"window"} and window >= context):
         return {}
     if set(patterns) == {"window"}:
         return {"attention": "window", "attention_window": window}
+    # Interleaved layers stay apart even with a window past the context: their RoPE bases may differ.
     return {"layer_attention": patterns, "attention_window": window}
 
 
@@ -319,8 +322,10 @@ def load_llama_like(
     *,
     dtype: torch.dtype,
     dropout: float,
+    layer_tensors: Mapping[str, str] = LLAMA_LAYER_TENSORS,
 ) -> GPT:
-    """What `load_llama` and `load_mixtral` share: everything but the feed-forward layer `ffn`."""
+    """What the Llama-shaped importers share: everything but the feed-forward layer `ffn` and the
+    names of each layer's norms (`layer_tensors`, Llama's by default)."""
     source = as_source(folder, family)
     config = config_from_hf(source.config, dropout=dropout, source=str(source.config_path))
     # LlamaForCausalLM saves "model.layers.0...." and "lm_head.weight"; LlamaModel "layers.0....".
@@ -329,7 +334,7 @@ def load_llama_like(
     with torch.device("meta"):
         model = GPT(config)  # shapes only; the checkpoint provides every value
     expected = model.state_dict()
-    state = llama_body_state(tensors, config, expected, ffn)
+    state = llama_body_state(tensors, config, expected, ffn, layer_tensors)
     state["lm_head.weight"] = llama_head(tensors, config, expected, state["token_embedding.weight"], family)
     tensors.check_all_taken(family)
 
@@ -349,14 +354,18 @@ def load_llama_like(
 
 
 def llama_body_state(
-    tensors: CheckpointTensors, config: GPTConfig, expected: Mapping[str, torch.Tensor], ffn: FFNReader
+    tensors: CheckpointTensors,
+    config: GPTConfig,
+    expected: Mapping[str, torch.Tensor],
+    ffn: FFNReader,
+    layer_tensors: Mapping[str, str] = LLAMA_LAYER_TENSORS,
 ) -> dict[str, torch.Tensor]:
     """Every parameter but the head, from the checkpoint: the embeddings, the final norm, and each
     block's norms, attention (q, k, v stacked into in_proj) and feed-forward layer (`ffn`)."""
     state = {ours: tensors.take(hf, expected[ours]) for hf, ours in LLAMA_TOP_TENSORS.items()}
     for i in range(config.n_layers):
         hf, ours = f"layers.{i}.", f"blocks.{i}."
-        for hf_name, our_name in LLAMA_LAYER_TENSORS.items():
+        for hf_name, our_name in layer_tensors.items():
             state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
         qkv = [hf + name for name in LLAMA_QKV]
         state[f"{ours}attn.in_proj.weight"] = tensors.rows(
