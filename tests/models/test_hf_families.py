@@ -19,12 +19,21 @@ from attnlab.accel import coverage
 from attnlab.accel.fused import gpt_step
 from attnlab.decode.sampling import greedy
 from attnlab.errors import CheckpointError
-from attnlab.models.hf.auto import causal_lm_model
+from attnlab.models.hf._common import save_hf_checkpoint
+from attnlab.models.hf.auto import causal_lm_export, causal_lm_model
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 97
-BASE = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=128, rms_norm_eps=1e-5, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+BASE = dict(
+    vocab_size=VOCAB,
+    num_hidden_layers=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=None,
+)
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -38,10 +47,15 @@ LLAMA3_ROPE = {
 
 # name -> (config class, fields)
 CASES = {
-    "qwen2-gqa": ("Qwen2Config", dict(hidden_size=48, intermediate_size=64, num_attention_heads=6, num_key_value_heads=2)),
+    "qwen2-gqa": (
+        "Qwen2Config",
+        dict(hidden_size=48, intermediate_size=64, num_attention_heads=6, num_key_value_heads=2),
+    ),
     "qwen2-odd-heads": (
         "Qwen2Config",
-        dict(hidden_size=40, intermediate_size=56, num_attention_heads=5, num_key_value_heads=5, tie_word_embeddings=True),
+        dict(
+            hidden_size=40, intermediate_size=56, num_attention_heads=5, num_key_value_heads=5, tie_word_embeddings=True
+        ),
     ),
     "qwen2-window-layers": (
         "Qwen2Config",
@@ -94,13 +108,23 @@ CASES = {
     "mistral-window": (
         "MistralConfig",
         dict(
-            hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=7
+            hidden_size=32,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=7,
         ),
     ),
     "mistral-head-dim-apart": (
         "MistralConfig",
         dict(
-            hidden_size=30, intermediate_size=48, num_attention_heads=3, num_key_value_heads=1, head_dim=12, sliding_window=None
+            hidden_size=30,
+            intermediate_size=48,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=12,
+            sliding_window=None,
         ),
     ),
     "smollm3-nope": (
@@ -252,3 +276,27 @@ def test_refusals_name_the_field(tmp_path, name):
     assert "\n" not in message and "config.json" in message
     for needle in needles:
         assert needle in message, message
+
+
+def test_export_back_to_the_family_loads_in_transformers(pair, tmp_path):
+    """`causal_lm_export` writes the family's own folder (a Mistral without a window is a Llama),
+    which transformers' from_pretrained reads to the same logits."""
+    case, theirs, ours = pair
+    save_hf_checkpoint(causal_lm_export(ours), tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert back.config.model_type in (theirs.config.model_type, "llama")
+    idx = tokens(2, 29, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, theirs(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_export_refuses_a_part_no_family_has():
+    """A Llama with Gemma's score scale alone is no family: the refusal names the part, where the
+    Llama exporter once dropped what it did not know (q/k norms) without a word."""
+    from attnlab.errors import ExportError
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    llama = dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_heads=2, d_model=16)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layers=1, attention_scale=0.3, **llama))
+    with pytest.raises(ExportError, match=r"attention_scale = 0\.3"):
+        causal_lm_export(model)

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn import (
-    EMBEDDING_STD,
     BLOCK_ORDERS,
+    EMBEDDING_STD,
     FIXUP,
     AttentionOptions,
     AttentionSpec,

@@ -352,7 +352,10 @@ class MultiHeadAttention(nn.Module):
         of x itself (self-attention, one product by the stacked `in_proj`), or of the memory."""
         if memory is None and memory_kv is None:
             q, k, v = self.in_proj(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
-            q, k = self._norm_heads(self._split_heads(q), self.q_norm), self._norm_heads(self._split_heads(k), self.k_norm)
+            q, k = (
+                self._norm_heads(self._split_heads(q), self.q_norm),
+                self._norm_heads(self._split_heads(k), self.k_norm),
+            )
             return q, k, self._split_heads(v)
         k, v = memory_kv if memory_kv is not None else self.project_memory(memory)
         return self._norm_heads(self._split_heads(self.project_query(x)), self.q_norm), k, v

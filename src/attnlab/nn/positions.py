@@ -262,7 +262,9 @@ class RotaryPositions(AttentionPositions):
         """The rotation angles p·θ_i, float32 `(T, D/2)` for pos `(T,)` (or `(..., T)`)."""
         if self.scaling.kind == "none":
             return rope_angles(pos, self.head_dim, self.theta)
-        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=pos.device) / self.head_dim)
+        inv_freq = self.theta ** (
+            -torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=pos.device) / self.head_dim
+        )
         return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

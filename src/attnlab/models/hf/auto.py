@@ -10,6 +10,7 @@ lacks.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,12 +29,16 @@ from attnlab.models.hf._common import (
     refusal,
 )
 from attnlab.models.hf.bert import load_bert
+from attnlab.models.hf.decoders import GEMMA3, LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3, export_decoder
 from attnlab.models.hf.gemma import load_gemma3
 from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
-from attnlab.models.hf.llama import llama_export, llama_export_problems, load_llama
+from attnlab.models.hf.llama import load_llama
 from attnlab.models.hf.mistral import load_mistral, load_smollm3
 from attnlab.models.hf.mixtral import load_mixtral
 from attnlab.models.hf.qwen import load_qwen2, load_qwen3
+
+# The Llama-shaped export targets, in the order `causal_lm_export` tries them.
+DECODER_SHAPES = (LLAMA, QWEN2, QWEN3, MISTRAL, SMOLLM3, GEMMA3)
 
 # config.json model_type -> the importer of that family: every model_type of `attnlab.families`'
 # causal LMs (tests/test_families.py checks that the two agree).
@@ -86,7 +91,11 @@ def causal_lm_model(folder: str | Path | HFSource, *, dtype: torch.dtype = torch
     model_type = source.config.get("model_type")
     if model_type not in CAUSAL_LM_LOADERS:
         family = families.by_model_type(model_type)
-        kind = f"is a {family.name} ({family.kind}), not a causal language model" if family else "is not one attnlab builds"
+        kind = (
+            f"is a {family.name} ({family.kind}), not a causal language model"
+            if family
+            else "is not one attnlab builds"
+        )
         raise CheckpointError(
             f"{source.config_path}: model_type {model_type!r} {kind}; attnlab reads causal language models of "
             f"{families.names(families.CAUSAL_LM)}"
@@ -107,7 +116,7 @@ def load_causal_lm(folder: str | Path, *, dtype: torch.dtype = torch.float32) ->
 # The causal LM families a GPT can be exported as, in order of preference: (name, what it lacks, exporter).
 CAUSAL_LM_EXPORTERS: tuple[tuple[str, Callable[..., list[str]], Callable[[GPT], HFCheckpoint]], ...] = (
     ("GPT-2", gpt2_export_problems, gpt2_export),
-    ("Llama", llama_export_problems, llama_export),
+    *((shape.name, shape.problems, functools.partial(export_decoder, shape=shape)) for shape in DECODER_SHAPES),
 )
 
 

@@ -105,7 +105,9 @@ def gemma3_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source
         return config_value(hf, GEMMA3_DEFAULTS, key, kind, source)
 
     if get("hidden_activation", str) not in GELU_TANH:
-        raise CheckpointError(f"{source}: hidden_activation must be one of {list(GELU_TANH)}, got {hf['hidden_activation']!r}")
+        raise CheckpointError(
+            f"{source}: hidden_activation must be one of {list(GELU_TANH)}, got {hf['hidden_activation']!r}"
+        )
     d_model, n_heads, n_kv_heads, head_size = llama_heads(
         hf, get("hidden_size", int), get("num_attention_heads", int), hf.get("head_dim", 256), source
     )

@@ -161,7 +161,9 @@ def gpt2_config_from_hf(hf: Mapping[str, Any], *, dropout: float | None = None, 
         raise CheckpointError(f"{source}: {e}") from e
 
 
-def load_gpt2(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float | None = None) -> GPT:
+def load_gpt2(
+    folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float | None = None
+) -> GPT:
     """Load the Hugging Face GPT-2 checkpoint in `folder` as an attnlab `GPT`, in eval mode.
 
     The folder holds `config.json` and the weights (see the module docstring). Every tensor must be

@@ -47,18 +47,13 @@ import torch
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.hf._common import (
-    COMMON_EXPORT_RULES,
     CONFIG_FILE,
     CheckpointTensors,
     HFCheckpoint,
     HFSource,
     as_source,
-    PartRule,
     check_switches,
     config_value,
-    is_value,
-    part_problems,
-    refuse,
 )
 from attnlab.nn import build_positions
 
@@ -182,9 +177,7 @@ def window_fields_from_hf(hf: Mapping[str, Any], n_layers: int, context: int, so
         types = ["sliding_attention"] * n_layers
     known = {"full_attention": "full", "sliding_attention": "window"}
     if not isinstance(types, list) or len(types) != n_layers or any(t not in known for t in types):
-        raise CheckpointError(
-            f"{source}: layer_types must list {n_layers} of {list(known)}, got {types!r}"
-        )
+        raise CheckpointError(f"{source}: layer_types must list {n_layers} of {list(known)}, got {types!r}")
     patterns = tuple(known[t] for t in types)
     if set(patterns) == {"full"} or (set(patterns) == {"window"} and window >= context):
         return {}
@@ -387,7 +380,9 @@ def attention_extras(
         state[f"{ours}attn.in_proj.bias"] = tensors.rows(biases, expected[f"{ours}attn.in_proj.bias"], qkv_rows(config))
     for part in ("q_norm", "k_norm"):
         if f"{ours}attn.{part}.weight" in expected:
-            state[f"{ours}attn.{part}.weight"] = tensors.take(f"{hf}self_attn.{part}.weight", expected[f"{ours}attn.{part}.weight"])
+            state[f"{ours}attn.{part}.weight"] = tensors.take(
+                f"{hf}self_attn.{part}.weight", expected[f"{ours}attn.{part}.weight"]
+            )
     return state
 
 
@@ -416,66 +411,27 @@ def llama_head(
     return tensors.take("lm_head.weight", expected["lm_head.weight"])
 
 
-# -- export: attnlab GPT -> transformers LlamaForCausalLM -------------------------------------------
-
-# What a GPT needs to be a Llama (besides COMMON_EXPORT_RULES).
-LLAMA_EXPORT_RULES: dict[str, PartRule] = {
-    **COMMON_EXPORT_RULES,
-    "positions": (is_value("positions", "rope"), "rotary positions"),
-    "norm": (is_value("norm", "pre"), "a norm before each sublayer (pre-norm)"),
-    "normalization": (is_value("normalization", "rmsnorm"), "RMSNorm"),
-    "bias": (is_value("bias", False), "no biases"),
-    "activation": (is_value("activation", "swiglu"), "a SwiGLU feed-forward layer"),
-}
+# -- export: attnlab GPT -> transformers LlamaForCausalLM (the shared exporter in `decoders`) -------
 
 
 def llama_export_problems(config: GPTConfig) -> list[str]:
     """What keeps `config` from being a transformers Llama, one entry per part (empty: nothing)."""
-    return part_problems(config, LLAMA_EXPORT_RULES, "Llama")
+    from attnlab.models.hf.decoders import LLAMA  # decoders reads this module's name maps
+
+    return LLAMA.problems(config)
 
 
 def llama_config_to_hf(config: GPTConfig) -> dict[str, Any]:
     """The Llama config.json of `config` (the inverse of `llama_config_from_hf`). Raises
     `ExportError` naming every part Llama does not have."""
-    refuse(llama_export_problems(config), "Llama")
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.block_size,
-        "rms_norm_eps": config.layer_norm_eps,
-        "rope_theta": config.rope_theta,  # transformers 5 also reads it into rope_parameters
-        "attention_bias": False,
-        "mlp_bias": False,
-        "attention_dropout": config.dropout,
-        "tie_word_embeddings": config.tie_weights,
-    }
+    from attnlab.models.hf.decoders import LLAMA, decoder_config
+
+    return decoder_config(config, LLAMA)
 
 
 def llama_export(model: GPT) -> HFCheckpoint:
-    """`model` as a transformers `LlamaForCausalLM` checkpoint: the name map read backwards, the
-    stacked q / k / v and gate / up rows split apart; `lm_head.weight` only when untied. Raises
+    """`model` as a transformers `LlamaForCausalLM` checkpoint (`decoders.export_decoder`). Raises
     `ExportError` naming every part Llama does not have."""
-    c = model.config
-    config = llama_config_to_hf(c)
-    state = model.state_dict()
-    tensors = {f"model.{hf}": state[ours] for hf, ours in LLAMA_TOP_TENSORS.items()}
-    for i in range(c.n_layers):
-        hf, ours = f"model.layers.{i}.", f"blocks.{i}."
-        tensors.update({hf + name: state[ours + our_name] for name, our_name in LLAMA_LAYER_TENSORS.items()})
-        q_k_v = state[f"{ours}attn.in_proj.weight"].split(list(qkv_rows(c)))
-        tensors.update({hf + name: t for name, t in zip(LLAMA_QKV, q_k_v, strict=True)})
-        gate_up = state[f"{ours}ffn.fc1.weight"].chunk(2)
-        tensors.update({hf + name: t for name, t in zip(LLAMA_GATE_UP, gate_up, strict=True)})
-        down, fc2 = LLAMA_DOWN
-        tensors[hf + down] = state[ours + fc2]
-    if not c.tie_weights:
-        tensors["lm_head.weight"] = state["lm_head.weight"]
-    return HFCheckpoint(config, tensors)
+    from attnlab.models.hf.decoders import LLAMA, export_decoder
+
+    return export_decoder(model, LLAMA)
