@@ -13,12 +13,12 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
         "layers_per_block linformer_k logit_softcap max_len memory_every memory_heads memory_keys "
         "memory_top_k mos_components n_blocks n_classes n_decoder_layers n_digits n_encoder_layers n_features "
         "n_fft n_heads n_kv_heads n_labels n_layers n_output_heads negative_slope nope_layers norm "
-        "normalization pad_id patch_size per_head_dropout pooling position_ids position_init positions "
-        "qk_norm qkv_bias random_blocks readout_size relative_distance residual_channels rope_factor "
-        "rope_high_freq_factor rope_low_freq_factor rope_original_context rope_scaling rope_theta "
-        "router_aux_weight router_z_weight scale_embeddings score_bias skip_channels softmax speakers "
-        "stem_channels tie_embeddings tie_weights transparent_attention type_vocab_size vocab_size "
-        "window_rope_theta".split()
+        "norm_first_block normalization pad_id patch_size per_head_dropout pooling position_ids position_init "
+        "positions qk_norm qkv_bias random_blocks readout_size relative_distance residual_channels "
+        "rope_attention_factor rope_factor rope_high_freq_factor rope_long_factor rope_low_freq_factor "
+        "rope_original_context rope_scaling rope_short_factor rope_theta rotary_dims router_aux_weight "
+        "router_z_weight scale_embeddings score_bias skip_channels softmax speakers stem_channels "
+        "tie_embeddings tie_weights transparent_attention type_vocab_size vocab_size window_rope_theta".split()
     ),
     "data": frozenset(
         "block_size column condition_on_speaker data_dir dataset eval_beam eval_clips eval_images flip "

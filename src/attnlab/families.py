@@ -42,6 +42,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen3", ("qwen3",), CAUSAL_LM, ("qwen3",)),
     Family("SmolLM3", ("smollm3",), CAUSAL_LM, ("smollm3",)),
     Family("Gemma 3", ("gemma3_text",), CAUSAL_LM, ("gemma3",)),
+    Family("Phi-3", ("phi3",), CAUSAL_LM, ("phi3",)),
     Family("BERT", ("bert",), ENCODER),
 )
 

@@ -170,6 +170,35 @@ CASES = {
             final_logit_softcapping=3.0,
         ),
     ),
+    "phi3-longrope-partial": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            original_max_position_embeddings=16,  # decoding crosses it: the long factors take over
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.7],
+                "long_factor": [2.5, 6.0],
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "phi4-mini-partial-tied": (
+        "Phi3Config",
+        dict(
+            hidden_size=48,
+            intermediate_size=40,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        ),
+    ),
 }
 
 
@@ -183,7 +212,7 @@ def hf_model(case: str, seed: int = 0) -> torch.nn.Module:
         for name, p in model.named_parameters():
             if "norm" in name:  # (Gemma's offset gains then sit near 1 as well: x̂ · (1 + w))
                 p.copy_((0.0 if "gemma" in case else 1.0) + 0.2 * torch.randn_like(p))
-            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.mul_(8.0)
             elif name.endswith(".bias"):
                 p.normal_(0.0, 0.5)  # transformers starts biases at 0, where a dropped one would hide
@@ -215,15 +244,16 @@ def test_logits_without_padding(pair):
 
 def test_logits_with_right_padding(pair):
     """Row 1 is 11 tokens then padding: transformers masks the padding, and a causal model's real
-    positions never see what follows them, so attnlab scores the unpadded row alone."""
+    positions never see what follows them, so attnlab's logits there are those of the padded row
+    (LongRoPE picks its factors by the batch's length in both libraries)."""
     _, theirs, ours = pair
     idx = tokens(2, 24, seed=2)
     mask = torch.ones_like(idx)
     mask[1, 11:] = 0
     with torch.no_grad():
-        want = theirs(idx, attention_mask=mask).logits
-        torch.testing.assert_close(ours(idx[:1]), want[:1], atol=1e-4, rtol=0)
-        torch.testing.assert_close(ours(idx[1:, :11]), want[1:, :11], atol=1e-4, rtol=0)
+        want, got = theirs(idx, attention_mask=mask).logits, ours(idx)
+    torch.testing.assert_close(got[0], want[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got[1, :11], want[1, :11], atol=1e-4, rtol=0)
 
 
 def test_cached_greedy_decoding_equals_transformers(pair):

@@ -118,7 +118,17 @@ def decodes_attention(attn: nn.Module) -> bool:
         isinstance(attn, MultiHeadAttention)
         and plain_heads(attn)
         and attn.pattern is None
-        and (attn.positions is None or isinstance(attn.positions, RotaryPositions))
+        and (attn.positions is None or plain_rotary(attn.positions))
+    )
+
+
+def plain_rotary(positions: nn.Module) -> bool:
+    """Rotary positions over the whole head with one table of angles (not Phi's partial rotary,
+    nor LongRoPE's two sets of frequencies and scaled rotations)."""
+    return (
+        isinstance(positions, RotaryPositions)
+        and positions.rotary_dims == positions.head_dim
+        and positions.scaling.kind != "longrope"
     )
 
 

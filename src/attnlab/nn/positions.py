@@ -189,20 +189,26 @@ def rope_angles(pos: torch.Tensor, head_dim: int, theta: float = 10000.0) -> tor
     return pos.float().unsqueeze(-1) * inv_freq  # (T, D/2)
 
 
-def rope_rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def rope_rotate(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Rotate x `(..., T, D)` pairwise by angles `(T, D/2)`: pair i is (x_i, x_{i+D/2}), the
     half-split layout of GPT-NeoX and Llama (the paper's adjacent pairs, with the head's dimensions
-    permuted; either way q·k depends on the positions only through their offset, RoFormer Eq. 16)."""
+    permuted; either way q·k depends on the positions only through their offset, RoFormer Eq. 16).
+    `scale` multiplies the cosines and sines (LongRoPE's attention factor)."""
     half = x.size(-1) // 2
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (T, D/2)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3")
+ROPE_SCALINGS = ("none", "linear", "llama3", "longrope")
 """How a rotary scheme stretches its frequencies for contexts longer than it was trained on:
 none; linear (position interpolation, Chen et al. 2023: every frequency divided by the factor);
-llama3 (Llama 3.1's: long wavelengths divided by the factor, short ones kept, a smooth ramp between)."""
+llama3 (Llama 3.1's: long wavelengths divided by the factor, short ones kept, a smooth ramp between);
+longrope (Ding et al. 2024, Phi-3's: each frequency divided by a searched factor of its own, one set
+for sequences within the pre-training context and one past it, and the rotations scaled)."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,12 @@ class RopeScaling:
     """llama3: wavelengths longer than original_context / low_freq_factor are fully scaled."""
     high_freq_factor: float = 4.0
     """llama3: wavelengths shorter than original_context / high_freq_factor are kept."""
+    short_factor: tuple[float, ...] = ()
+    """longrope: each frequency's divisor while the sequence fits original_context."""
+    long_factor: tuple[float, ...] = ()
+    """longrope: each frequency's divisor past original_context."""
+    attention_factor: float = 1.0
+    """longrope: the factor of the cosines and sines (the scores' temperature at long contexts)."""
 
     def __post_init__(self) -> None:
         check_choice("rope_scaling", self.kind, ROPE_SCALINGS)
@@ -225,9 +237,16 @@ class RopeScaling:
             raise ValueError(f"rope_factor must be > 0 and rope_original_context >= 1, got {self}")
         if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
             raise ValueError("rope_low_freq_factor must be > 0 and below rope_high_freq_factor")
+        if self.kind == "longrope" and not (self.short_factor and len(self.short_factor) == len(self.long_factor)):
+            raise ValueError("rope_scaling 'longrope' needs rope_short_factor and rope_long_factor, one per rotated pair")
 
-    def frequencies(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        """The scaled frequencies θ_i `(D/2,)` of the unscaled ones."""
+    def frequencies(self, inv_freq: torch.Tensor, length: int = 0) -> torch.Tensor:
+        """The scaled frequencies θ_i `(D/2,)` of the unscaled ones, for a sequence of `length` positions."""
+        if self.kind == "longrope":
+            if len(self.short_factor) != inv_freq.numel():
+                raise ValueError(f"rope_short_factor has {len(self.short_factor)} factors for {inv_freq.numel()} pairs")
+            factors = self.long_factor if length > self.original_context else self.short_factor
+            return inv_freq / torch.tensor(factors, dtype=inv_freq.dtype, device=inv_freq.device)
         if self.kind == "linear":
             return inv_freq / self.factor
         if self.kind == "llama3":
@@ -245,31 +264,51 @@ class RopeScaling:
 class RotaryPositions(AttentionPositions):
     """RoPE (Su et al. 2021): q and k rotated by position-dependent angles, no parameters. A key
     is rotated once, when it is made; a KV cache holds rotated keys, so a decoding step rotates
-    only the new position. `scaling` stretches the frequencies (`RopeScaling`)."""
+    only the new position. `scaling` stretches the frequencies (`RopeScaling`); `rotary_dims`
+    rotates the first dimensions of each head alone and passes the rest (Phi's partial rotary)."""
 
     row_positions = True
 
     def __init__(
-        self, n_heads: int, head_dim: int, *, theta: float = 10000.0, scaling: RopeScaling | None = None, **_: object
+        self,
+        n_heads: int,
+        head_dim: int,
+        *,
+        theta: float = 10000.0,
+        scaling: RopeScaling | None = None,
+        rotary_dims: int | None = None,
+        **_: object,
     ) -> None:
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"rope rotates pairs of dimensions: the head size must be even, got {head_dim}")
         self.head_dim, self.theta = head_dim, theta
+        self.rotary_dims = rotary_dims or head_dim
+        if self.rotary_dims % 2 or self.rotary_dims > head_dim:
+            raise ValueError(
+                f"rope rotates pairs of dimensions: the rotated size must be even and at most the head's "
+                f"{head_dim}, got {self.rotary_dims}"
+            )
         self.scaling = scaling or RopeScaling()
 
     def angles(self, pos: torch.Tensor) -> torch.Tensor:
-        """The rotation angles p·θ_i, float32 `(T, D/2)` for pos `(T,)` (or `(..., T)`)."""
+        """The rotation angles p·θ_i, float32 `(T, R/2)` for pos `(T,)` (or `(..., T)`), R the rotated dims."""
         if self.scaling.kind == "none":
-            return rope_angles(pos, self.head_dim, self.theta)
-        inv_freq = self.theta ** (
-            -torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=pos.device) / self.head_dim
-        )
-        return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq)
+            return rope_angles(pos, self.rotary_dims, self.theta)
+        r = self.rotary_dims
+        inv_freq = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float32, device=pos.device) / r)
+        # LongRoPE picks its factors by the longest position of the call (transformers does too).
+        length = int(pos.max()) + 1 if self.scaling.kind == "longrope" and pos.numel() else 0
+        return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq, length)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = self.angles(pos)  # once for both
-        return rope_rotate(q, angles), rope_rotate(k, angles)
+        scale, r = self.scaling.attention_factor, self.rotary_dims
+        if r == self.head_dim:
+            return rope_rotate(q, angles, scale), rope_rotate(k, angles, scale)
+
+        def first_dims(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([rope_rotate(x[..., :r], angles, scale), x[..., r:]], dim=-1)
+
+        return first_dims(q), first_dims(k)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -55,6 +55,8 @@ class AttentionSpec:
     seed: int = 0
     """BigBird's random blocks: each layer gets its own (`for_layer`)."""
     rope_scaling: RopeScaling = RopeScaling()
+    rotary_dims: int | None = None
+    """The dimensions of each head that RoPE rotates (the first ones); None: all."""
     head_size: int | None = None
     """Each head's size D where it is not d_model / n_heads (Qwen3, Gemma 3)."""
     qkv_bias: bool | None = None
@@ -98,6 +100,7 @@ class AttentionSpec:
             theta=self.rope_theta,
             max_distance=self.relative_distance,
             scaling=self.rope_scaling,
+            rotary_dims=self.rotary_dims,
         )
 
     def build_pattern(self, n_heads: int, head_dim: int) -> nn.Module | None:
@@ -165,6 +168,15 @@ class AttentionOptions:
     """rope_scaling llama3: wavelengths above rope_original_context / this are fully scaled."""
     rope_high_freq_factor: float = 4.0
     """rope_scaling llama3: wavelengths below rope_original_context / this are kept."""
+    rope_short_factor: tuple[float, ...] = ()
+    """rope_scaling longrope: each rotated pair's divisor within rope_original_context."""
+    rope_long_factor: tuple[float, ...] = ()
+    """rope_scaling longrope: each rotated pair's divisor past rope_original_context."""
+    rope_attention_factor: float = 1.0
+    """rope_scaling longrope: the factor of the rotations' cosines and sines."""
+    rotary_dims: int | None = None
+    """RoPE rotates the first rotary_dims dimensions of each head and passes the rest (Phi's
+    partial rotary); None: the whole head."""
     head_size: int | None = None
     """Each attention head's size; None: the width / the number of heads (Qwen3 and Gemma 3 set it apart)."""
     qkv_bias: bool | None = None
@@ -195,8 +207,12 @@ class AttentionOptions:
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         self.check_checkpoint_parts()
-        if positions == "rope" and head_dim % 2:
-            raise ValueError(f"positions 'rope' rotates pairs: the head size must be even, got {head_dim}")
+        rotated = self.rotary_dims or head_dim
+        if positions == "rope" and (rotated % 2 or rotated > head_dim):
+            raise ValueError(
+                f"positions 'rope' rotates pairs: the rotated size (rotary_dims or the head size {head_dim}) must be "
+                f"even and at most the head size, got {rotated}"
+            )
         if positions == "fourier" and d_model % 2:
             raise ValueError(f"positions 'fourier' comes in (cos, sin) pairs: the width must be even, got {d_model}")
         if self.attention in CONVOLUTIONS and positions in ("rope", "alibi", "relative"):
@@ -248,6 +264,9 @@ class AttentionOptions:
             self.rope_original_context,
             self.rope_low_freq_factor,
             self.rope_high_freq_factor,
+            self.rope_short_factor,
+            self.rope_long_factor,
+            self.rope_attention_factor,
         )
 
     def attention_spec(self, positions: str, max_len: int, *, norm_eps: float = 1e-6) -> AttentionSpec:
@@ -266,6 +285,7 @@ class AttentionOptions:
             linformer_k=self.linformer_k,
             conv_kernel=self.conv_kernel,
             rope_scaling=self.rope_scaling_spec(),
+            rotary_dims=self.rotary_dims,
             head_size=self.head_size,
             qkv_bias=self.qkv_bias,
             qk_norm=self.qk_norm,

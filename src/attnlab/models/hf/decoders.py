@@ -20,9 +20,11 @@ from attnlab.models.hf.llama import (
     LLAMA_LAYER_TENSORS,
     LLAMA_QKV,
     LLAMA_TOP_TENSORS,
+    PHI_QKV,
     ROPE_TYPES,
     qkv_rows,
 )
+from attnlab.models.hf.phi3 import PHI_GATE_UP
 
 ANY: Any = None
 """In a family's `takes`: the part may have any value (the family writes it in its config.json)."""
@@ -35,6 +37,7 @@ LLAMA_PARTS: dict[str, tuple[tuple[Any, ...], str]] = {
     "bias": ((False,), "no biases"),
     "activation": (("swiglu",), "a SwiGLU feed-forward layer"),
     "rope_scaling": (("none", "linear", "llama3"), "RoPE unscaled or scaled linearly or as Llama 3 does"),
+    "rotary_dims": ((None,), "RoPE over the whole head"),
     "qkv_bias": ((None, False), "no biases on q, k and v"),
     "qk_norm": (("none",), "no norm over the queries and keys"),
     "attention": (("full",), "full attention"),
@@ -59,6 +62,8 @@ class DecoderShape:
     extras: Callable[[GPTConfig], dict[str, Any]] = lambda c: {}
     """config.json keys of the family's own."""
     layer_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_LAYER_TENSORS)
+    fused: bool = False
+    """q, k, v stored as one `qkv_proj` and gate, up as one `gate_up_proj` (Phi-3)."""
 
     @property
     def rules(self) -> dict[str, PartRule]:
@@ -75,10 +80,27 @@ class DecoderShape:
 
 
 def rope_to_hf(c: GPTConfig) -> dict[str, Any]:
-    """`rope_parameters` as transformers 5 writes them (the inverse of `llama.rope_fields_from_hf`)."""
+    """`rope_parameters` as transformers 5 writes them (the inverse of `llama.rope_fields_from_hf`
+    and `phi3.phi3_rope_fields`)."""
+    partial = {} if c.rotary_dims is None else {"partial_rotary_factor": c.rotary_dims / c.head_dim}
+    if c.rope_scaling == "longrope":
+        return {
+            "rope_type": "longrope",
+            "rope_theta": c.rope_theta,
+            "short_factor": list(c.rope_short_factor),
+            "long_factor": list(c.rope_long_factor),
+            "original_max_position_embeddings": c.rope_original_context,
+            "attention_factor": c.rope_attention_factor,
+            **partial,
+        }
     rope_type = next(hf for hf, (ours, _) in ROPE_TYPES.items() if ours == c.rope_scaling)
     keys = ROPE_TYPES[rope_type][1]
-    return {"rope_type": rope_type, "rope_theta": c.rope_theta, **{hf: getattr(c, ours) for hf, ours in keys.items()}}
+    return {
+        "rope_type": rope_type,
+        "rope_theta": c.rope_theta,
+        **{hf: getattr(c, ours) for hf, ours in keys.items()},
+        **partial,
+    }
 
 
 def decoder_config(c: GPTConfig, shape: DecoderShape) -> dict[str, Any]:
@@ -122,6 +144,11 @@ def export_decoder(model: GPT, shape: DecoderShape) -> HFCheckpoint:
     for i in range(c.n_layers):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         tensors.update({hf + name: state[ours + our_name] for name, our_name in shape.layer_tensors.items()})
+        if shape.fused:
+            tensors[f"{hf}{PHI_QKV}"] = state[f"{ours}attn.in_proj.weight"]
+            tensors[f"{hf}{PHI_GATE_UP}"] = state[f"{ours}ffn.fc1.weight"]
+            tensors[hf + LLAMA_DOWN[0]] = state[ours + LLAMA_DOWN[1]]
+            continue
         for suffix in ("weight", "bias"):
             if f"{ours}attn.in_proj.{suffix}" in state:
                 q_k_v = state[f"{ours}attn.in_proj.{suffix}"].split(list(qkv_rows(c)))
@@ -232,4 +259,19 @@ GEMMA3 = DecoderShape(
     },
     extras=gemma3_extras,
     layer_tensors=GEMMA3_LAYER_TENSORS,
+)
+PHI3 = DecoderShape(
+    "Phi-3",
+    "phi3",
+    "Phi3ForCausalLM",
+    takes={
+        "rope_scaling": (("none", "linear", "longrope"), "RoPE unscaled, scaled linearly or LongRoPE"),
+        "rotary_dims": (ANY, "RoPE over the first dimensions of each head (partial_rotary_factor)"),
+        "attention": WINDOW,
+    },
+    extras=lambda c: {
+        "sliding_window": c.attention_window if c.attention == "window" else None,
+        "original_max_position_embeddings": c.rope_original_context if c.rope_scaling == "longrope" else c.block_size,
+    },
+    fused=True,
 )

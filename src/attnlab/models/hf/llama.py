@@ -108,6 +108,7 @@ LLAMA_LAYER_TENSORS = {
 # Stacked along rows in one attnlab tensor, in this order: attn.in_proj ([q; k; v]) and the
 # dense SwiGLU's ffn.fc1 ([gate; up]: gate is the one activated).
 LLAMA_QKV = tuple(f"self_attn.{p}_proj.weight" for p in "qkv")
+PHI_QKV = "self_attn.qkv_proj.weight"
 LLAMA_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 LLAMA_DOWN = ("mlp.down_proj.weight", "ffn.fc2.weight")
 
@@ -360,10 +361,11 @@ def llama_body_state(
         hf, ours = f"layers.{i}.", f"blocks.{i}."
         for hf_name, our_name in layer_tensors.items():
             state[ours + our_name] = tensors.take(hf + hf_name, expected[ours + our_name])
-        qkv = [hf + name for name in LLAMA_QKV]
-        state[f"{ours}attn.in_proj.weight"] = tensors.rows(
-            qkv, expected[f"{ours}attn.in_proj.weight"], qkv_rows(config)
-        )
+        in_proj = expected[f"{ours}attn.in_proj.weight"]
+        if tensors.has(f"{hf}{PHI_QKV}"):  # Phi-3 stores q, k, v stacked already, in attnlab's order
+            state[f"{ours}attn.in_proj.weight"] = tensors.take(f"{hf}{PHI_QKV}", in_proj)
+        else:
+            state[f"{ours}attn.in_proj.weight"] = tensors.rows([hf + n for n in LLAMA_QKV], in_proj, qkv_rows(config))
         state.update(attention_extras(tensors, hf, ours, config, expected))
         state.update(ffn(tensors, i, expected))
     return state
