@@ -238,7 +238,9 @@ class RopeScaling:
         if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
             raise ValueError("rope_low_freq_factor must be > 0 and below rope_high_freq_factor")
         if self.kind == "longrope" and not (self.short_factor and len(self.short_factor) == len(self.long_factor)):
-            raise ValueError("rope_scaling 'longrope' needs rope_short_factor and rope_long_factor, one per rotated pair")
+            raise ValueError(
+                "rope_scaling 'longrope' needs rope_short_factor and rope_long_factor, one per rotated pair"
+            )
 
     def frequencies(self, inv_freq: torch.Tensor, length: int = 0) -> torch.Tensor:
         """The scaled frequencies θ_i `(D/2,)` of the unscaled ones, for a sequence of `length` positions."""
