@@ -330,3 +330,38 @@ def test_export_refuses_a_part_no_family_has():
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layers=1, attention_scale=0.3, **llama))
     with pytest.raises(ExportError, match=r"attention_scale = 0\.3"):
         causal_lm_export(model)
+
+
+LORA_TARGETS = ("query", "key", "value", "output", "gate", "ff-in", "ff-out")
+
+
+def test_lora_adapters_equal_peft_on_the_family(pair, tmp_path):
+    """attnlab's LoRA adapters on the imported model, written as a peft adapter folder: peft's
+    PeftModel on transformers' model of the same folder computes the same logits (Phi-3's fused
+    layers take one stacked adapter, as GPT-2's c_attn does)."""
+    from safetensors.torch import save_file
+
+    from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
+    from attnlab.nn.lora import add_lora
+
+    peft = pytest.importorskip("peft")
+    case, theirs, _ = pair
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    theirs.save_pretrained(base_dir)
+    ours = causal_lm_model(base_dir)
+    add_lora(ours, LORA_TARGETS, rank=2, alpha=4.0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B starts at zero, which would hide a wrong B path
+        for name, p in ours.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    config, tensors = peft_adapter(ours.eval(), base=str(base_dir))
+    adapter_dir.mkdir()
+    (adapter_dir / ADAPTER_CONFIG).write_text(json.dumps(config), encoding="utf-8")
+    save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS))
+    adapted = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir)
+    idx = tokens(2, 20, seed=6)
+    with torch.no_grad():
+        want, got, base = adapted.eval()(input_ids=idx).logits, ours(idx), theirs(idx).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert (base - want).abs().max() > 1e-3  # the adapters change the logits: the check has teeth

@@ -140,7 +140,7 @@ def lora_sites(model: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
         if isinstance(module, MultiHeadAttention) and not _is_cross_attention(name):
-            c, kv = module.d_model, module.kv_dim
+            c, kv = module.q_dim, module.kv_dim  # the queries are H·D rows, the width unless heads are sized apart
             sites[prefix + "in_proj"] = {"query": (0, c), "key": (c, c + kv), "value": (c + kv, c + 2 * kv)}
             sites[prefix + "out_proj"] = {"output": (0, module.out_proj.out_features)}
         elif isinstance(module, FeedForward):

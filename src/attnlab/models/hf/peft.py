@@ -6,7 +6,10 @@ The layers by family (i = block index), attnlab -> transformers:
     GPT-2   blocks.i.attn.in_proj -> transformer.h.i.attn.c_attn (q, k and v in one Conv1D)
             blocks.i.attn.out_proj -> ...attn.c_proj, ffn.fc1 -> ...mlp.c_fc, ffn.fc2 -> ...mlp.c_proj
     Llama   in_proj -> model.layers.i.self_attn.{q,k,v}_proj, out_proj -> ...o_proj,
-            fc1 -> ...mlp.{gate,up}_proj, fc2 -> ...mlp.down_proj
+            fc1 -> ...mlp.{gate,up}_proj, fc2 -> ...mlp.down_proj (also Qwen2, Qwen3, Mistral,
+            SmolLM3 and Gemma 3: the same names)
+    Phi-3   in_proj -> model.layers.i.self_attn.qkv_proj, fc1 -> ...mlp.gate_up_proj (one layer
+            each, stacked as GPT-2's c_attn), out_proj -> ...o_proj, fc2 -> ...mlp.down_proj
     BERT    in_proj -> bert.encoder.layer.i.attention.self.{query,key,value},
             out_proj -> ...attention.output.dense, fc1 -> ...intermediate.dense, fc2 -> ...output.dense;
             a classifier or tagger head -> classifier, a sequence classifier's pooler -> bert.pooler.dense
@@ -26,8 +29,8 @@ from torch import nn
 from attnlab.errors import ExportError
 from attnlab.models.bert import Bert
 from attnlab.models.gpt import GPT
-from attnlab.models.hf.gpt2 import gpt2_export_problems
-from attnlab.models.hf.llama import llama_export_problems
+from attnlab.models.hf.auto import CAUSAL_LM_EXPORTERS
+from attnlab.models.hf.decoders import PHI3
 from attnlab.nn.lora import LoRALinear, adapter_key, lora_layers
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -40,6 +43,14 @@ GPT2_LAYERS = {
     "ffn.fc1": "mlp.c_fc",
     "ffn.fc2": "mlp.c_proj",
 }
+PHI3_LAYERS = {
+    "attn.in_proj": "self_attn.qkv_proj",
+    "attn.out_proj": "self_attn.o_proj",
+    "ffn.fc1": "mlp.gate_up_proj",
+    "ffn.fc2": "mlp.down_proj",
+}
+# The families whose stacked attnlab layers are stacked in transformers too: their layers and stem.
+STACKED = {"gpt2": (GPT2_LAYERS, "transformer.h.{}."), "phi3": (PHI3_LAYERS, "model.layers.{}.")}
 LLAMA_PARTS = {
     "query": "self_attn.q_proj",
     "key": "self_attn.k_proj",
@@ -65,7 +76,7 @@ def peft_adapter(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(adapter_config.json as a dict, adapter_model.safetensors' tensors) of `model`'s adapters.
     `base` names the base model in the config. Raises `ExportError` for a model peft's
-    transformers counterpart cannot take (no adapters; a family other than GPT-2, Llama, BERT)."""
+    transformers counterpart cannot take (no adapters; a model no exported family computes)."""
     layers = lora_layers(model)
     if not layers:
         raise ExportError("the model has no LoRA adapters to export")
@@ -76,8 +87,9 @@ def peft_adapter(
     rank_pattern, alpha_pattern = {}, {}
     for name, layer in layers.items():
         block, _, inner = name.partition(".")[2].partition(".")  # "blocks.3.attn.in_proj" -> "3", "attn.in_proj"
-        if family == "gpt2":
-            target = f"transformer.h.{block}.{GPT2_LAYERS[inner]}"
+        if family in STACKED:
+            names, stem = STACKED[family]
+            target = stem.format(block) + names[inner]
             tensors |= _stacked(target, layer)
             if len(layer.slices) > 1 or _partial(layer):
                 k = len(layer.slices)
@@ -115,13 +127,13 @@ def peft_adapter(
 
 
 def _family(model: nn.Module) -> tuple[str, str]:
-    """("gpt2" | "llama" | "bert", "lm" | "sequence" | "token") as `attnlab export --to hf` writes the model."""
+    """("gpt2" | "llama" | "phi3" | "bert", "lm" | "sequence" | "token") as `attnlab export --to hf`
+    writes the model ("llama": every family with Llama's layer names)."""
     if isinstance(model, GPT):
-        if not gpt2_export_problems(model.config):
-            return "gpt2", "lm"
-        if not llama_export_problems(model.config):
-            return "llama", "lm"
-        raise ExportError("this GPT has neither GPT-2's nor Llama's parts: transformers has no model for its adapters")
+        for name, problems, _ in CAUSAL_LM_EXPORTERS:
+            if not problems(model.config):
+                return {"GPT-2": "gpt2", PHI3.name: "phi3"}.get(name, "llama"), "lm"
+        raise ExportError("this GPT has the parts of no transformers family: no transformers model takes its adapters")
     if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
         return "bert", model.config.head
     raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
