@@ -52,6 +52,31 @@ TOOLS = """{%- set ns = namespace(system='', turns=0) %}
 {% endfor %}
 {% if add_generation_prompt %}<s>assistant:{% endif %}"""
 
+# The turn formats of today's families, written here in their published shape: ChatML (Qwen2,
+# Qwen3, SmolLM3), Llama 3's header blocks, Gemma's turns (a system prompt folded into the first
+# user turn, "model" for the assistant) and Phi-3's tags.
+CHATML = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+LLAMA3 = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+GEMMA = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + "
+    "'\n\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim "
+    "+ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+PHI3 = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' + '\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
 CHAT = [
     {"role": "system", "content": "Answer as a <b>bard</b> & briefly."},
     {"role": "user", "content": "  Who art thou? 你好 😀 "},
@@ -93,8 +118,10 @@ def theirs(folder, messages, add_generation_prompt=True) -> list[int]:
 @pytest.mark.parametrize(
     "template, messages",
     [(LLAMA2, CHAT), (LLAMA2, CHAT[1:]), (ZEPHYR, CHAT), (ZEPHYR, CHAT[:2]), (TOOLS, CHAT), (TOOLS, [*CHAT[:2],
-     {"role": "user", "content": "STOP"}, *CHAT[2:]])],
-    ids=["llama2", "llama2-no-system", "zephyr", "zephyr-one-turn", "namespace-tojson", "loop-break"],
+     {"role": "user", "content": "STOP"}, *CHAT[2:]]), (CHATML, CHAT), (LLAMA3, CHAT), (GEMMA, CHAT),
+     (GEMMA, CHAT[1:]), (PHI3, CHAT)],
+    ids=["llama2", "llama2-no-system", "zephyr", "zephyr-one-turn", "namespace-tojson", "loop-break", "chatml-qwen",
+         "llama3", "gemma", "gemma-no-system", "phi3"],
 )  # fmt: skip
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_the_same_ids_as_apply_chat_template(tmp_path, template, messages, add_generation_prompt):
