@@ -271,6 +271,11 @@ def test_fused_step_covers_only_what_it_computes(pair):
     case, _, ours = pair
     inside = case.startswith(("llama3", "llama-linear", "mistral-head-dim-apart")) and ours.config.head_size is None
     assert coverage.decodes_gpt(ours) == inside
+    if not inside:  # the warning names what is outside, in one line
+        with pytest.warns(UserWarning, match=r"decoding eagerly") as caught:
+            assert gpt_step(ours, ours.new_cache(1, 16), "fp32") is None
+        message = str(caught[0].message)
+        assert "\n" not in message and ", not " in message and coverage.undecoded_parts(ours)[0] in message
 
 
 def test_scaled_rope_reaches_the_fused_step(tmp_path):

@@ -208,3 +208,23 @@ def uncovered_parts(model: nn.Module) -> str | None:
         "the kernels compute full multi-head attention with positions at the input, LayerNorm and a "
         f"dense GELU/ReLU feed-forward in unshared blocks; this model has {chosen}"
     )
+
+
+def undecoded_parts(model: GPT) -> list[str]:
+    """The parts of today's checkpoints in `model` that the fused GPT step does not compute, in
+    words (empty: none of them; the step's other conditions are `decodes_gpt`'s)."""
+    c = model.config
+    found = [
+        (c.norm == "sandwich", "norms after each sublayer too (norm='sandwich')"),
+        (c.qkv_bias is True and not c.bias, "biases on q, k and v alone (qkv_bias)"),
+        (c.qk_norm != "none", f"norms over the queries and keys (qk_norm={c.qk_norm!r})"),
+        (c.head_size is not None and c.head_size * c.n_heads != c.d_model, "heads sized apart from the width"),
+        (c.attention_scale is not None, "scores scaled by attention_scale"),
+        (c.attention != "full" or bool(c.layer_attention), "window or sparse attention"),
+        (bool(c.nope_layers), "layers without positions (nope_layers)"),
+        (c.rotary_dims is not None, "rotary positions on part of each head (rotary_dims)"),
+        (c.rope_scaling == "longrope", "LongRoPE's two sets of frequencies"),
+        (c.scale_embeddings, "embeddings scaled by √d"),
+        (c.logit_softcap is not None, "soft-capped logits"),
+    ]
+    return [words for present, words in found if present]

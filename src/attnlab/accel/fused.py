@@ -57,12 +57,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.accel.coverage import covers_decoder_block, decodes_gpt
+from attnlab.accel.coverage import covers_decoder_block, decodes_gpt, undecoded_parts
 from attnlab.accel.extensions import build
 from attnlab.accel.extensions import is_built as is_built_here
 from attnlab.accel.kernels import ACTIVATION_CODES
 from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.device import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16_matmul
+from attnlab.models import GPT
 from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm
 from attnlab.nn.feedforward import is_gated
 
@@ -483,7 +484,10 @@ def gpt_step(model: nn.Module, cache: list[KVCache], weights: str = "fp32") -> F
         warnings.warn(refusal, stacklevel=4)
         return None
     make = functools.partial(FusedStep, model, cache=cache, weights=weights)
-    return _when_built(supports(model, cache), _GPT_COVERS, make, stacklevel=5)
+    covers = _GPT_COVERS
+    if isinstance(model, GPT) and undecoded_parts(model):  # say which part of today's checkpoints is outside
+        covers += f", not {', '.join(undecoded_parts(model))}"
+    return _when_built(supports(model, cache), covers, make, stacklevel=5)
 
 
 def decoder_state(model: nn.Module, src: torch.Tensor, max_len: int) -> FusedDecoderState | None:
