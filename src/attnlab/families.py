@@ -44,6 +44,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("Gemma 3", ("gemma3_text",), CAUSAL_LM, ("gemma3",)),
     Family("Phi-3", ("phi3",), CAUSAL_LM, ("phi3",)),
     Family("BERT", ("bert",), ENCODER),
+    Family("RoBERTa", ("roberta",), ENCODER),
+    Family("ModernBERT", ("modernbert",), ENCODER),
 )
 
 

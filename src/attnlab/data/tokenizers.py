@@ -1,15 +1,16 @@
-"""Tokenizers: characters, byte-level BPE, and BERT's WordPiece (the last two on the Hugging Face
-`tokenizers` library).
+"""Tokenizers: characters, byte-level BPE, and the encoders' vocabularies, BERT's WordPiece and
+RoBERTa's byte-level BPE (the last three on the Hugging Face `tokenizers` library).
 
 All save to one `tokenizer.json`. Characters and byte-level BPE round-trip text exactly:
 `decode(encode(s)) == s` for any text the tokenizer can encode. WordPiece does not: it normalises
 (lowercases, strips accents, drops control characters) and splits off punctuation, as BERT does.
 The file says what it is through its own format fields: attnlab's character format carries
-`"format": "attnlab-char"`; anything else is read as a Hugging Face `tokenizers` file, a WordPiece
-one when its model type says so.
+`"format": "attnlab-char"`; anything else is read as a Hugging Face `tokenizers` file, an encoder's
+one when its model type (WordPiece) or its post-processor (RoBERTa's, ModernBERT's) says so.
 
 References: Sennrich et al. 2016 (BPE); Radford et al. 2019 (byte-level BPE of GPT-2);
-Schuster & Nakajima 2012 and Wu et al. 2016, §4.1 (WordPiece); Devlin et al. 2019 (BERT's use of it).
+Schuster & Nakajima 2012 and Wu et al. 2016, §4.1 (WordPiece); Devlin et al. 2019 (BERT's use of it);
+Liu et al. 2019, §4.4 (RoBERTa's byte-level BPE).
 """
 
 import json
@@ -213,35 +214,52 @@ def _special_ids(path: Path, tokenizer) -> dict[str, int | None]:
     return ids
 
 
-# BERT's special tokens, in the order that fixes their ids when attnlab trains a WordPiece vocabulary.
+# BERT's special tokens for the encoder's five roles (pad, unk, cls, sep, mask), in the order that
+# fixes their ids when attnlab trains a WordPiece vocabulary.
 WORDPIECE_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# RoBERTa's names for the same roles (fairseq's dictionary symbols; <s> and </s> frame a text).
+ROBERTA_SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
 
 
-class WordPieceTokenizer:
-    """BERT's WordPiece: normalise, split on whitespace and punctuation, then split each word
-    greedily into the longest pieces of the vocabulary, continuation pieces prefixed with "##".
+class EncoderTokenizer:
+    """An encoder's vocabulary: ids for text, and the five special roles pad, unk, cls, sep, mask.
 
-    Thin wrapper over `tokenizers.Tokenizer` with a WordPiece model, the BERT normaliser
-    (`lowercase`; accents are stripped exactly when lowercasing, as in BERT uncased), the BERT
-    pre-tokenizer and the WordPiece decoder. Example: "Unaffable!" -> ["una", "##ffa", "##ble", "!"]
-    with BERT's vocabulary. The five special tokens are matched in raw text before anything else,
-    so the text "[UNK]" encodes to `unk_id` alone. Nothing adds [CLS] or [SEP]: callers place them.
+    BERT's is WordPiece: normalise, split on whitespace and punctuation, then split each word
+    greedily into the longest pieces of the vocabulary, continuation pieces prefixed with "##"
+    (the BERT normaliser with `lowercase`, accents stripped exactly when lowercasing as in BERT
+    uncased; the BERT pre-tokenizer; the WordPiece decoder). Example: "Unaffable!" -> ["una",
+    "##ffa", "##ble", "!"] with BERT's vocabulary. RoBERTa's is byte-level BPE, its roles named
+    `ROBERTA_SPECIAL_TOKENS`. Thin wrapper over a `tokenizers.Tokenizer`, which holds the pipeline;
+    this class adds the roles. The special tokens are matched in raw text before anything else, so
+    the text "[UNK]" encodes to `unk_id` alone. Nothing adds [CLS] or [SEP]: callers place them.
     """
 
     bos_id = None
     eos_id = None
 
-    def __init__(self, tokenizer, *, source: str = "the tokenizer") -> None:  # tokenizers.Tokenizer
+    def __init__(
+        self,
+        tokenizer,  # tokenizers.Tokenizer
+        *,
+        source: str = "the tokenizer",
+        special_tokens: Sequence[str] = WORDPIECE_SPECIAL_TOKENS,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.special_tokens = tuple(special_tokens)
+        """The tokens of the roles pad, unk, cls, sep, mask, in that order."""
         ids = {}
-        for token in WORDPIECE_SPECIAL_TOKENS:
+        for token in self.special_tokens:
             ids[token] = tokenizer.token_to_id(token)
             if ids[token] is None:
                 raise UserError(
-                    f"{source} has no {token} token; a BERT vocabulary needs all of "
-                    f"{', '.join(WORDPIECE_SPECIAL_TOKENS)}"
+                    f"{source} has no {token} token; an encoder's vocabulary needs all of "
+                    f"{', '.join(self.special_tokens)}"
                 )
         self._pad_id, self._unk_id, self._cls_id, self._sep_id, self._mask_id = ids.values()
+        from tokenizers import decoders
+
+        # Byte-level pieces spell bytes with stand-in characters ("Ġ" for a space); labels decode them.
+        self._byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
 
     @staticmethod
     def _pipeline(model, *, lowercase: bool):  # tokenizers.models.WordPiece -> tokenizers.Tokenizer
@@ -258,8 +276,8 @@ class WordPieceTokenizer:
     @classmethod
     def train(
         cls, texts: Iterable[str], vocab_size: int, *, lowercase: bool = True, algorithm: str = "wordpiece"
-    ) -> "WordPieceTokenizer":
-        """A vocabulary of at most `vocab_size` entries learnt from `texts`, with [PAD] 0, [UNK] 1,
+    ) -> "EncoderTokenizer":
+        """A WordPiece vocabulary of at most `vocab_size` entries learnt from `texts`, with [PAD] 0, [UNK] 1,
         [CLS] 2, [SEP] 3, [MASK] 4. A small corpus may give fewer entries.
 
         algorithm: "wordpiece" (BERT's: pieces chosen by likelihood) or "bpe" (pieces by merge
@@ -286,7 +304,7 @@ class WordPieceTokenizer:
         return cls(tok)
 
     @classmethod
-    def from_vocab_txt(cls, path: str | Path, *, lowercase: bool = True) -> "WordPieceTokenizer":
+    def from_vocab_txt(cls, path: str | Path, *, lowercase: bool = True) -> "EncoderTokenizer":
         """The tokenizer of a BERT `vocab.txt`: one token per line, its id the line number (from 0).
         Special ids are wherever the vocabulary has [PAD], [UNK], [CLS], [SEP] and [MASK]."""
         from tokenizers import AddedToken, models
@@ -350,7 +368,7 @@ class WordPieceTokenizer:
 
     @property
     def special_ids(self) -> list[int]:
-        """The ids of [PAD], [UNK], [CLS], [SEP] and [MASK], sorted."""
+        """The ids of the five special tokens ([PAD], [UNK], [CLS], [SEP] and [MASK]), sorted."""
         return sorted((self._pad_id, self._unk_id, self._cls_id, self._sep_id, self._mask_id))
 
     def encode(self, text: str) -> list[int]:
@@ -391,18 +409,52 @@ class WordPieceTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
-        """Each token as the vocabulary spells it, for labels: continuation pieces keep their "##".
+        """Each token as the vocabulary spells it, for labels: continuation pieces keep their "##";
+        byte-level pieces show their real characters (" world", not "Ġworld").
         Example: ids of "unaffable" -> ["una", "##ffa", "##ble"]."""
+        if self._byte_level:
+            return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
         return [self.tokenizer.id_to_token(i) for i in ids]
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(Path(path), self.tokenizer.to_str())
 
 
-def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPieceTokenizer:
-    """Read a `tokenizer.json` written by any of the tokenizers: a `WordPieceTokenizer` when the
-    file's model is WordPiece or BPE with "##" continuation pieces (the BERT pipeline), else
-    byte-level BPE."""
+# The name of EncoderTokenizer from before it held RoBERTa's vocabulary too; its callers still use it.
+WordPieceTokenizer = EncoderTokenizer
+
+
+# Where a tokenizer.json names its encoder roles only by convention: pad, unk and mask are whichever
+# of these its vocabulary has (BERT's and ModernBERT's brackets, RoBERTa's angle brackets).
+CONVENTIONAL_NAMES = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "mask": ("[MASK]", "<mask>")}
+
+
+def encoder_special_tokens(doc: dict, tokenizer) -> tuple[str, ...] | None:  # tokenizers.Tokenizer
+    """The five roles' tokens (pad, unk, cls, sep, mask) of a tokenizer.json, read as `doc`, whose
+    post-processor frames a text as an encoder's input, one special token either side ("<s> $A </s>"
+    of RoBERTa, "[CLS] $A [SEP]" of ModernBERT); None for any other file (a causal LM's "<s> $A")."""
+    post = doc.get("post_processor") or {}
+    if post.get("type") in ("RobertaProcessing", "BertProcessing"):
+        cls, sep = str(post["cls"][0]), str(post["sep"][0])
+    elif post.get("type") == "TemplateProcessing" and len(single := post.get("single") or []) == 3:
+        ends = [piece.get("SpecialToken", {}).get("id") for piece in (single[0], single[2])]
+        if "Sequence" not in single[1] or None in ends:
+            return None
+        cls, sep = ends
+    else:
+        return None
+    found = {
+        role: [t for t in names if tokenizer.token_to_id(t) is not None] for role, names in CONVENTIONAL_NAMES.items()
+    }
+    if not all(found.values()):
+        return None
+    return found["pad"][0], found["unk"][0], cls, sep, found["mask"][0]
+
+
+def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | EncoderTokenizer:
+    """Read a `tokenizer.json` written by any of the tokenizers: an `EncoderTokenizer` when the
+    file's model is WordPiece or BPE with "##" continuation pieces (the BERT pipeline), or its
+    post-processor frames a text as an encoder's input (RoBERTa's, ModernBERT's), else byte-level BPE."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -440,4 +492,6 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | WordPiece
         return WordPieceTokenizer(tok, source=str(path))
     if isinstance(model, dict) and model.get("continuing_subword_prefix") == "##":
         return WordPieceTokenizer(tok, source=str(path))  # BPE trained in the BERT pipeline
+    if (roles := encoder_special_tokens(doc, tok)) is not None:
+        return EncoderTokenizer(tok, source=str(path), special_tokens=roles)
     return BPETokenizer(tok, **_special_ids(path, tok))

@@ -7,7 +7,13 @@ language modelling (§3.1, "Task #1"), and classifiers over the pooled output or
 (§4, Figure 4).
 
 The only attention mask is the key-padding mask: tokens equal to `pad_id` cannot be attended to.
-Pad on the right: positions are counted from the first token, so left padding would shift them.
+Pad on the right: BERT counts positions from the first token, so left padding would shift them.
+RoBERTa (Liu et al. 2019) is this model with its positions counted as fairseq counts them
+(`position_ids = "after_padding"`: the real tokens only, from `pad_id + 1`), one segment, and
+byte-level BPE ids. ModernBERT (Warner et al. 2024) is this model pre-norm, with RoPE, GeGLU, no
+biases (`bias`), no segments (`type_vocab_size` 0), no norm before the first block's attention
+(`norm_first_block`) and its layers' attention alternating between global and a sliding window,
+each with its own RoPE base (`layer_attention`, `window_rope_theta`).
 
 Shape legend: B batch, T time, C d_model, V vocab, H heads, L labels.
 
@@ -16,6 +22,9 @@ References:
   Understanding".
 - google-research/bert `modeling.py` (initialiser range 0.02, LayerNorm eps 1e-12, the pooler, the
   transform before the tied MLM decoder in `run_pretraining.py`).
+- Liu et al. 2019, "RoBERTa: A Robustly Optimized BERT Pretraining Approach"; fairseq
+  `utils.make_positions` (its position ids).
+- Warner et al. 2024, "Smarter, Better, Faster, Longer: A Modern Bidirectional Encoder" (ModernBERT), §2.1.
 """
 
 from collections.abc import Mapping
@@ -42,6 +51,7 @@ from attnlab.nn.feedforward import pointwise
 from attnlab.nn.funnel import FunnelOptions, pool_mask, pool_pairs, upsample
 
 HEADS = ("mlm", "sequence", "token", "none")
+POSITION_IDS = ("index", "after_padding")
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """Position scheme, one of attnlab.nn.POSITIONS: BERT's "learned", another at the input, or one
     inside attention (rope, alibi, relative)."""
     type_vocab_size: int = 2
-    """Number of segment embeddings (sentence A / sentence B)."""
+    """Number of segment embeddings (sentence A / sentence B); 0: none (ModernBERT)."""
     d_model: int = 256
     """Model width C."""
     n_heads: int = 4
@@ -96,6 +106,17 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """What the pooler reads: "cls" (BERT's first-position state) or "mean" (the average of the
     non-padding positions). BERT's [CLS] state is trained by next-sentence prediction, which
     masked-LM pre-training alone does not do; the mean of the token states carries what MLM did learn."""
+    bias: bool = True
+    """Biases in the blocks (attention, feed-forward, norms), the embeddings' and the final norm and
+    the masked-LM transform; ModernBERT has none (§2.1.1, "Bias Terms")."""
+    norm_first_block: bool = True
+    """Pre-norm: whether the first block normalises its attention input. ModernBERT's does not: the
+    embeddings' norm has just normalised it."""
+    position_ids: str = "index"
+    """Which row of the learned position table each token reads: "index" (BERT's: its index 0, 1, ...)
+    or "after_padding" (RoBERTa's, fairseq's `make_positions`: the real tokens counted from
+    pad_id + 1, every padding token at row pad_id; the table then has max_len + pad_id + 1 rows,
+    and a real token's position does not depend on where the padding is)."""
     funnel_decoder_layers: int = 2
     """With `funnel_stages`, for a head with an output per position ("mlm", "token", "none"): the
     full-length blocks after the up-sampling (the Funnel Transformer's decoder, Dai et al. 2020 §2.2).
@@ -104,9 +125,11 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     def __post_init__(self) -> None:
         if self.kind != "bert":
             raise ValueError(f"kind must be 'bert', got {self.kind!r}")
-        for name in ("vocab_size", "max_len", "type_vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
+        for name in ("vocab_size", "max_len", "d_model", "n_heads", "n_layers", "d_ff"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
@@ -119,10 +142,22 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
         if self.position_init not in ("normal", "sinusoidal"):
             raise ValueError(f"position_init must be 'normal' or 'sinusoidal', got {self.position_init!r}")
         self.check_attention(self.positions, causal=False, head_dim=self.head_dim, d_model=self.d_model)
+        self.check_layers(self.n_layers)
+        if not self.norm_first_block and (self.norm != "pre" or self.block_sharing != "none"):
+            raise ValueError(
+                "norm_first_block false leaves out the first block's own norm: it needs norm 'pre' and "
+                f"block_sharing 'none', got norm {self.norm!r}, block_sharing {self.block_sharing!r}"
+            )
         if self.position_init == "sinusoidal" and self.positions != "learned":
             raise ValueError(f"position_init 'sinusoidal' starts learned positions; positions is {self.positions!r}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        if self.position_ids not in POSITION_IDS:
+            raise ValueError(f"position_ids must be one of {list(POSITION_IDS)}, got {self.position_ids!r}")
+        if self.position_ids != "index" and self.positions != "learned":
+            raise ValueError(
+                f"position_ids {self.position_ids!r} indexes learned positions; positions is {self.positions!r}"
+            )
         if self.pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if self.head not in HEADS:
@@ -166,6 +201,20 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
         """E: the token embeddings' width (ALBERT's factorization when below d_model)."""
         return self.embedding_dim or self.d_model
 
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table: max_len, plus the pad_id + 1 rows that RoBERTa's
+        counting skips ("after_padding")."""
+        return self.max_len + (self.pad_id + 1 if self.position_ids == "after_padding" else 0)
+
+
+def positions_after_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """RoBERTa's position ids (fairseq `make_positions`): the real tokens numbered pad_id + 1,
+    pad_id + 2, ... in order, padding at pad_id. ids `(B, T)` -> `(B, T)` long.
+    Example: pad_id 1, ids [[5, 7, 1], [1, 5, 7]] -> [[2, 3, 1], [1, 2, 3]]."""
+    real = (ids != pad_id).long()  # (B, T)
+    return torch.cumsum(real, dim=1) * real + pad_id
+
 
 class BertEmbeddings(nn.Module):
     """The input representation (§3, Figure 2): token + position + segment embeddings, summed,
@@ -178,14 +227,16 @@ class BertEmbeddings(nn.Module):
         self.token_proj = nn.Linear(e, config.d_model, bias=False) if e != config.d_model else nn.Identity()
         # BERT's own table stays an nn.Embedding (its checkpoints name it so); other schemes by name.
         self.position = (
-            nn.Embedding(config.max_len, config.d_model)
+            nn.Embedding(config.position_rows, config.d_model)
             if config.positions == "learned"
             else build_positions(config.positions, config.max_len, config.d_model)
         )
         table = config.max_len if config.positions == "learned" else self.position.max_positions
         self.max_len = context_limit(table, config.attention, config.max_len)
-        self.segment = nn.Embedding(config.type_vocab_size, config.d_model)
-        self.norm = build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
+        self.position_ids = config.position_ids
+        self.pad_id = config.pad_id
+        self.segment = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        self.norm = build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,10 +245,13 @@ class BertEmbeddings(nn.Module):
             raise ValueError(f"sequence of {t} tokens is longer than max_len {self.max_len}")
         if not isinstance(self.position, nn.Embedding):
             self.position.grow(t)
-        if segments is None:
-            segments = torch.zeros_like(ids)  # a single sentence is all segment A
-        pos = torch.arange(t, device=ids.device)  # (T,)
-        x = self.token_proj(self.token(ids)) + self.position(pos) + self.segment(segments)  # (B, T, C)
+        if self.position_ids == "after_padding":
+            pos = positions_after_padding(ids, self.pad_id)  # (B, T)
+        else:
+            pos = torch.arange(t, device=ids.device)  # (T,)
+        x = self.token_proj(self.token(ids)) + self.position(pos)  # (B, T, C)
+        if self.segment is not None:
+            x = x + self.segment(torch.zeros_like(ids) if segments is None else segments)  # one text: all segment A
         return self.dropout(self.norm(x))
 
 
@@ -210,9 +264,9 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: BertConfig, token_embedding: nn.Embedding) -> None:
         super().__init__()
         e = config.embedding_size
-        self.dense = nn.Linear(config.d_model, e)
+        self.dense = nn.Linear(config.d_model, e, bias=config.bias)
         self.act = pointwise(config.activation)
-        self.norm = build_norm(config.normalization, e, eps=config.layer_norm_eps)
+        self.norm = build_norm(config.normalization, e, eps=config.layer_norm_eps, bias=config.bias)
         self.decoder = nn.Linear(e, config.vocab_size)
         self.decoder.weight = token_embedding.weight
 
@@ -252,11 +306,14 @@ class Bert(nn.Module):
                 activation=config.activation,
                 norm=config.norm,  # BERT keeps the original Transformer's order, "post" (§3)
                 eps=config.layer_norm_eps,
+                bias=config.bias,
                 spec=spec.for_layer(i),
                 parts=config.block_parts(i),
             )
 
         self.blocks = build_stack(block, config.n_layers, config.block_sharing)
+        if not config.norm_first_block:  # ModernBERT: the embeddings' norm has just normalised its input
+            self.blocks[0].norm1 = nn.Identity()
         universal = config.block_sharing == "universal"
         self.step_signal = (
             StepSignal(config.d_model, config.max_len, config.n_layers, scale=EMBEDDING_STD) if universal else None
@@ -267,7 +324,7 @@ class Bert(nn.Module):
         self.funnel_decoder = nn.ModuleList(block(config.n_layers + j) for j in range(n_up)) if decoder else None
         # Pre-norm leaves the residual stream unnormalised; one norm closes the stack.
         self.final_norm = (
-            build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps)
+            build_norm(config.normalization, config.d_model, eps=config.layer_norm_eps, bias=config.bias)
             if config.norm == "pre"
             else None
         )
@@ -281,7 +338,7 @@ class Bert(nn.Module):
             self.head = None
         self.apply(normal_init)
         if config.position_init == "sinusoidal":
-            table = sinusoidal_positions(config.max_len, config.d_model)
+            table = sinusoidal_positions(config.position_rows, config.d_model)
             with torch.no_grad():
                 self.embeddings.position.weight.copy_(table * (0.02 / table.std()))
 

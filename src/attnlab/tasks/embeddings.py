@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.data.parallel import pad_rows
-from attnlab.data.tokenizers import WordPieceTokenizer
+from attnlab.data.tokenizers import EncoderTokenizer
 from attnlab.errors import UserError
 from attnlab.models.bert import Bert
 
@@ -114,10 +114,11 @@ def _read_json(path: Path):
 
 @dataclass
 class SentenceEncoder:
-    """A BERT encoder, its WordPiece vocabulary and its pooling: texts in, one vector per text out."""
+    """A BERT-shaped encoder (BERT, RoBERTa, ModernBERT), its vocabulary and its pooling: texts in,
+    one vector per text out."""
 
     model: Bert
-    tokenizer: WordPieceTokenizer
+    tokenizer: EncoderTokenizer
     pooling: Pooling = Pooling()
 
     @property
@@ -131,7 +132,7 @@ class SentenceEncoder:
         return min(limit, self.pooling.max_tokens or limit) - 2
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's WordPiece ids, [CLS] and [SEP] not added."""
+        """Each text's token ids, [CLS] and [SEP] (RoBERTa's <s> and </s>) not added."""
         return self.tokenizer.encode_batch(list(texts))
 
     def problem(self, row: Sequence[int]) -> str | None:

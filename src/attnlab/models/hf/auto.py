@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab import families
+import attnlab.families as families
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT
@@ -35,8 +35,10 @@ from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
 from attnlab.models.hf.llama import load_llama
 from attnlab.models.hf.mistral import load_mistral, load_smollm3
 from attnlab.models.hf.mixtral import load_mixtral
+from attnlab.models.hf.modernbert import load_modernbert
 from attnlab.models.hf.phi3 import load_phi3
 from attnlab.models.hf.qwen import load_qwen2, load_qwen3
+from attnlab.models.hf.roberta import load_roberta
 
 # The Llama-shaped export targets, in the order `causal_lm_export` tries them.
 DECODER_SHAPES = (LLAMA, QWEN2, QWEN3, MISTRAL, SMOLLM3, GEMMA3, PHI3)
@@ -57,6 +59,8 @@ CAUSAL_LM_LOADERS: dict[str, Callable[..., GPT]] = {
 # The same for the encoders (BERT's kind): model_type -> the importer of a `LoadedBert`.
 ENCODER_LOADERS: dict[str, Callable[..., object]] = {
     "bert": load_bert,
+    "roberta": load_roberta,
+    "modernbert": load_modernbert,
 }
 
 
