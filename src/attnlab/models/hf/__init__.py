@@ -7,7 +7,11 @@ openai-community/gpt2`) and pass its path. One module per family, all sharing th
 - `bert`: `load_bert(folder)` -> `LoadedBert` (`Bert` + WordPiece tokenizer);
 - `llama`: `load_llama(folder)` -> `GPT` with RMSNorm, SwiGLU, rotary positions, grouped-query attention;
 - `mixtral`: `load_mixtral(folder)` -> the same `GPT` with a mixture of SwiGLU experts;
-- `auto`: `load_causal_lm(folder)` -> any of the three causal LMs with its tokenizer, by model_type;
+- `qwen`, `mistral`, `gemma`, `phi3`: Qwen2 / Qwen3, Mistral / SmolLM3, Gemma 3 and Phi-3 -> `GPT`
+  (Llama's block with each family's parts);
+- `roberta`, `modernbert`: RoBERTa and ModernBERT -> `LoadedBert`;
+- `auto`: `load_causal_lm(folder)` -> any causal LM of `attnlab.families` with its tokenizer, by
+  model_type; `ENCODER_LOADERS` the encoders';
 - `marian`: `load_marian(folder)` -> `Seq2SeqTransformer`; `to_marian(model)` -> a transformers
   `MarianMTModel` computing the same function.
 Each module's docstring gives its source format and its HF -> attnlab name map.
@@ -30,6 +34,7 @@ from attnlab.models.hf._common import (
 )
 from attnlab.models.hf.auto import (
     CAUSAL_LM_LOADERS,
+    ENCODER_LOADERS,
     LoadedCausalLM,
     causal_lm_export,
     is_hf_folder,
@@ -52,6 +57,7 @@ from attnlab.models.hf.bert import (
     bert_export,
     load_bert,
 )
+from attnlab.models.hf.gemma import load_gemma3
 from attnlab.models.hf.gpt2 import (
     BLOCK_TENSORS,
     HF_DEFAULTS,
@@ -76,7 +82,12 @@ from attnlab.models.hf.marian import (
     marian_feature_order,
     to_marian,
 )
+from attnlab.models.hf.mistral import load_mistral, load_smollm3
 from attnlab.models.hf.mixtral import MIXTRAL_DEFAULTS, MIXTRAL_FIXED_SWITCHES, load_mixtral, mixtral_config_from_hf
+from attnlab.models.hf.modernbert import load_modernbert
+from attnlab.models.hf.phi3 import load_phi3
+from attnlab.models.hf.qwen import load_qwen2, load_qwen3
+from attnlab.models.hf.roberta import load_roberta, roberta_export
 
 __all__ = [
     "BERT_DEFAULTS",
@@ -90,6 +101,7 @@ __all__ = [
     "BERT_TOP_TENSORS",
     "BLOCK_TENSORS",
     "CAUSAL_LM_LOADERS",
+    "ENCODER_LOADERS",
     "CONFIG_FILE",
     "HF_ACTIVATIONS",
     "HF_DEFAULTS",
@@ -118,14 +130,23 @@ __all__ = [
     "llama_export",
     "load_bert",
     "load_causal_lm",
+    "load_gemma3",
     "load_gpt2",
     "load_llama",
     "load_marian",
+    "load_mistral",
     "load_mixtral",
+    "load_modernbert",
+    "load_phi3",
+    "load_qwen2",
+    "load_qwen3",
+    "load_roberta",
+    "load_smollm3",
     "marian_export",
     "marian_feature_order",
     "mixtral_config_from_hf",
     "read_hf_config",
+    "roberta_export",
     "save_hf_checkpoint",
     "to_marian",
 ]
