@@ -7,12 +7,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean gpu-check
+.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean gpu-check gguf-converter
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
 
-test: $(VENV)/.dev-installed browser
+test: $(VENV)/.dev-installed browser gguf-converter
 	$(BIN)/pytest
 
 # The AVX2 code paths on any x86-64 CPU, AVX-512 ones included (CI runs this after `make test`):
@@ -83,6 +83,22 @@ $(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
 $(VENV)/.dev-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[dev,plot]"
 	touch $@
+
+# llama.cpp's own converter (convert_hf_to_gguf.py, its conversion/ package and its own gguf-py/) for
+# tests/models/test_gguf.py, unpacked from llama-cpp-python's source distribution (nothing is
+# built, a few seconds after the 75 MB download); the tests skip, naming this target, without it.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+GGUF_CONVERTER   := $(VENV)/llama-cpp-converter
+
+gguf-converter: $(GGUF_CONVERTER)/convert_hf_to_gguf.py
+
+$(GGUF_CONVERTER)/convert_hf_to_gguf.py: | $(BIN)/python
+	rm -rf $(GGUF_CONVERTER).tmp $(GGUF_CONVERTER) && mkdir -p $(GGUF_CONVERTER).tmp
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: -d $(GGUF_CONVERTER).tmp $(LLAMA_CPP_PYTHON)
+	tar -xzf $(GGUF_CONVERTER).tmp/llama_cpp_python-*.tar.gz -C $(GGUF_CONVERTER).tmp --strip-components=3 \
+	  --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	rm $(GGUF_CONVERTER).tmp/llama_cpp_python-*.tar.gz
+	mv $(GGUF_CONVERTER).tmp $(GGUF_CONVERTER)
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

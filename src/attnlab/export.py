@@ -18,6 +18,9 @@ command calls `export_run`. The conversions themselves live in `attnlab.models.h
 A LoRA run (`train.lora`) exports as its base with the adapters merged into the weights; with
 `adapter` (`--adapter`), as a peft adapter folder for the base instead (`attnlab.models.hf.peft`).
 
+`--to gguf` writes a language-model run (a GPT with GPT-2's or Llama's parts, a byte-level BPE) as one
+llama.cpp file instead, weights as --outtype f32, bf16 or q8_0 (`attnlab.models.hf.gguf_export`).
+
 Writes are atomic: the folder is built under a temporary name beside OUT_DIR and renamed into place,
 so OUT_DIR is either absent, as before, or complete.
 """
@@ -44,8 +47,8 @@ from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.encoder import read_labels
 from attnlab.train.load import Run, load_run
 
-EXPORT_FORMATS = ("hf",)
-"""What `export_run` writes: "hf", a Hugging Face transformers folder."""
+EXPORT_FORMATS = ("hf", "gguf")
+"""What `export_run` writes: "hf", a Hugging Face transformers folder; "gguf", one llama.cpp file."""
 ENCODER_TASKS = ("masked-lm", "text-classification", "token-classification")
 
 
@@ -91,15 +94,21 @@ def export_run(
     force: bool = False,
     checkpoint: str = "best",
     adapter: bool = False,
+    outtype: str = "f32",
 ) -> Exported:
     """Write the run in `run_dir` (its `checkpoint` weights: "best" or "last") as a transformers
     folder `out_dir` (see the module docstring); a LoRA run's adapters merged into the weights,
-    or with `adapter`, alone as a peft adapter folder (`export_adapter`). An existing non-empty
-    `out_dir` is replaced only with `force`. Raises `UserError` (an `ExportError` for a part
-    transformers lacks) naming the run, the part or the folder, and the fix."""
+    or with `adapter`, alone as a peft adapter folder (`export_adapter`). With `to="gguf"`,
+    `out_dir` is the one GGUF file written instead, weights stored as `outtype` (`export_gguf`).
+    An existing non-empty `out_dir` is replaced only with `force`. Raises `UserError` (an
+    `ExportError` for a part transformers lacks) naming the run, the part or the folder, and the fix."""
     if to not in EXPORT_FORMATS:
         raise UserError(f"cannot export to {to!r}; the formats are {', '.join(EXPORT_FORMATS)}")
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if to == "gguf":
+        if adapter:
+            raise UserError("--adapter writes a peft folder; a GGUF file holds the merged model, export without it")
+        return export_gguf(run_dir, out_dir, force=force, checkpoint=checkpoint, outtype=outtype)
     if adapter:
         return export_adapter(run_dir, out_dir, force=force, checkpoint=checkpoint)
     run = load_run(run_dir, checkpoint=checkpoint)
@@ -117,6 +126,33 @@ def export_run(
 
     written = write_folder_atomically(out_dir, write, force=force, keep=run_dir)
     return Exported(out_dir, hf.config["architectures"][0], run.step, written)
+
+
+def export_gguf(
+    run_dir: Path, out: Path, *, force: bool = False, checkpoint: str = "best", outtype: str = "f32"
+) -> Exported:
+    """A language-model run's GPT (GPT-2's or Llama's parts) and byte-level BPE tokenizer as the
+    GGUF file `out` (`attnlab.models.hf.gguf_export`), written under a temporary name and renamed
+    into place; an existing `out` is replaced only with `force`."""
+    from attnlab.models.hf.gguf_export import write_gguf
+
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; --to gguf writes one file, give its path (e.g. model.gguf)")
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; pass --force to replace it, or choose another file")
+    run = load_run(run_dir, checkpoint=checkpoint)
+    if run.config.task != "language-model" or not isinstance(run.model, GPT):
+        raise ExportError(f"{run_dir}: GGUF holds GPT language models; this run's task is {run.config.task!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.export-{os.getpid()}")
+    try:
+        architecture = write_gguf(run.model, run.tokenizer, staging, outtype=outtype, name=run_dir.name)
+        os.replace(staging, out)
+    except ExportError as e:
+        raise ExportError(f"{run_dir}: {e}") from None
+    finally:
+        staging.unlink(missing_ok=True)  # left only when writing failed
+    return Exported(out, f"GGUF {architecture} ({outtype})", run.step, [out.name])
 
 
 def export_adapter(run_dir: Path, out_dir: Path, *, force: bool = False, checkpoint: str = "best") -> Exported:

@@ -10,6 +10,8 @@ openai-community/gpt2`) and pass its path. One module per family, all sharing th
 - `qwen`, `mistral`, `gemma`, `phi3`: Qwen2 / Qwen3, Mistral / SmolLM3, Gemma 3 and Phi-3 -> `GPT`
   (Llama's block with each family's parts);
 - `roberta`, `modernbert`: RoBERTa and ModernBERT -> `LoadedBert`;
+- `gguf`: `load_gguf(path)` -> a GGUF file (llama.cpp's format) as the causal LM it holds, its
+  tokenizer and chat template; `gguf_export.write_gguf` the way back;
 - `auto`: `load_causal_lm(folder)` -> any causal LM of `attnlab.families` with its tokenizer, by
   model_type; `ENCODER_LOADERS` the encoders';
 - `marian`: `load_marian(folder)` -> `Seq2SeqTransformer`; `to_marian(model)` -> a transformers
