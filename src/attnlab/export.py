@@ -40,6 +40,7 @@ from attnlab.models.gpt import GPT
 from attnlab.models.hf._common import HFCheckpoint, save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
+from attnlab.models.hf.roberta import roberta_export
 from attnlab.models.hf.marian import marian_export
 from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
@@ -74,7 +75,9 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
         return checkpoint, model.config.block_size
     if task in ENCODER_TASKS and isinstance(model, Bert):
         labels = read_labels(run.path) if model.config.head in ("sequence", "token") else None
-        return bert_export(model, labels), model.config.max_len
+        # Positions counted past the padding id are RoBERTa's (a fine-tuned RoBERTa folder's run).
+        export = roberta_export if model.config.position_ids == "after_padding" else bert_export
+        return export(model, labels), model.config.max_len
     if task == "translation" and isinstance(model, Seq2SeqTransformer):
         tokenizer = run.tokenizer
         return marian_export(model, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id), model.config.max_len

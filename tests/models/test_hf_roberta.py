@@ -174,6 +174,13 @@ def test_fine_tuning_starts_from_a_roberta_folder(tmp_path):
         PAD,
     )
     assert isinstance(run.tokenizer, EncoderTokenizer) and run.tokenizer.special_tokens == ROBERTA_SPECIAL_TOKENS
+    # `attnlab export --to hf` writes the fine-tuned run back as a RoBERTa classifier transformers reads.
+    assert main(["export", str(out), str(tmp_path / "exported"), "--to", "hf"]) == 0
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+    ids = torch.tensor([[0, 5, 9, 14, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, run.model.eval()(ids), atol=1e-4, rtol=0)
+    assert theirs.config.model_type == "roberta"
 
 
 def test_export_gives_transformers_the_same_model(tmp_path):
