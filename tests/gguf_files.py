@@ -84,17 +84,35 @@ def spread(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+# The converter's Qwen vocabularies gain one token (its "<|endoftext|>"): the model is that much wider.
+EXTRA_TOKENS = {"qwen2": 1, "qwen3": 1}
+
+
+QWEN_TINY = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,  # Qwen3's heads sized apart from the width; Qwen2's read it too
+    max_position_embeddings=64,
+)
+
+
 def hf_folder(folder: Path, family: str, **config) -> torch.nn.Module:
-    """A tokenizer and a `spread` random `family` model ("llama", "gpt2", or "llama" with `config`
-    overriding the tiny shape) saved into `folder` as the converter reads it; returns the model."""
+    """A tokenizer and a `spread` random `family` model ("llama", "gpt2", "qwen2", "qwen3"; or any
+    of them with `config` overriding the tiny shape) saved into `folder` as the converter reads it;
+    returns the model."""
     folder.mkdir(parents=True)
     tok = write_tokenizer(folder)
-    if config:
+    if config or family in EXTRA_TOKENS:
         import transformers
 
         torch.manual_seed(0)
-        fields = dict(vocab_size=tok.get_vocab_size(), bos_token_id=0, eos_token_id=1, **config)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).eval()
+        vocab = tok.get_vocab_size() + EXTRA_TOKENS.get(family, 0)
+        fields = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1, **(config or QWEN_TINY))
+        config_class = transformers.AutoConfig.for_model(family, **fields)
+        model = transformers.AutoModelForCausalLM.from_config(config_class).eval()
     else:
         model = hf_model(family, tok.get_vocab_size())
     spread(model).save_pretrained(folder)

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
 
 LAYERS: list[tuple[str, ...]] = [
     # the ground floor: what every layer may use
-    ("errors", "fileio", "device", "progress", "config", "config_keys", "names", "families", "checkpoints"),
+    ("errors", "fileio", "device", "progress", "config", "config_keys", "names", "families", "sources", "checkpoints"),
     ("nn",),  # building blocks
     ("data",),  # tokenizers, data sets, batching (data/graphs.py uses nn's edge-index helpers)
     ("models",),  # the families

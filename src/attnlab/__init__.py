@@ -18,6 +18,8 @@ def load(path: str | Path, *, device: str = "cpu", checkpoint: str = "best", mer
 
     checkpoint: "best" (best validation score; the last checkpoint when the run has no best) or "last".
     merge_lora: a LoRA run's adapters merged into its base's weights, or kept as `LoRALinear` layers.
+    Any other path is refused in the words every command uses (`attnlab.sources.refusal`); a
+    Hugging Face folder or a GGUF file loads with `attnlab.train.load.load_any(path, command=...)`.
     """
     from attnlab.train.load import load_run
 

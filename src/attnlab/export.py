@@ -40,9 +40,9 @@ from attnlab.models.gpt import GPT
 from attnlab.models.hf._common import HFCheckpoint, save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
-from attnlab.models.hf.roberta import roberta_export
 from attnlab.models.hf.marian import marian_export
 from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
+from attnlab.models.hf.roberta import roberta_export
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.encoder import read_labels

@@ -31,11 +31,13 @@ class Family:
     """One of `KINDS`."""
     gguf_architectures: tuple[str, ...] = ()
     """GGUF `general.architecture` values read as this family (llama.cpp's names); empty: no GGUF."""
+    gguf_export: bool = False
+    """Whether `attnlab export --to gguf` writes runs of this family's parts."""
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("GPT-2", ("gpt2",), CAUSAL_LM, ("gpt2",)),
-    Family("Llama", ("llama",), CAUSAL_LM, ("llama",)),
+    Family("GPT-2", ("gpt2",), CAUSAL_LM, ("gpt2",), gguf_export=True),
+    Family("Llama", ("llama",), CAUSAL_LM, ("llama",), gguf_export=True),
     Family("Mixtral", ("mixtral",), CAUSAL_LM),
     Family("Mistral", ("mistral",), CAUSAL_LM),
     Family("Qwen2", ("qwen2",), CAUSAL_LM, ("qwen2",)),

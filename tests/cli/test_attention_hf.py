@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.data.tokenizers import BPETokenizer
+from attnlab.families import by_model_type
 from attnlab.models.hf import load_bert, load_causal_lm
 from attnlab.viz.maps import attention_maps, token_texts
 from helpers import assert_user_error, cli, hf_bert_folder
@@ -114,5 +115,12 @@ def test_the_commands_for_runs_only_refuse_a_folder_naming_those_that_take_one(c
     name, *rest = command
     extra = [tmp_path / "out", "--to", "hf"] if name == "export" else []
     result = cli(capsys, name, causal, *extra, *rest)
-    assert_user_error(result, "is a Hugging Face checkpoint folder", f"attnlab {name} reads run folders")
-    assert_user_error(result, "attnlab sample, attnlab eval, attnlab attention, attnlab embed, attnlab serve")
+    model_type = json.loads((causal / "config.json").read_text())["model_type"]
+    family = by_model_type(model_type).name
+    assert_user_error(
+        result,
+        f"{causal} is a Hugging Face {family} folder (config.json's model_type is {model_type!r}: a causal language "
+        "model), "
+        f"which attnlab {name} does not take; attnlab {name} takes a run folder written by attnlab train; "
+        "use it with attnlab sample, attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from",
+    )

@@ -53,4 +53,7 @@ def test_eval_on_a_study_folder_points_to_its_runs(tmp_path, capsys, layout, n_r
 
 
 def test_eval_on_an_empty_folder_says_it_is_no_run(tmp_path, capsys):
-    assert_user_error(cli(capsys, "eval", tmp_path), f"{tmp_path} is not a run folder: it has no config.toml")
+    assert_user_error(
+        cli(capsys, "eval", tmp_path),
+        f"{tmp_path} is not a checkpoint: a folder with neither config.toml (an attnlab run) nor config.json",
+    )

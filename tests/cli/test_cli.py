@@ -172,7 +172,7 @@ def test_missing_run_folder(capsys, tmp_path):
 
 
 def test_folder_that_is_not_a_run(capsys, tmp_path):
-    assert_user_error(cli(capsys, "eval", tmp_path), "not a run folder")
+    assert_user_error(cli(capsys, "eval", tmp_path), "not a checkpoint")
 
 
 def test_corrupt_checkpoint(capsys, trained_run, tmp_path):

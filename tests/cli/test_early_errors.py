@@ -31,11 +31,15 @@ def attnlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (("train", "demo", "--set", "max_iters=5"), "--set max_iters=5: unknown config key 'max_iters'"),
         (("demo", "--set", "modle.n_layers=2"), "unknown config key 'modle' (did you mean 'model'?)"),
         (("train", "demo", "--set", "task=imagess"), "--set task=imagess: unknown task 'imagess'"),
-        (("train", "demo", "--set", "model.n_layr=2"), "unknown config key model.n_layr (did you mean 'n_layers'?)"),
+        (
+            ("train", "demo", "--set", "model.n_layr=2"),
+            "unknown config key model.n_layr (did you mean 'n_layers', 'nope_layers'?)",
+        ),
         (("demo", "--set", "train.max_iter=2"), "unknown config key train.max_iter (did you mean 'max_iters'"),
         (("train", "typo.toml"), "unknown config key data.vocab_sise (did you mean 'vocab_size'"),
-        (("sample", "no-such-run", "--prompt", "ROMEO:"), "run folder no-such-run does not exist"),
-        (("eval", "no-such-run"), "run folder no-such-run does not exist"),
+        (("sample", "no-such-run", "--prompt", "ROMEO:"), "no-such-run does not exist: no such folder or file"),
+        (("eval", "no-such-run"), "no-such-run does not exist: no such folder or file"),
+        (("embed", "typo.toml", "a text"), "typo.toml is a file but not a checkpoint"),
     ],
 )
 def test_argument_mistakes_are_refused_before_torch_is_imported(args, fragment, tmp_path):

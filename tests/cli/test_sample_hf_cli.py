@@ -63,8 +63,8 @@ def test_tokenizer_takes_special_ids_from_config_and_rules_from_the_file(folder)
 def test_sampling_from_an_unloadable_folder_is_one_line(folder, capsys):
     path, _, _ = folder
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}))
-    assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "config.json", "rope_scaling")
+    (path / "config.json").write_text(json.dumps({**config, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}))
+    assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "config.json", "rope_type='longrope'")
     (path / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
     assert_user_error(cli(capsys, "sample", path, "--max-new-tokens", "3"), "model_type", "'t5'", "llama")
     (path / "config.json").write_text(json.dumps(config))

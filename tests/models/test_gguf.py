@@ -29,7 +29,7 @@ from gguf_files import (
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-ARCHITECTURES = {"llama": "llama", "gpt2": "gpt2", "wide": "llama"}
+ARCHITECTURES = {"llama": "llama", "gpt2": "gpt2", "wide": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # A Llama wide enough for the K-quants, whose blocks are 256 weights of a row.
 WIDE = dict(
     hidden_size=256,
@@ -39,7 +39,17 @@ WIDE = dict(
     num_key_value_heads=2,
     max_position_embeddings=64,
 )
-CONVERTED = [("llama", "f32"), ("llama", "q8_0"), ("llama", "bf16"), ("gpt2", "f32"), ("gpt2", "q8_0"), ("wide", "f32")]
+CONVERTED = [
+    ("llama", "f32"),
+    ("llama", "q8_0"),
+    ("llama", "bf16"),
+    ("gpt2", "f32"),
+    ("gpt2", "q8_0"),
+    ("wide", "f32"),
+    ("qwen2", "f32"),
+    ("qwen3", "f32"),
+    ("qwen3", "q8_0"),
+]
 TEXTS = [
     "ROMEO: What light through yonder window breaks?",
     "  two spaces,\ttabs\nand lines\n\n",
@@ -66,6 +76,8 @@ def converted(tmp_path_factory) -> Converted:
         "llama": hf_folder(root / "llama", "llama"),
         "gpt2": hf_folder(root / "gpt2", "gpt2"),
         "wide": hf_folder(root / "wide", "llama", **WIDE),
+        "qwen2": hf_folder(root / "qwen2", "qwen2"),
+        "qwen3": hf_folder(root / "qwen3", "qwen3"),
     }
     files = Converted(root, models)
     convert([(root / model, outtype, files.path(model, outtype)) for model, outtype in CONVERTED])
@@ -93,7 +105,7 @@ def assert_same_logits(path: Path, reference: torch.nn.Module) -> torch.Tensor:
     return theirs
 
 
-@pytest.mark.parametrize("model", ["llama", "gpt2"])
+@pytest.mark.parametrize("model", ["llama", "gpt2", "qwen2", "qwen3"])
 def test_f32_file_gives_transformers_logits(converted, model):
     loaded = load_gguf(converted.path(model, "f32"))
     assert (loaded.model_type, loaded.origin) == (model, str(converted.path(model, "f32")))
@@ -113,15 +125,13 @@ def test_tokenizer_gives_the_folder_ids(converted, model):
     assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.vocab_size) == (0, 1, folder.get_vocab_size())
 
 
-@pytest.mark.parametrize("model, outtype", [("llama", "q8_0"), ("llama", "bf16"), ("gpt2", "q8_0")])
+@pytest.mark.parametrize("model, outtype", [("llama", "q8_0"), ("llama", "bf16"), ("gpt2", "q8_0"), ("qwen3", "q8_0")])
 def test_converter_types_give_the_dequantized_model(converted, model, outtype):
     path = converted.path(model, outtype)
     types = {qtype.name for _, qtype in stored_tensors(path).values()}
-    # q8_0 stores norms in F32 and rows not a multiple of 32 weights (Llama's 48-wide down_proj) in F16.
-    assert (
-        types
-        == {"q8_0": {"Q8_0", "F32", "F16"} if model == "llama" else {"Q8_0", "F32"}, "bf16": {"BF16", "F32"}}[outtype]
-    )
+    # q8_0 stores norms in F32 and rows not a multiple of 32 weights (the 48-wide down_proj) in F16.
+    narrow = model in ("llama", "qwen3")
+    assert types == {"q8_0": {"Q8_0", "F32", "F16"} if narrow else {"Q8_0", "F32"}, "bf16": {"BF16", "F32"}}[outtype]
     reference = reference_model(converted.models[model], converted.path(model, "f32"), path, ARCHITECTURES[model])
     assert_same_logits(path, reference)
 

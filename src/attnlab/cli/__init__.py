@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from attnlab import __version__
-from attnlab.errors import CheckpointError, ConfigError, UserError
+from attnlab.errors import ConfigError, UserError
 
 SUBCOMMANDS = (
     "train",
@@ -101,15 +101,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_before_imports(args: argparse.Namespace) -> None:
     """The argument mistakes found before a subcommand imports PyTorch (seconds), so that they cost
-    none: a RUN folder (`run_dir`) that does not exist, and what the subcommand's own `check`
-    (registered beside its `run`) finds. The subcommand checks the rest, after its imports."""
-    run_dir = getattr(args, "run_dir", None)
-    if run_dir is not None and not Path(run_dir).exists():
-        raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
-    if run_dir is not None:
-        from attnlab.cli.kinds import refuse_hf_folder
+    none: a checkpoint path (`run_dir`, embed's `source`) that the subcommand cannot take
+    (`attnlab.sources.refuse`: missing, a file or folder of another kind, a family it does not
+    take), and what the subcommand's own `check` (registered beside its `run`) finds. The
+    subcommand checks the rest, after its imports."""
+    from attnlab.sources import refuse
 
-        refuse_hf_folder(run_dir, args.command)
+    for name in ("run_dir", "source"):
+        if getattr(args, name, None) is not None:
+            refuse(getattr(args, name), args.command)
     check = getattr(args, "check", None)
     if check is not None:
         check(args)

@@ -1,9 +1,10 @@
-"""attnlab attention RUN|HF_FOLDER --text TEXT [--layer L] [--head H] [--kind self|cross] [--out FILE.png|FILE.html]
+"""attnlab attention RUN|HF_FOLDER|GGUF --text TEXT [--layer L] [--head H] [--kind self|cross]
+[--out FILE.png|FILE.html]
 attnlab attention RUN --node ID [--out FILE.png]  (a GAT run)
 attnlab attention RUN --image SPLIT:INDEX [--layer L] [--head H] [--out FILE.png]  (a ViT run)
 
---text: `attnlab.viz.attention_maps` (of `attnlab.load`, or of `attnlab.models.hf.load_causal_lm` or
-`load_bert` for a Hugging Face folder), drawn by `attnlab.viz.plot_attention` or `write_attention_html`; --node:
+--text: `attnlab.viz.attention_maps` (of what `attnlab.train.load.load_any` loads: a run, a
+Hugging Face folder, a GGUF file), drawn by `attnlab.viz.plot_attention` or `write_attention_html`; --node:
 `attnlab.viz.graph_attention.draw_node_attention`; --image: `attnlab.viz.images.draw_cls_attention`."""
 
 import argparse
@@ -17,6 +18,8 @@ from attnlab.cli.arguments import (
     add_json_argument,
     split_index,
 )
+from attnlab.families import names
+from attnlab.sources import TAKES, takes_words
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,10 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or one head (PNG), or all layers and heads with a layer/head picker and the exact weight under the "
         "pointer (one self-contained HTML page). Language models show causal self-attention, BERT models "
         "bidirectional self-attention, translation models the decoder's cross-attention from the translation "
-        "of --text to --text (--kind self: the encoder's self-attention). A Hugging Face GPT-2, Llama, Mixtral or "
-        "BERT folder (config.json, the weights, tokenizer.json) is drawn as a run of its kind. A GAT run (node "
-        "classification) takes "
-        "--node ID instead: the node's neighbourhood with each edge weighted by each head's attention, and "
+        "of --text to --text (--kind self: the encoder's self-attention). "
+        f"A Hugging Face {names()} folder (config.json, the weights, tokenizer.json) or a GGUF file is drawn as "
+        "a run of its kind. A GAT run (node classification) takes --node ID "
+        "instead: the node's neighbourhood with each edge weighted by each head's attention, and "
         "histograms of every layer's attention entropy against uniform attention (PNG). A ViT run takes --image "
         "SPLIT:INDEX: the attention from [CLS] to each patch drawn over the image (the last layer's, averaged over "
         "heads, unless --layer and --head say otherwise).",
@@ -38,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "run_dir",
         metavar="RUN",
-        help="a run folder written by `attnlab train`, or a Hugging Face GPT-2, Llama, Mixtral or BERT folder",
+        help=takes_words(TAKES["attention"]),
     )
     p.add_argument("--text", help="the text to look at (translation: the source sentence)")
     p.add_argument("--node", type=int, metavar="ID", help="a GAT run: the node whose neighbourhood to draw")
@@ -59,13 +62,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.errors import UserError
-    from attnlab.models.hf import is_hf_folder
+    from attnlab.sources import HF_FOLDER, PUBLISHED, what_is
     from attnlab.viz.maps import attention_maps
 
     if sum(x is not None for x in (args.text, args.node, args.image)) != 1:
         raise UserError("give --text TEXT (a text model), --node ID (a GAT run) or --image SPLIT:INDEX (a ViT run)")
-    if is_hf_folder(args.run_dir) and args.text is None:
-        raise UserError(f"{args.run_dir} is a Hugging Face folder: draw its attention for --text TEXT")
+    form = what_is(args.run_dir).form
+    if form in PUBLISHED and args.text is None:
+        what = "a Hugging Face folder" if form == HF_FOLDER else "a GGUF file"
+        raise UserError(f"{args.run_dir} is {what}: draw its attention for --text TEXT")
     if args.node is not None:
         return _node(args)
     if args.image is not None:
@@ -115,30 +120,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_text_model(args: argparse.Namespace):
-    """The run, or the Hugging Face folder (a causal LM by `load_causal_lm`, a BERT by `load_bert`),
-    that --text is drawn for; a `UserError` for a run of a task without text."""
-    from attnlab import load
+    """The run, Hugging Face folder or GGUF file that --text is drawn for (`load_any`): what
+    `attention_maps` takes; a `UserError` for a run of a task without text."""
     from attnlab.device import resolve_device
     from attnlab.errors import UserError
-    from attnlab.models.hf import is_hf_folder
+    from attnlab.train.load import load_any
 
     device = resolve_device(args.device)
-    if is_hf_folder(args.run_dir):
-        from attnlab.models.hf import load_bert, load_causal_lm
-        from attnlab.models.hf._common import read_hf_config
-
-        _, config = read_hf_config(Path(args.run_dir), "Hugging Face", "config.json, the weights and tokenizer.json")
-        loaded = (
-            load_bert(args.run_dir, head="none") if config.get("model_type") == "bert" else load_causal_lm(args.run_dir)
-        )
-        loaded.model.to(device)
+    loaded = load_any(args.run_dir, command="attention", device=device, checkpoint=args.checkpoint)
+    if loaded.run is None:
         return loaded
-    loaded = load(args.run_dir, device=device, checkpoint=args.checkpoint)
-    if loaded.config.task == "node-classification":
+    if loaded.task == "node-classification":
         raise UserError(f"{args.run_dir} is a node-classification run: draw a node's attention with --node ID")
-    if loaded.config.task in ("image-density", "image-classification", "audio-density", "audio-classification"):
-        raise UserError(f"{args.run_dir} is an {loaded.config.task!r} run: --text is for text models (ViT: --image)")
-    return loaded
+    if loaded.task in ("image-density", "image-classification", "audio-density", "audio-classification"):
+        raise UserError(f"{args.run_dir} is an {loaded.task!r} run: --text is for text models (ViT: --image)")
+    return loaded.run
 
 
 def _node(args: argparse.Namespace) -> int:

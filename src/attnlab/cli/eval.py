@@ -1,5 +1,5 @@
 """attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]
-attnlab eval RUN|HF_FOLDER --data FILE [--context N] [--stride S] [--json]
+attnlab eval RUN|HF_FOLDER|GGUF --data FILE [--context N] [--stride S] [--json]
 
 A run on its task's split: `attnlab.train.evaluate.evaluate_run`. Any language model on any text
 (--data): `attnlab.studies.perplexity.text_perplexity`."""
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attnlab.cli.arguments import add_checkpoint_argument, add_data_dir_argument, add_device_argument, add_json_argument
 from attnlab.errors import UserError
+from attnlab.families import CAUSAL_LM, names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,14 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "deterministic); BLEU for translation models (sacreBLEU with its signature, and lowercased tokenized BLEU); "
         "accuracy for classification, tagging, node and image classification; bits per dimension for image density "
         "models (PixelCNN, Gated PixelCNN, pixel GPT); NLL and bits per sample for WaveNet. With --data: the "
-        "perplexity of a text file under a language-model run or a Hugging Face GPT-2, Llama or Mixtral folder, "
-        "through the strided sliding window of transformers' perplexity guide.",
+        f"perplexity of a text file under a language-model run or a Hugging Face {names(CAUSAL_LM)} folder "
+        "or GGUF file, through the strided sliding window of transformers' perplexity guide.",
     )
     p.add_argument(
         "run_dir",
         metavar="RUN",
         help="a run folder written by `attnlab train`; with --data also a Hugging Face causal-LM folder "
-        "(config.json, model.safetensors, tokenizer.json)",
+        "(config.json, model.safetensors, tokenizer.json) or a GGUF file",
     )
     p.add_argument(
         "--split",
@@ -61,17 +62,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.models.hf.auto import is_hf_folder
+    from attnlab.sources import HF_FOLDER, PUBLISHED, what_is
 
     if args.data is not None:
         return _run_text(args)
     if args.stride is not None:
         raise UserError("--stride moves the window over a text: it goes with --data FILE")
-    if is_hf_folder(args.run_dir):
-        raise UserError(
-            f"{args.run_dir} is a Hugging Face folder, which has no data split of its own: "
-            "give it a text with --data FILE"
-        )
+    form = what_is(args.run_dir).form
+    if form in PUBLISHED:
+        what = "a Hugging Face folder" if form == HF_FOLDER else "a GGUF file"
+        raise UserError(f"{args.run_dir} is {what}, which has no data split of its own: give it a text with --data")
     return _run_split(args)
 
 
@@ -121,7 +121,9 @@ def _run_text(args: argparse.Namespace) -> int:
     if not args.data.is_file():
         raise UserError(f"--data {args.data}: no such file; give a UTF-8 text file")
     text = read_corpus(str(args.data))
-    lm = load_language_model(args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint)
+    lm = load_language_model(
+        args.run_dir, device=resolve_device(args.device), checkpoint=args.checkpoint, command="eval"
+    )
     result = text_perplexity(lm, text, context=args.context, stride=args.stride)
     if args.json:
         from attnlab.cli import print_json

@@ -1,5 +1,6 @@
 """Which commands use which runs: one table, and the one error every command gives for a run of
-the wrong kind (what the run is, and the commands that fit it)."""
+the wrong kind (what the run is, and the commands that fit it). A path that is no run folder (a
+Hugging Face folder, a GGUF file, nothing) is `attnlab.sources.refusal`'s to refuse."""
 
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,6 @@ NEEDS = {
     "tag": "tagging model",
     "embed": "BERT encoder",
 }
-# The commands that take a Hugging Face checkpoint folder beside run folders; the others refuse one.
-HF_FOLDER_COMMANDS = ("sample", "eval", "attention", "embed", "serve", "train --init-from")
 NO_ATTENTION = ("gru", "bilstm", "gcn")  # model kinds with no attention weights to draw
 NOT_BERT = ("bilstm",)  # encoder-task model kinds that `attnlab embed` cannot read
 
@@ -48,18 +47,6 @@ def commands_for(config: Any) -> list[str]:
         if not (c.startswith("attention") and kind in NO_ATTENTION)
         and not (c in ("embed", "train --init-from") and kind in NOT_BERT)
     ]
-
-
-def refuse_hf_folder(path: str | Path, command: str) -> None:
-    """UserError when `path` is a Hugging Face checkpoint folder and `attnlab COMMAND` reads only run
-    folders; the error names the commands that read such a folder."""
-    # attnlab.models.hf.is_hf_folder's test, here without importing PyTorch (it runs before the imports).
-    is_hf_folder = (Path(path) / "config.json").is_file() and not (Path(path) / "config.toml").is_file()
-    if command not in HF_FOLDER_COMMANDS and is_hf_folder:
-        raise UserError(
-            f"{path} is a Hugging Face checkpoint folder, and attnlab {command} reads run folders written by "
-            "attnlab train; a Hugging Face folder works with " + ", ".join(f"attnlab {c}" for c in HF_FOLDER_COMMANDS)
-        )
 
 
 def require_kind(run_dir: str | Path, config: Any, command: str) -> None:

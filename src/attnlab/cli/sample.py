@@ -1,4 +1,4 @@
-"""attnlab sample RUN|HF_FOLDER --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+"""attnlab sample RUN|HF_FOLDER|GGUF --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 [--compile | --fused | --no-fused] [--weights fp32|bf16|int8]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
 attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]
@@ -22,6 +22,8 @@ from attnlab.cli.arguments import (
     split_index,
 )
 from attnlab.errors import UserError
+from attnlab.families import CAUSAL_LM
+from attnlab.sources import takes_words
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "run_dir",
         metavar="RUN",
-        help="a run folder written by `attnlab train`, or a Hugging Face GPT-2, Llama or Mixtral folder "
-        "(config.json, model.safetensors, tokenizer.json)",
+        help=takes_words((CAUSAL_LM,)),
     )
     p.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=500, help="tokens to generate (default 500)")
@@ -112,31 +113,30 @@ def _media_flags(args: argparse.Namespace) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab import load
     from attnlab.cli.kinds import require_kind
     from attnlab.decode import encode_prompt, sampling_picker
     from attnlab.device import resolve_device
-    from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
+    from attnlab.sources import PUBLISHED, what_is
+    from attnlab.train.load import load_any
 
     device = resolve_device(args.device)
     media = [flag for flag, value in _media_flags(args).items() if value]
-    if is_hf_folder(args.run_dir):
-        model, tokenizer, task = None, None, "language-model"
-    else:
-        run = load(args.run_dir, device=device)
-        if run.config.task in MEDIA_TASKS:
-            from attnlab.cli.sample_media import sample_media
+    # A Hugging Face folder or a GGUF file is a language model: its options are checked before the
+    # (long) load; a run is loaded first, since its task says which options it takes.
+    published = what_is(args.run_dir).form in PUBLISHED
+    loaded = None if published else load_any(args.run_dir, command="sample", device=device)
+    if loaded is not None and loaded.task in MEDIA_TASKS:
+        from attnlab.cli.sample_media import sample_media
 
-            return sample_media(args, run)
-        model, tokenizer, task = run.model, run.tokenizer, run.config.task
-    if media and task == "language-model":
+        return sample_media(args, loaded.run)
+    if media and (published or loaded.task == "language-model"):
         raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")
-    if task != "language-model":
-        require_kind(args.run_dir, run.config, "sample")
+    if loaded is not None and loaded.task != "language-model":
+        require_kind(args.run_dir, loaded.run.config, "sample")
     _text_options(args)
-    if model is None:
-        loaded = load_causal_lm(args.run_dir)
-        model, tokenizer = loaded.model.to(device), loaded.tokenizer
+    if loaded is None:
+        loaded = load_any(args.run_dir, command="sample", device=device)
+    model, tokenizer = loaded.model, loaded.tokenizer
     args.weights = decoding_weights(model, args.weights, "sample")
     if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model
         from attnlab.accel.fused import by_default

@@ -15,6 +15,8 @@ from attnlab.cli.arguments import (
     check_weights_options,
     decoding_weights,
 )
+from attnlab.families import names
+from attnlab.sources import TAKES, takes_words
 
 ENV_KEY = "ATTNLAB_API_KEY"
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="a web page and an OpenAI-compatible API over trained runs and Hugging Face checkpoints",
-        description="Serve trained runs and Hugging Face causal-LM folders (GPT-2, Llama, Mixtral) over "
+        description=f"Serve trained runs, Hugging Face folders ({names()}) and GGUF files over "
         "HTTP: a page to talk to them at /, and an API under /v1 (completions and, for a folder with a "
         "chat template, chat completions as OpenAI's API has them; translations, classifications, tags, "
         "attention; documented at /docs). One process serves every run given; concurrent completions of a model "
@@ -34,8 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "runs",
         nargs="+",
         metavar="RUN",
-        help="a run folder or a Hugging Face causal-LM folder (config.json, weights, tokenizer.json), "
-        "or NAME=FOLDER to name the model",
+        help=takes_words(TAKES["serve"]) + ", or NAME=PATH to name the model",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")

@@ -17,7 +17,9 @@ from attnlab.cli.arguments import (
     add_json_argument,
 )
 from attnlab.config import presets
+from attnlab.families import CAUSAL_LM, ENCODER, names
 from attnlab.names import OLD_TASKS, TASK_KINDS
+from attnlab.sources import takes_words
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init-from",
         metavar="FOLDER",
-        help="fine-tune a pre-trained model (sets data.init_from): a language model from a Hugging Face GPT-2, Llama "
-        "or Mixtral folder or an attnlab language-model run; an encoder task from an attnlab run or a BERT folder",
+        help="fine-tune a pre-trained model (sets data.init_from): a language model from "
+        + takes_words((CAUSAL_LM,)).replace("a run folder", "an attnlab language-model run folder", 1)
+        + "; an encoder task from an attnlab run or a Hugging Face "
+        + names(ENCODER)
+        + " folder",
     )
     add_device_argument(p, sets_config=True)
     _add_process_arguments(p)

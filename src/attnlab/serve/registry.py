@@ -2,12 +2,14 @@
 
 The run's task decides its endpoints (`ENDPOINTS`): a language model completes text, a translation
 model translates, an encoder classifies or tags; every text model with attention shows it, every
-BERT encoder embeds (`/v1/embeddings`), a Hugging Face BERT folder too. A request that names a
+BERT encoder embeds (`/v1/embeddings`), a Hugging Face encoder folder too. A request that names a
 model with the wrong endpoint gets a 400 naming the endpoints it has.
 
-A Hugging Face causal-LM folder (GPT-2, Llama, Mixtral: `attnlab.models.hf.load_causal_lm`) is
+Every path is read by `attnlab.train.load.load_any` (what `attnlab serve` does not take is refused
+there, in `attnlab.sources.refusal`'s words). A Hugging Face causal-LM folder or a GGUF file is
 served as a language-model run (`HFCausalLM`), whose prompts are as long as its context; with a
-chat template in its files it also answers `POST /v1/chat/completions`.
+chat template (the GGUF file's own, else the folder's files) it also answers
+`POST /v1/chat/completions`.
 """
 
 import re
@@ -54,19 +56,18 @@ def parse_model_spec(spec: str) -> tuple[str, Path]:
 
 
 def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "best") -> dict[str, Any]:
-    """Each `NAME=PATH` or `PATH` loaded with `attnlab.load`, by name; a `UserError` for a missing or
-    broken run folder, a run of a task the server has no endpoint for, or two runs of one name."""
-    from attnlab import load
-    from attnlab.models.hf.auto import is_hf_folder
+    """Each `NAME=PATH` or `PATH` loaded by `attnlab.train.load.load_any`, by name; a `UserError`
+    for a path serve does not take, a broken checkpoint, a run of a task the server has no endpoint
+    for, or two models of one name."""
+    from attnlab.train.load import load_any
 
     runs: dict[str, Any] = {}
     for spec in specs:
         name, path = parse_model_spec(spec)
         if name in runs:
             raise UserError(f"two models are named {name!r}; tell them apart with NAME=PATH")
-        run = load_bert_folder(path, device) or (
-            load_hf_causal_lm(path, device) if is_hf_folder(path) else load(path, device=device, checkpoint=checkpoint)
-        )
+        loaded = load_any(path, command="serve", device=device, checkpoint=checkpoint)
+        run = loaded.run if loaded.run is not None else _published(path, loaded)
         if run.config.task not in ENDPOINTS:
             raise UserError(
                 f"{path} is a {run.config.task!r} run; attnlab serve serves runs of the text tasks "
@@ -74,6 +75,17 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
             )
         runs[name] = run
     return runs
+
+
+def _published(path: Path, loaded: Any) -> "BertFolder | HFCausalLM":
+    """A Hugging Face folder or GGUF file (`attnlab.tasks.sources.Loaded`) dressed as a run."""
+    from attnlab.families import ENCODER
+
+    if loaded.kind == ENCODER:
+        from attnlab.tasks.embeddings import SentenceEncoder, read_pooling
+
+        return BertFolder(Path(path), SentenceEncoder(loaded.model, loaded.tokenizer, read_pooling(path)))
+    return hf_causal_lm(Path(path), loaded)
 
 
 @dataclass(frozen=True)
@@ -103,27 +115,6 @@ class BertFolder:
         return self.encoder.tokenizer
 
 
-def load_bert_folder(path: Path, device: str) -> BertFolder | None:
-    """The BERT folder at `path` loaded for its sentence vectors, or None when `path` is not a
-    Hugging Face BERT folder (config.json's model_type "bert")."""
-    from attnlab.errors import CheckpointError
-    from attnlab.models.hf import is_hf_folder, read_hf_config
-
-    if not is_hf_folder(path):
-        return None
-    try:
-        model_type = read_hf_config(Path(path), "Hugging Face", "config.json")[1].get("model_type")
-    except CheckpointError:
-        return None  # the folder's own loader says what is wrong with it
-    if model_type != "bert":
-        return None
-    import torch
-
-    from attnlab.tasks.embeddings import load_sentence_encoder
-
-    return BertFolder(Path(path), load_sentence_encoder(path, torch.device(device)))
-
-
 @dataclass
 class HFCausalLM:
     """A Hugging Face causal-LM folder dressed as a language-model run (`attnlab.load`'s `Run`):
@@ -139,18 +130,37 @@ class HFCausalLM:
     step: int = 0
 
 
-def load_hf_causal_lm(path: Path, device: str = "cpu") -> HFCausalLM:
-    """The GPT-2, Llama or Mixtral folder at `path` with its tokenizer and chat template; a
-    `CheckpointError` for anything wrong with its files."""
-    from attnlab.models.hf.auto import load_causal_lm
+def hf_causal_lm(path: Path, loaded: Any) -> HFCausalLM:
+    """A loaded causal LM (`attnlab.tasks.sources.Loaded`) with its chat template: the one the
+    checkpoint carries (a GGUF file's), else the one in the folder's files, else none."""
     from attnlab.serve.chat_template import read_chat_template
 
-    loaded = load_causal_lm(path)
-    model = loaded.model.to(device).eval()
-    chat = read_chat_template(path, loaded.tokenizer.decode)
-    return HFCausalLM(
-        Path(path), FolderConfig("language-model", model.config), loaded.tokenizer, model, model.config.block_size, chat
-    )
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if loaded.chat_template is not None:
+        chat = carried_chat_template(loaded.chat_template, tokenizer)
+    else:
+        chat = read_chat_template(path, tokenizer.decode) if path.is_dir() else None
+    config = FolderConfig("language-model", model.config)
+    return HFCausalLM(path, config, tokenizer, model, model.config.block_size, chat)
+
+
+def carried_chat_template(source: str, tokenizer: Any):
+    """A `ChatTemplate` of a template carried in the checkpoint, with the tokenizer's beginning and
+    end tokens as the special tokens it may name; a reply ends at the end token. A `CheckpointError`
+    for a template that is not Jinja."""
+    import jinja2
+
+    from attnlab.errors import CheckpointError
+    from attnlab.serve.chat_template import ChatTemplate, compile_template
+
+    ids = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
+    special = {k: tokenizer.tokenizer.id_to_token(i) for k, i in ids.items() if i is not None}
+    try:
+        compile_template(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise CheckpointError(f"the chat template the checkpoint carries is not a Jinja template: {e}") from None
+    end = (special["eos_token"],) if special.get("eos_token") else ()
+    return ChatTemplate(source, special, end_of_turn=end)
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""Any language model attnlab reads, as one object: a trained run folder or a Hugging Face
-causal-LM folder (GPT-2, Llama, Mixtral), with its tokenizer and the context it reads.
+"""Any language model attnlab reads, as one object: a trained run folder, a Hugging Face causal-LM
+folder (any causal family of `attnlab.families`) or a GGUF file, with its tokenizer and the context
+it reads.
 
 What `attnlab eval FOLDER|RUN --data FILE` and lm-evaluation-harness's `attnlab` model load. It
-sits with the studies because a run folder is loaded through `attnlab.train.load` (the layer
-below), and a Hugging Face folder through `attnlab.models.hf.load_causal_lm`.
+sits with the studies because every source is loaded through `attnlab.train.load.load_any` (the
+layer below: `attnlab.tasks.sources.load_checkpoint` with the run loader of `attnlab.load`).
 """
 
 from dataclasses import dataclass
@@ -13,7 +14,9 @@ import torch
 
 from attnlab.data.tokenizers import BPETokenizer, Tokenizer
 from attnlab.errors import UserError
+from attnlab.families import CAUSAL_LM
 from attnlab.models import GPT
+from attnlab.sources import takes_words
 
 
 @dataclass
@@ -31,34 +34,31 @@ class LanguageModel:
     """The most tokens it may read at once: `context` for a Hugging Face folder (its config says
     so), the position scheme's limit for a run (None: computed positions run past training)."""
     source: str
-    """"run" or the Hugging Face model_type ("gpt2", "llama", "mixtral")."""
+    """"run", a Hugging Face folder's model_type ("llama") or a GGUF file's general.architecture."""
 
 
 def load_language_model(
-    path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | int = "best"
+    path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | int = "best", command: str = "eval"
 ) -> LanguageModel:
-    """A run folder of a language model, or a Hugging Face causal-LM folder (config.json, weights,
-    tokenizer.json) -> `LanguageModel`. checkpoint: a run's "best", "last" or a step (a Hugging
-    Face folder has one set of weights). Raises `UserError` for another kind of run and
-    `CheckpointError` for a folder that cannot be read (no tokenizer.json, say)."""
-    from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
+    """A run folder of a language model, a Hugging Face causal-LM folder (config.json, weights,
+    tokenizer.json) or a GGUF file -> `LanguageModel`. checkpoint: a run's "best", "last" or a step
+    (the others have one set of weights). command: the one whose refusals are given
+    (`attnlab.sources.refusal`). Raises `UserError` for another kind of run or checkpoint and
+    `CheckpointError` for one that cannot be read (no tokenizer.json, say)."""
+    from attnlab.train.load import load_any
 
     path = Path(path)
-    if is_hf_folder(path):
-        loaded = load_causal_lm(path)
-        model = loaded.model.to(device)
-        block = model.config.block_size
-        return LanguageModel(path, model, loaded.tokenizer, block, block, loaded.model_type)
-    from attnlab.train.load import load_run
-
-    run = load_run(path, device=device, checkpoint=checkpoint)
-    if run.config.task != "language-model":
+    loaded = load_any(path, command=command, device=device, checkpoint=checkpoint, kinds=(CAUSAL_LM,))
+    if loaded.run is None:
+        block = loaded.model.config.block_size  # a published checkpoint reads at most its context
+        return LanguageModel(path, loaded.model, loaded.tokenizer, block, block, str(loaded.source.model_type))
+    if loaded.task != "language-model":
         raise UserError(
-            f"{path} is a {run.config.task!r} run; perplexity and lm-evaluation-harness take a language "
-            "model (a `language-model` run, or a Hugging Face GPT-2, Llama or Mixtral folder)"
+            f"{path} is a {loaded.task!r} run; perplexity and lm-evaluation-harness take a language model: "
+            + takes_words((CAUSAL_LM,)).replace("a run folder", "a `language-model` run folder", 1)
         )
-    model = run.model
-    return LanguageModel(path, model, run.tokenizer, model.config.block_size, model.max_context, "run")
+    model = loaded.model
+    return LanguageModel(path, model, loaded.tokenizer, model.config.block_size, model.max_context, "run")
 
 
 def encode(tokenizer: Tokenizer, text: str, *, special: bool | None = None) -> list[int]:

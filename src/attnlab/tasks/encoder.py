@@ -56,25 +56,17 @@ class Pretrained:
 
 
 def load_pretrained(folder: str | Path) -> Pretrained:
-    """An attnlab run folder (its best weights) or a Hugging Face BERT folder (config.json)."""
+    """An attnlab run folder (its best weights) or a Hugging Face encoder folder (config.json), read
+    by `attnlab.tasks.sources.load_checkpoint`; a `UserError` naming what else `folder` is."""
+    from attnlab.families import ENCODER
+    from attnlab.sources import refusal, what_is
+    from attnlab.tasks.sources import load_checkpoint
+
     path = Path(folder).expanduser()
-    if not path.is_dir():
-        raise UserError(f"--init-from {path}: no such folder; give an attnlab run folder or a BERT checkpoint folder")
-    if (path / "config.toml").exists():
-        # The task registry imports this module: its loader is imported when it is needed.
-        from attnlab.tasks.trained import load_trained, saved_model_config
-
-        trained = load_trained(path, *saved_model_config(path), best=True)
-        model, tokenizer = trained.model.eval(), trained.tokenizer
-    elif (path / "config.json").exists():
-        from attnlab.models.hf import load_bert
-
-        loaded = load_bert(path)
-        model, tokenizer = loaded.model, loaded.tokenizer
-    else:
-        raise UserError(
-            f"--init-from {path}: neither an attnlab run (config.toml) nor a Hugging Face BERT folder (config.json)"
-        )
+    if line := refusal(what_is(path), "train --init-from", (ENCODER,)):
+        raise UserError(f"--init-from {line}")  # which of the command's arguments is wrong
+    loaded = load_checkpoint(path, command="train --init-from", kinds=(ENCODER,))
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
     if not isinstance(model, Bert):
         raise UserError(
             f"--init-from {path}: holds a {type(model).__name__}, but only a BERT encoder can be fine-tuned"

@@ -5,8 +5,9 @@ which loss (next-token cross-entropy) and which metric (validation loss and perp
 trainer and the CLI know nothing more specific than this interface.
 
 Fine-tuning (`data.init_from`, `attnlab train finetune-lm --init-from FOLDER`): a new run takes
-the model (config and weights) and the tokenizer of a Hugging Face GPT-2, Llama or Mixtral folder
-or of an attnlab language-model run, never retraining the tokenizer (nanoGPT's `init_from`, and
+the model (config and weights) and the tokenizer of a Hugging Face causal-LM folder (any causal
+family of `attnlab.families`), a GGUF file or an attnlab language-model run, never retraining the
+tokenizer (nanoGPT's `init_from`, and
 Howard & Ruder 2018 for fine-tuning a language model on one's own text). Its `source.json` records
 the folder and the hash of its weights (`source_record`); a resumed run reads none of the source.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.checkpoints import CONFIG, TOKENIZER, weights_sha256
+from attnlab.checkpoints import TOKENIZER, weights_sha256
 from attnlab.data.text import encode_splits, random_blocks, read_corpus, sequential_blocks, split_text, train_tokenizer
 from attnlab.data.tokenizers import Tokenizer, load_tokenizer
 from attnlab.errors import CheckpointError, UserError
@@ -60,7 +61,7 @@ class LMDataConfig:
     val_fraction: float = 0.1
     """Share of the corpus (its end) held out for validation."""
     init_from: str = ""
-    """A checkpoint to fine-tune: a Hugging Face GPT-2, Llama or Mixtral folder or an attnlab
+    """A checkpoint to fine-tune: a Hugging Face causal-LM folder, a GGUF file or an attnlab
     language-model run. Its model (config and weights) and tokenizer replace the model section's
     shape and data.tokenizer; the model section's dropout is kept. Empty: train from scratch."""
     block_size: int = 0
@@ -285,10 +286,6 @@ def check_context(model: GPT, context: int) -> None:
 # -- fine-tuning: the checkpoint a run starts from ---------------------------------------------------
 ATTNLAB_RUN = "attnlab"
 """`SourceRecord.kind` of an attnlab run folder (a Hugging Face folder's is its model_type)."""
-_SOURCES = (
-    "give a Hugging Face GPT-2, Llama or Mixtral folder (config.json, weights, tokenizer.json) "
-    "or an attnlab language-model run folder"
-)
 
 
 @dataclass(frozen=True)
@@ -296,9 +293,10 @@ class SourceRecord:
     """What a fine-tuning run started from: its `source.json`, read back by `source_record`."""
 
     path: Path
-    """The checkpoint folder, absolute."""
+    """The checkpoint folder (or GGUF file), absolute."""
     kind: str
-    """"gpt2", "llama" or "mixtral" (a Hugging Face folder's model_type) or "attnlab" (a run folder)."""
+    """A Hugging Face folder's model_type ("llama"), a GGUF file's general.architecture, or "attnlab"
+    (a run folder)."""
     weights_sha256: str
     """`attnlab.checkpoints.weights_sha256(path)` when the run started."""
 
@@ -319,45 +317,24 @@ class Source:
 
 
 def load_source(folder: str | Path) -> Source:
-    """The model, tokenizer and record of a Hugging Face GPT-2, Llama or Mixtral folder
-    (`attnlab.models.hf.load_causal_lm`) or of an attnlab language-model run (its newest weights),
-    on the CPU in float32. A `UserError` naming the problem for anything else."""
+    """The model, tokenizer and record of a Hugging Face causal-LM folder, a GGUF file or an attnlab
+    language-model run (its best weights), on the CPU in float32, read by
+    `attnlab.tasks.sources.load_checkpoint`. A `UserError` naming the problem for anything else."""
+    from attnlab.families import CAUSAL_LM
+    from attnlab.sources import refusal, takes_words, what_is
+    from attnlab.tasks.sources import load_checkpoint
+
     path = Path(folder).expanduser().resolve()
-    if not path.is_dir():
-        raise UserError(f"--init-from {path}: no such folder; {_SOURCES}")
-    if (path / CONFIG).is_file():
-        model, tokenizer, kind = _run_source(path)
-    elif (path / "config.json").is_file():
-        model, tokenizer, kind = _hf_source(path)
-    else:
-        raise UserError(f"--init-from {path}: not a checkpoint (no config.toml or config.json in it); {_SOURCES}")
-    return Source(model.float().eval(), tokenizer, SourceRecord(path, kind, weights_sha256(path)))
-
-
-def _run_source(path: Path) -> tuple[GPT, Tokenizer, str]:
-    from attnlab.tasks.trained import load_trained, saved_model_config  # they import the task registry
-
-    task, config = saved_model_config(path)
-    if task != LanguageModeling.name:
-        raise UserError(f"--init-from {path}: a {task!r} run, not a language model; {_SOURCES}")
-    trained = load_trained(path, task, config, best=True)
-    return trained.model, trained.tokenizer, ATTNLAB_RUN
-
-
-def _hf_source(path: Path) -> tuple[GPT, Tokenizer, str]:
-    from attnlab.models.hf import CAUSAL_LM_LOADERS, load_causal_lm
-
-    try:
-        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        model_type = None  # load_causal_lm names what is wrong with the file
-    if isinstance(model_type, str) and model_type not in CAUSAL_LM_LOADERS:
+    if line := refusal(what_is(path), "train --init-from", (CAUSAL_LM,)):
+        raise UserError(f"--init-from {line}")  # which of the command's arguments is wrong
+    loaded = load_checkpoint(path, command="train --init-from", kinds=(CAUSAL_LM,))
+    if loaded.run is not None and loaded.task != LanguageModeling.name:
         raise UserError(
-            f"--init-from {path}: config.json's model_type is {model_type!r}, not a language model attnlab "
-            f"imports ({', '.join(CAUSAL_LM_LOADERS)}); a BERT folder goes with the encoder tasks' --init-from"
+            f"--init-from {path}: a {loaded.task!r} run, not a language model; give "
+            + takes_words((CAUSAL_LM,)).replace("a run folder", "a language-model run folder", 1)
         )
-    loaded = load_causal_lm(path)
-    return loaded.model, loaded.tokenizer, loaded.model_type
+    kind = ATTNLAB_RUN if loaded.run is not None else str(loaded.source.model_type)
+    return Source(loaded.model.float().eval(), loaded.tokenizer, SourceRecord(path, kind, weights_sha256(path)))
 
 
 def fine_tune_config(source: Source, wanted: GPTConfig, block_size: int) -> GPTConfig:
@@ -372,7 +349,7 @@ def fine_tune_config(source: Source, wanted: GPTConfig, block_size: int) -> GPTC
     block = block_size or min(wanted.block_size, context)
     config = dataclasses.replace(source.model.config, dropout=wanted.dropout, block_size=block)
     r, c = source.record, config
-    what = "attnlab run" if r.kind == ATTNLAB_RUN else f"Hugging Face {r.kind} checkpoint"
+    what = "attnlab run" if r.kind == ATTNLAB_RUN else f"{r.kind} checkpoint"
     capped = f" (model.block_size {wanted.block_size} capped at its context)" if block < wanted.block_size else ""
     sys.stderr.write(
         f"--init-from {r.path}: the model and tokenizer of this {what} ({c.n_layers} layers, d_model "

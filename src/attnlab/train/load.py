@@ -3,7 +3,8 @@ layer from here up loads a run folder (`attnlab eval`, `attnlab export`, the rep
 
 It reads the run's config (`train.config.read_config`) and hands the model to
 `tasks.trained.load_trained`, which builds it and loads its checked weights and its tokenizer
-(the files themselves are `attnlab.checkpoints`'s).
+(the files themselves are `attnlab.checkpoints`'s). `load_any` reads any checkpoint
+(`attnlab.tasks.sources.load_checkpoint`) with `load_run` for run folders.
 """
 
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.errors import CheckpointError
 from attnlab.nn.lora import merge_lora as merge_lora_layers
+from attnlab.sources import refuse
+from attnlab.tasks.sources import Loaded, load_checkpoint
 from attnlab.tasks.trained import load_trained
 from attnlab.train.config import RunConfig, read_config
 from attnlab.train.lora import prepare_for_use
@@ -49,8 +51,7 @@ def load_run(
     if checkpoint not in ("best", "last") and not is_step:
         raise ValueError(f"checkpoint must be 'best', 'last' or a step (an integer >= 0), got {checkpoint!r}")
     run_dir = Path(path)
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run folder {run_dir} does not exist; train one with `attnlab train`")
+    refuse(run_dir, "attnlab.load")  # a missing path, a Hugging Face folder, ...: said as every command says it
     config = read_config(run_dir)
     step = checkpoint if is_step else None
     prepare = None if config.train.lora is None else partial(prepare_for_use, config=config, run_dir=run_dir)
@@ -61,3 +62,18 @@ def load_run(
         if merge_lora:
             model = merge_lora_layers(model)
     return Run(run_dir, config, trained.tokenizer, model.to(device).eval(), trained.step)
+
+
+def load_any(
+    path: str | Path,
+    *,
+    command: str,
+    device: str | torch.device = "cpu",
+    checkpoint: str | int = "best",
+    dtype: torch.dtype = torch.float32,
+    kinds: tuple[str, ...] | None = None,
+) -> Loaded:
+    """Any checkpoint `attnlab COMMAND` takes (`attnlab.tasks.sources.load_checkpoint`), a run
+    folder through `load_run` (its `checkpoint`, a LoRA run's adapters merged): `.run` is its `Run`."""
+    run_loader = partial(load_run, device=device, checkpoint=checkpoint)
+    return load_checkpoint(path, command=command, dtype=dtype, device=device, kinds=kinds, run_loader=run_loader)

@@ -101,31 +101,23 @@ def check_base(run_dir: Path, recorded: dict[str, Any] | None, path: str, *, doi
 
 
 def load_base(model: nn.Module, path: str) -> frozenset[str]:
-    """Copy the weights of the base in `path` (an attnlab run's best, or a Hugging Face folder)
-    into `model`, a model of the same shape: all of them, or for a BERT with a new head, the
-    encoder's (`Bert.load_encoder`). Returns the state-dict names it loaded: what a LoRA
-    checkpoint leaves to the base (a BERT's pooler that the base lacks is saved with the run)."""
-    from attnlab.models.hf.auto import is_hf_folder, load_causal_lm
-    from attnlab.models.hf.bert import load_bert
-    from attnlab.tasks.encoder import load_pretrained
+    """Copy the weights of the base in `path` (an attnlab run's best, a Hugging Face folder or a
+    GGUF file: `attnlab.tasks.sources.load_checkpoint`) into `model`, a model of the same shape: all
+    of them, or for a BERT with a new head, the encoder's (`Bert.load_encoder`). Returns the
+    state-dict names it loaded: what a LoRA checkpoint leaves to the base (a BERT's pooler that the
+    base lacks is saved with the run)."""
+    from attnlab.families import CAUSAL_LM, ENCODER
+    from attnlab.tasks.sources import load_checkpoint
 
+    kind = ENCODER if isinstance(model, Bert) else CAUSAL_LM
+    base = load_checkpoint(path, command="train --init-from", kinds=(kind,))
     if isinstance(model, Bert):
-        if is_hf_folder(path):
-            # A BertForMaskedLM folder has no pooler: load_bert leaves it at a random initialisation,
-            # which the run must save as its own, since reading the folder again would draw another.
-            loaded = load_bert(path)
-            source, absent = loaded.model.state_dict(), set(loaded.missing)
-        else:
-            source, absent = load_pretrained(path).model.state_dict(), set()
+        # A BertForMaskedLM folder has no pooler: the loader leaves it at a random initialisation,
+        # which the run must save as its own, since reading the folder again would draw another.
+        source, absent = base.model.state_dict(), set(base.missing)
         missing = model.load_encoder(source)
         return frozenset(name for name in source if name in model.state_dict()) - set(missing) - absent
-    if is_hf_folder(path):
-        base = load_causal_lm(path).model
-    else:
-        from attnlab.tasks.trained import load_trained, saved_model_config
-
-        base = load_trained(Path(path), *saved_model_config(Path(path)), best=True).model
-    model.load_state_dict(cropped(base.state_dict(), model))
+    model.load_state_dict(cropped(base.model.state_dict(), model))
     return frozenset(model.state_dict())
 
 

@@ -1,5 +1,6 @@
 """lm-evaluation-harness's model `attnlab`: any language model attnlab reads (a `language-model`
-run, or a Hugging Face GPT-2, Llama or Mixtral folder) evaluated on the harness's tasks.
+run, a Hugging Face folder of a causal family of `attnlab.families`, or a GGUF file: what
+`attnlab.studies.language_model.load_language_model` loads) evaluated on the harness's tasks.
 
     python -m attnlab.studies.harness --model attnlab --model_args pretrained=RUN_OR_FOLDER --tasks ...
 
