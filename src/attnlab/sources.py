@@ -205,8 +205,10 @@ def refusal(source: SourceKind, command: str, kinds: tuple[str, ...] | None = No
             f"{path} is not a checkpoint: a folder with neither {RUN_CONFIG} (an attnlab run) nor {HF_CONFIG} "
             f"(a Hugging Face checkpoint) in it; {takes}"
         )
-    if form in (RUN, OTHER_FOLDER) or (kinds and not source.readable):
-        return None  # the loader names what is wrong: the runs in a study folder, an unreadable config.json
+    if form in (RUN, OTHER_FOLDER) or (kinds and not source.readable) or (form == GGUF and source.model_type is None):
+        # The loader names what is wrong: the runs in a study folder, an unreadable config.json, a
+        # GGUF header cut short or corrupt (the GGUF reader says where).
+        return None
     if source.family is None and source.readable:
         key = "config.json's model_type" if form == HF_FOLDER else "its general.architecture"
         builds = f"it builds {families.names()}"

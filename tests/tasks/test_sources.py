@@ -132,6 +132,17 @@ def test_a_file_of_another_kind_is_said_to_be_one(tmp_path, capsys):
     assert_user_error(cli(capsys, "serve", text), f"attnlab serve: error: {line}")
 
 
+def test_a_gguf_header_cut_short_is_said_to_be_truncated(tmp_path, capsys):
+    """Only the magic and the version: the GGUF reader's words (truncated or corrupt), not an
+    architecture of None that attnlab does not build."""
+    pytest.importorskip("gguf")
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF\x03\x00\x00\x00")
+    result = cli(capsys, "sample", path)
+    assert_user_error(result, f"attnlab sample: error: {path} is a truncated or corrupt GGUF file")
+    assert "does not build" not in result[2]
+
+
 def test_a_folder_of_another_kind_names_the_commands_that_take_it(llama, bert, tmp_path, capsys):
     text = tmp_path / "f.txt"
     text.write_text("some text to score\n")
