@@ -130,8 +130,21 @@ def test_block_returns_attention_weights_when_asked():
 
 
 def test_block_unknown_norm_raises():
-    with pytest.raises(ValueError, match="sandwich"):
-        TransformerBlock(C, H, D_FF, norm="sandwich")
+    with pytest.raises(ValueError, match="middle"):
+        TransformerBlock(C, H, D_FF, norm="middle")
+
+
+def test_sandwich_block_is_gemma_s_four_norms():
+    """norm="sandwich": x + Norm'(Attn(Norm(x))), then x + Norm'(FFN(Norm(x))), written out."""
+    torch.manual_seed(0)
+    block = TransformerBlock(C, H, D_FF, norm="sandwich").eval()
+    with torch.no_grad():
+        for norm in (block.norm1, block.post_norm1, block.norm2, block.post_norm2):
+            norm.weight.normal_(1.0, 0.3)
+        x = torch.randn(2, 5, C)
+        h = x + block.post_norm1(block.attn(block.norm1(x))[0])
+        want = h + block.post_norm2(block.ffn(block.norm2(h)))
+        torch.testing.assert_close(block(x)[0], want)
 
 
 def test_block_without_layer_norm_bias():

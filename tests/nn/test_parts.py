@@ -112,6 +112,8 @@ def test_dense_activations_equal_formula(activation):
 GATES = {
     "glu": lambda x: 1 / (1 + torch.exp(-x)),
     "geglu": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    # Gemma's: GELU's tanh approximation (Hendrycks & Gimpel 2016, §2) on the gate.
+    "geglu_tanh": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "reglu": lambda x: x.clamp(min=0),
     "swiglu": lambda x: x / (1 + torch.exp(-x)),
     "liglu": lambda x: x,

@@ -5,8 +5,8 @@ Calls `attnlab.export.export_run`."""
 
 import argparse
 
+import attnlab.families as families
 from attnlab.cli.arguments import add_checkpoint_argument, add_json_argument
-from attnlab.families import FAMILIES
 from attnlab.sources import listed
 
 # `attnlab.models.hf.gguf_export.OUTTYPES`, spelled out: the command line is read before PyTorch is
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         choices=["hf", "gguf"],
         help="the format: hf (a Hugging Face transformers folder) or gguf (one llama.cpp file, a GPT with the parts "
-        f"of {listed([f.name for f in FAMILIES if f.gguf_export])})",
+        f"of {listed([f.name for f in families.FAMILIES if f.gguf_export])})",
     )
     p.add_argument(
         "out_dir", metavar="OUT_DIR", help="the folder to write (must not exist or be empty); with --to gguf, the file"
