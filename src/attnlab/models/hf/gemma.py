@@ -37,8 +37,8 @@ import torch
 
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.models.hf._common import CONFIG_FILE, HFSource, check_switches, config_value
-from attnlab.models.hf.llama import llama_ffn, llama_heads, load_llama_like, rope_fields_from_hf, window_fields_from_hf
+from attnlab.models.hf._common import CONFIG_FILE, HFSource, config_value
+from attnlab.models.hf.llama import llama_ffn, llama_like_config, load_llama_like, rope_fields_from_hf
 
 # transformers' Gemma3TextConfig defaults (Gemma 3 1B-like), for keys a config.json leaves out.
 GEMMA3_DEFAULTS: dict[str, Any] = {
@@ -93,54 +93,29 @@ def gemma3_rope_fields(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 def gemma3_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: str = CONFIG_FILE) -> GPTConfig:
     """The `GPTConfig` equivalent to a Gemma 3 text config.json, read as a dict (keys left out take
-    transformers' defaults). Raises `CheckpointError` naming the key for what attnlab cannot build."""
-    if hf.get("model_type") != "gemma3_text":
-        raise CheckpointError(
-            f"{source}: model_type is {hf.get('model_type')!r}, not 'gemma3_text'; load_gemma3 imports Gemma 3's "
-            "text models (Gemma3ForCausalLM)"
-        )
-    check_switches(hf, GEMMA3_FIXED_SWITCHES, "Gemma 3", source)
-
-    def get(key: str, kind: type | tuple[type, ...]) -> Any:
-        return config_value(hf, GEMMA3_DEFAULTS, key, kind, source)
-
-    if get("hidden_activation", str) not in GELU_TANH:
-        raise CheckpointError(
-            f"{source}: hidden_activation must be one of {list(GELU_TANH)}, got {hf['hidden_activation']!r}"
-        )
-    d_model, n_heads, n_kv_heads, head_size = llama_heads(
-        hf, get("hidden_size", int), get("num_attention_heads", int), hf.get("head_dim", 256), source
-    )
-    n_layers, context = get("num_hidden_layers", int), get("max_position_embeddings", int)
-    eps = float(get("rms_norm_eps", (int, float)))
+    transformers' defaults): Llama's shape with Gemma's parts in place of Llama's. Raises
+    `CheckpointError` naming the key for what attnlab cannot build."""
+    scalar = config_value(hf, GEMMA3_DEFAULTS, "query_pre_attn_scalar", (int, float), source)
     softcap = hf.get("final_logit_softcapping")
-    try:
-        return GPTConfig(
-            vocab_size=get("vocab_size", int),
-            block_size=context,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            d_model=d_model,
-            head_size=head_size if head_size is not None else d_model // n_heads,
-            dropout=dropout,
-            bias=False,
-            positions="rope",
-            normalization="offset-rmsnorm",
-            qk_norm="offset-rmsnorm",
-            activation="geglu_tanh",
-            norm="sandwich",
-            ffn_hidden=get("intermediate_size", int),
-            layer_norm_eps=eps,
-            tie_weights=get("tie_word_embeddings", bool),
-            attention_scale=float(get("query_pre_attn_scalar", (int, float))) ** -0.5,
-            scale_embeddings=True,
-            logit_softcap=None if softcap is None else float(softcap),
-            **gemma3_rope_fields(hf, source),
-            **window_fields_from_hf(hf, n_layers, context, source),
-        )
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{source}: {e}") from e
+    return llama_like_config(
+        hf,
+        GEMMA3_DEFAULTS,
+        GEMMA3_FIXED_SWITCHES,
+        "Gemma 3",
+        dropout=dropout,
+        source=source,
+        model_type="gemma3_text",
+        activation_key="hidden_activation",
+        activations=GELU_TANH,
+        normalization="offset-rmsnorm",
+        qk_norm="offset-rmsnorm",
+        activation="geglu_tanh",
+        norm="sandwich",
+        attention_scale=float(scalar) ** -0.5,
+        scale_embeddings=True,
+        logit_softcap=None if softcap is None else float(softcap),
+        **gemma3_rope_fields(hf, source),
+    )
 
 
 def load_gemma3(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:

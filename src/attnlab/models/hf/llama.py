@@ -196,56 +196,55 @@ def llama_like_config(
     *,
     dropout: float,
     source: str,
+    model_type: str | None = None,
+    activation_key: str = "hidden_act",
+    activations: tuple[str, ...] = SILU,
     **fields: Any,
 ) -> GPTConfig:
-    """The `GPTConfig` of a Llama-shaped config.json (Llama, Mixtral): checks what every such family
-    shares, then builds the config with `fields` added (Mixtral's experts)."""
-    model_type = hf.get("model_type")
-    if model_type != family.lower():
+    """The `GPTConfig` of a Llama-shaped config.json (Llama, Mixtral, Qwen, Gemma 3, ...): checks what
+    every such family shares (its `model_type`, by default the family's name in lower case, and its
+    activation, `activation_key` one of `activations`), then builds Llama's parts with `fields`
+    added or put in their place (Mixtral's experts, Gemma's norms; RoPE fields given are not read again)."""
+    model_type = model_type or family.lower()
+    if hf.get("model_type") != model_type:
         raise CheckpointError(
-            f"{source}: model_type is {model_type!r}, not {family.lower()!r}; "
-            f"load_{family.lower()} imports {family} checkpoints only"
+            f"{source}: model_type is {hf.get('model_type')!r}, not {model_type!r}; "
+            f"load_{family.lower().replace(' ', '')} imports {family} checkpoints only"
         )
     check_switches(hf, switches, family, source)
 
     def get(key: str, kind: type | tuple[type, ...]) -> Any:
         return config_value(hf, defaults, key, kind, source)
 
-    activation = get("hidden_act", str)
-    if activation not in SILU:
+    activation = get(activation_key, str)
+    if activation not in activations:
         raise CheckpointError(
-            f"{source}: hidden_act {activation!r} cannot be imported; attnlab's {family} feed-forward is SwiGLU, "
-            f"hidden_act must be one of {list(SILU)}"
+            f"{source}: {activation_key} {activation!r} cannot be imported; attnlab's {family} feed-forward "
+            f"takes {activation_key} one of {list(activations)}"
         )
     head_dim = hf.get("head_dim", defaults.get("head_dim"))  # Qwen3's default is its own, not the width / heads
     d_model, n_heads, n_kv_heads, head_size = llama_heads(
         hf, get("hidden_size", int), get("num_attention_heads", int), head_dim, source
     )
     n_layers, context = get("num_hidden_layers", int), get("max_position_embeddings", int)
-    fields = {
-        **rope_fields_from_hf(hf, defaults["rope_theta"], source),
-        **window_fields_from_hf(hf, n_layers, context, source),
-        **fields,
-    }
+    rope = {} if "rope_theta" in fields else rope_fields_from_hf(hf, defaults["rope_theta"], source)
+    llama_parts = dict(bias=False, positions="rope", normalization="rmsnorm", activation="swiglu", norm="pre")
+    shape = dict(
+        vocab_size=get("vocab_size", int),
+        block_size=context,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_model=d_model,
+        head_size=head_size,
+        dropout=dropout,
+        ffn_hidden=get("intermediate_size", int),
+        layer_norm_eps=float(get("rms_norm_eps", (int, float))),
+        tie_weights=get("tie_word_embeddings", bool),
+    )
     try:
         return GPTConfig(
-            vocab_size=get("vocab_size", int),
-            block_size=context,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            d_model=d_model,
-            head_size=head_size,
-            dropout=dropout,
-            bias=False,
-            positions="rope",
-            normalization="rmsnorm",
-            activation="swiglu",
-            norm="pre",
-            ffn_hidden=get("intermediate_size", int),
-            layer_norm_eps=float(get("rms_norm_eps", (int, float))),
-            tie_weights=get("tie_word_embeddings", bool),
-            **fields,
+            **shape, **{**llama_parts, **rope, **window_fields_from_hf(hf, n_layers, context, source), **fields}
         )
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{source}: {e}") from e

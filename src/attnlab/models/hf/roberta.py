@@ -40,6 +40,7 @@ from attnlab.errors import CheckpointError
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.models.hf._common import TOKENIZER_FILE, HFCheckpoint, HFSource
 from attnlab.models.hf.bert import (
+    BERT_DEFAULTS,
     BERT_FIXED_SWITCHES,
     EncoderFormat,
     LoadedBert,
@@ -50,20 +51,7 @@ from attnlab.models.hf.bert import (
 
 # transformers' RobertaConfig defaults, used for keys a config.json leaves out. The published
 # models' config.json set max_position_embeddings 514, type_vocab_size 1 and layer_norm_eps 1e-5.
-ROBERTA_DEFAULTS = {
-    "vocab_size": 50265,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1,
-    "attention_probs_dropout_prob": 0.1,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-    "layer_norm_eps": 1e-12,
-    "pad_token_id": 1,
-}
+ROBERTA_DEFAULTS = {**BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1}
 
 ROBERTA_ARCHITECTURES = {
     "mlm": "RobertaForMaskedLM",
