@@ -252,3 +252,23 @@ def test_bad_folders(tmp_path):
     edit_config(tmp_path / "bert-type", model_type="bert")
     with pytest.raises(CheckpointError, match="model_type is 'bert', not 'roberta'"):
         load_roberta(tmp_path / "bert-type")
+
+
+def test_a_lora_run_from_a_roberta_folder_exports_what_peft_puts_on_the_base(tmp_path):
+    """LoRA fine-tuning from a RoBERTa folder, its adapters written as a peft folder (`--adapter`):
+    peft's PeftModel on transformers' RobertaForSequenceClassification of the same base folder gives
+    the run's logits (the pooler and head travel as RoBERTa's classifier.dense and out_proj)."""
+    peft = pytest.importorskip("peft")
+    roberta_folder(tmp_path / "roberta", "mlm", "h4")
+    out, adapter = tmp_path / "run", tmp_path / "adapter"
+    args = ["train", "sst2", "--data-dir", str(SST2), "--init-from", str(tmp_path / "roberta"), "--out", str(out)]
+    lora = ["--set=train.lora.rank=2", "--set=train.lora.alpha=4.0"]
+    assert main([*args, *FINE_TUNE, *lora]) == 0
+    assert main(["export", str(out), str(adapter), "--to", "hf", "--adapter"]) == 0
+    n_labels = len(load(out).model.head.proj.bias)
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "roberta", num_labels=n_labels)
+    theirs = peft.PeftModel.from_pretrained(base, adapter).eval()
+    ids = torch.tensor([[0, 5, 9, 14, 2], [0, 7, 7, 21, 2]])
+    with torch.no_grad():
+        want = load(out, merge_lora=False).model.eval()(ids)
+        torch.testing.assert_close(theirs(input_ids=ids).logits, want, atol=1e-5, rtol=0)

@@ -14,6 +14,8 @@ The layers by family (i = block index), attnlab -> transformers:
             out_proj -> ...attention.output.dense, fc1 -> ...intermediate.dense, fc2 -> ...output.dense;
             a classifier or tagger head -> classifier, a sequence classifier's pooler -> bert.pooler.dense
             (peft's modules_to_save: saved in full)
+    RoBERTa as BERT under roberta.encoder.layer.i; a sequence classifier's pooler and head ->
+            classifier.dense and classifier.out_proj (RoBERTa's classification head)
 Where attnlab's adapted slices are separate transformers layers (Llama's and BERT's q, k, v), each
 slice's (A, B) is that layer's adapter. GPT-2's c_attn is one layer: its adapter stacks the
 slices' A matrices (rank k·r for k slices) and places each B on its own rows of a block matrix
@@ -96,7 +98,7 @@ def peft_adapter(
                 rank_pattern[re.escape(target)], alpha_pattern[re.escape(target)] = k * rank, k * alpha
             continue
         parts = LLAMA_PARTS if family == "llama" else BERT_PARTS
-        stem = f"model.layers.{block}." if family == "llama" else f"bert.encoder.layer.{block}."
+        stem = f"model.layers.{block}." if family == "llama" else f"{family}.encoder.layer.{block}."
         for part in layer.slices:
             tensors |= _pair(stem + parts[part], layer, part)
     targets = sorted({key.removeprefix(PREFIX).rsplit(".lora_", 1)[0] for key in tensors})
@@ -117,7 +119,9 @@ def peft_adapter(
         "alpha_pattern": alpha_pattern,
         "fan_in_fan_out": family == "gpt2",  # GPT-2's Conv1D stores its weight (in, out)
         "bias": "none",
-        "modules_to_save": sorted({name.rsplit(".", 1)[0] for name in saved}) or None,
+        # The classifier whole (RoBERTa's is two layers): peft wraps it once, as it does for SEQ_CLS.
+        "modules_to_save": sorted({"classifier" if n.startswith("classifier.") else n.rsplit(".", 1)[0] for n in saved})
+        or None,
         "init_lora_weights": True,
         "inference_mode": True,
         "use_rslora": False,
@@ -127,7 +131,7 @@ def peft_adapter(
 
 
 def _family(model: nn.Module) -> tuple[str, str]:
-    """("gpt2" | "llama" | "phi3" | "bert", "lm" | "sequence" | "token") as `attnlab export --to hf`
+    """("gpt2" | "llama" | "phi3" | "bert" | "roberta", "lm" | "sequence" | "token") as `attnlab export --to hf`
     writes the model ("llama": every family with Llama's layer names)."""
     if isinstance(model, GPT):
         for name, problems, _ in CAUSAL_LM_EXPORTERS:
@@ -135,7 +139,8 @@ def _family(model: nn.Module) -> tuple[str, str]:
                 return {"GPT-2": "gpt2", PHI3.name: "phi3"}.get(name, "llama"), "lm"
         raise ExportError("this GPT has the parts of no transformers family: no transformers model takes its adapters")
     if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
-        return "bert", model.config.head
+        # Positions counted past the padding id: a run fine-tuned from a RoBERTa folder.
+        return ("roberta" if model.config.position_ids == "after_padding" else "bert"), model.config.head
     raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
 
 
@@ -145,9 +150,17 @@ def _trained_in_full(model: nn.Module, task: str) -> dict[str, torch.Tensor]:
     run then trained on its own initialisation of it)."""
     if not isinstance(model, Bert):
         return {}
-    found = {"classifier.weight": model.head.proj.weight, "classifier.bias": model.head.proj.bias}
+    head, pooler = model.head.proj, model.pooler
+    if model.config.position_ids == "after_padding" and task == "sequence":  # RoBERTa's classification head
+        return {
+            "classifier.dense.weight": pooler.weight,
+            "classifier.dense.bias": pooler.bias,
+            "classifier.out_proj.weight": head.weight,
+            "classifier.out_proj.bias": head.bias,
+        }
+    found = {"classifier.weight": head.weight, "classifier.bias": head.bias}
     if task == "sequence":
-        found |= {"bert.pooler.dense.weight": model.pooler.weight, "bert.pooler.dense.bias": model.pooler.bias}
+        found |= {"bert.pooler.dense.weight": pooler.weight, "bert.pooler.dense.bias": pooler.bias}
     return found
 
 
