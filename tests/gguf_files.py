@@ -141,10 +141,12 @@ def rewrite_gguf(
     architecture: str | None = None,
     drop: Sequence[str] = (),
     tensors: Mapping[str, tuple[np.ndarray, object]] | None = None,
+    add: Mapping[str, str | float] | None = None,
 ) -> None:
     """Copy the GGUF `source` to `out` with gguf's writer: `architecture` in place of its own,
-    metadata keys `drop` left out, and tensors named in `tensors` replaced by (data, GGML type;
-    data as GGUFWriter takes it: float32, or uint8 blocks in the type's byte layout)."""
+    metadata keys `drop` left out, keys `add` added (a string or a float32), and tensors named in
+    `tensors` replaced by (data, GGML type; data as GGUFWriter takes it: float32, or uint8 blocks in
+    the type's byte layout)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(source)
@@ -155,6 +157,8 @@ def rewrite_gguf(
             continue
         sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    for key, value in (add or {}).items():
+        (writer.add_string if isinstance(value, str) else writer.add_float32)(key, value)
     for tensor in reader.tensors:
         data, qtype = (tensors or {}).get(tensor.name, (np.array(tensor.data), tensor.tensor_type))
         writer.add_tensor(tensor.name, data, raw_dtype=qtype)

@@ -198,6 +198,19 @@ def test_an_unknown_architecture_is_named(converted, tmp_path):
     assert_refused(path, "'falcon'", "gpt2", "llama")
 
 
+def test_linear_rope_scaling_is_read_with_its_factor(converted, tmp_path):
+    """rope.scaling.type "linear" and its factor become the model's scaled RoPE (a type without its
+    factor would be read as no stretch at all); a type attnlab does not compute is refused by name."""
+    path = tmp_path / "linear.gguf"
+    scaling = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+    rewrite_gguf(converted.path("llama", "f32"), path, add=scaling)
+    config = load_gguf(path).model.config
+    assert (config.rope_scaling, config.rope_factor) == ("linear", 4.0)
+    yarn = tmp_path / "yarn.gguf"
+    rewrite_gguf(converted.path("llama", "f32"), yarn, add={**scaling, "llama.rope.scaling.type": "yarn"})
+    assert_refused(yarn, "'yarn'")
+
+
 def test_missing_metadata_is_named(converted, tmp_path):
     path = tmp_path / "no-blocks.gguf"
     rewrite_gguf(converted.path("llama", "f32"), path, drop=["llama.block_count"])
@@ -307,6 +320,24 @@ def test_export_refuses_what_gguf_lacks(runs, capsys, tmp_path):
     assert not out.exists() and not list(tmp_path.iterdir())  # no staging file left behind
     (tmp_path / "taken.gguf").write_text("")
     assert_user_error(cli(capsys, "export", gpt2, "--to", "gguf", tmp_path / "taken.gguf"), "--force")
+
+
+def test_export_refuses_scaled_rope(tmp_path):
+    """The GGUF metadata written holds RoPE's base alone: a model with Llama 3's scaled RoPE is
+    refused by name rather than written as another model."""
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.errors import ExportError
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.models.hf.gguf_export import write_gguf
+    from hf_folders import write_tokenizer
+
+    write_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    llama = dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_heads=2, d_model=16)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, rope_scaling="linear", **llama)
+    with pytest.raises(ExportError, match="rope_type 'linear'"):
+        write_gguf(GPT(config), tokenizer, tmp_path / "scaled.gguf")
+    assert not (tmp_path / "scaled.gguf").exists()
 
 
 def test_the_command_line_offers_the_writer_s_types():

@@ -322,7 +322,9 @@ def rope_variants(reader: "GGUFReader", name: str, config: Mapping[str, Any], pa
     extra: dict[str, Any] = {}
     scaling = metadata(reader, f"{name}.rope.scaling.type", path, required=False)
     if scaling not in (None, "none"):
-        extra["rope_scaling"] = {"rope_type": scaling}
+        # The stretch travels with the type: "linear" without its factor would be no scaling at all.
+        factor = metadata(reader, f"{name}.rope.scaling.factor", path, required=False)
+        extra["rope_scaling"] = {"rope_type": scaling, **({} if factor is None else {"factor": float(factor)})}
     rotated = metadata(reader, f"{name}.rope.dimension_count", path, required=False)
     if rotated is not None:
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]

@@ -56,6 +56,9 @@ def write_gguf(model: GPT, tokenizer: BPETokenizer, path: Path, *, outtype: str 
     arch_name = checkpoint.config["model_type"]
     if arch_name not in EXPORTED:
         raise ExportError(f"GGUF export writes {' and '.join(EXPORTED)} models, not {arch_name}")
+    rope_type = checkpoint.config.get("rope_parameters", {}).get("rope_type", "default")
+    if rope_type != "default":  # the metadata written holds RoPE's base alone
+        raise ExportError(f"GGUF export writes unscaled rotary positions, not rope_type {rope_type!r}")
     arch = GGUF_ARCHITECTURES[arch_name]
     writer = GGUFWriter(path, arch_name)
     write_metadata(writer, arch_name, arch, checkpoint.config, outtype, name)
