@@ -42,7 +42,7 @@ from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
 from attnlab.models.hf.marian import marian_export
 from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
-from attnlab.models.hf.roberta import roberta_export
+from attnlab.models.hf.roberta import is_roberta, roberta_export
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tasks.encoder import read_labels
@@ -75,8 +75,7 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
         return checkpoint, model.config.block_size
     if task in ENCODER_TASKS and isinstance(model, Bert):
         labels = read_labels(run.path) if model.config.head in ("sequence", "token") else None
-        # Positions counted past the padding id are RoBERTa's (a fine-tuned RoBERTa folder's run).
-        export = roberta_export if model.config.position_ids == "after_padding" else bert_export
+        export = roberta_export if is_roberta(model.config) else bert_export
         return export(model, labels), model.config.max_len
     if task == "translation" and isinstance(model, Seq2SeqTransformer):
         tokenizer = run.tokenizer

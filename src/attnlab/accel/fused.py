@@ -484,9 +484,8 @@ def gpt_step(model: nn.Module, cache: list[KVCache], weights: str = "fp32") -> F
         warnings.warn(refusal, stacklevel=4)
         return None
     make = functools.partial(FusedStep, model, cache=cache, weights=weights)
-    covers = _GPT_COVERS
-    if isinstance(model, GPT) and undecoded_parts(model):  # say which part of today's checkpoints is outside
-        covers += f", not {', '.join(undecoded_parts(model))}"
+    outside = undecoded_parts(model) if isinstance(model, GPT) else []
+    covers = _GPT_COVERS + (f", not {', '.join(outside)}" if outside else "")  # which part of today's checkpoints
     return _when_built(supports(model, cache), covers, make, stacklevel=5)
 
 

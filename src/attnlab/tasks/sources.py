@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
-from attnlab.errors import CheckpointError
 from attnlab.families import Family
 from attnlab.sources import GGUF, HF_FOLDER, OTHER_FOLDER, RUN, SourceKind, refusal, refuse, what_is
 
@@ -160,10 +159,8 @@ def _hf_folder(source: SourceKind, dtype: torch.dtype) -> Loaded:
 
 
 def _gguf(source: SourceKind, dtype: torch.dtype) -> Loaded:
-    try:  # written beside this module; an installation without it reads no GGUF file
-        from attnlab.models.hf.gguf import load_gguf
-    except ImportError:
-        raise CheckpointError(f"{source.path}: this attnlab reads no GGUF file (no attnlab.models.hf.gguf)") from None
+    from attnlab.models.hf.gguf import load_gguf  # it names the `gguf` package where that is missing
+
     lm = load_gguf(source.path, dtype=dtype)
     return Loaded(
         source=source,

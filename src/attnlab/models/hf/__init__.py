@@ -39,7 +39,6 @@ from attnlab.models.hf.auto import (
     ENCODER_LOADERS,
     LoadedCausalLM,
     causal_lm_export,
-    is_hf_folder,
     load_causal_lm,
 )
 from attnlab.models.hf.bert import (
@@ -127,7 +126,6 @@ __all__ = [
     "causal_lm_export",
     "gpt2_config_from_hf",
     "gpt2_export",
-    "is_hf_folder",
     "llama_config_from_hf",
     "llama_export",
     "load_bert",

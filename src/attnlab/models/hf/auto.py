@@ -21,7 +21,6 @@ from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT
 from attnlab.models.hf._common import (
-    CONFIG_FILE,
     HFCheckpoint,
     HFSource,
     as_source,
@@ -80,13 +79,6 @@ class LoadedCausalLM:
     None where it has none, or where it is read from the folder's files by the caller."""
     origin: str = ""
     """Where the model came from, in words: the folder or file read."""
-
-
-def is_hf_folder(path: str | Path) -> bool:
-    """Whether `path` is a Hugging Face checkpoint folder (a config.json) rather than an attnlab run."""
-    path = Path(path)
-    # An attnlab run folder's config is config.toml (attnlab.checkpoints.CONFIG).
-    return (path / CONFIG_FILE).is_file() and not (path / "config.toml").is_file()
 
 
 def causal_lm_model(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32) -> GPT:

@@ -44,13 +44,13 @@ from attnlab.errors import CheckpointError
 from attnlab.families import FAMILIES, by_gguf_architecture
 from attnlab.models.hf._common import HFSource
 from attnlab.models.hf.auto import LoadedCausalLM, causal_lm_model
+from attnlab.sources import GGUF_MAGIC
 
 if TYPE_CHECKING:  # optional packages, imported where they are used
     from gguf import GGUFReader, ReaderTensor
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
-GGUF_MAGIC = b"GGUF"
 INSTALL = "pip install 'attnlab[gguf]'"
 
 

@@ -26,6 +26,7 @@ import torch
 
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import ExportError
+from attnlab.families import FAMILIES
 from attnlab.models.gpt import GPT
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.gguf import GGUF_ARCHITECTURES, INSTALL, LAYOUTS, GGUFArchitecture, tensor_names
@@ -35,8 +36,9 @@ if TYPE_CHECKING:  # an optional package, imported where it is used
 
 OUTTYPES = ("f32", "bf16", "q8_0")
 """The storage types `write_gguf` writes (as llama.cpp's converter's --outtype names them)."""
-EXPORTED = ("gpt2", "llama")
-"""The architectures a GPT is exported as (those `causal_lm_export` writes and the tests read back)."""
+EXPORTED = tuple(arch for family in FAMILIES if family.gguf_export for arch in family.gguf_architectures)
+"""The architectures a GPT is exported as: those of the families `attnlab.families` marks (GPT-2's
+and Llama's, the ones `causal_lm_export` writes and the tests read back)."""
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 

@@ -33,6 +33,7 @@ from attnlab.models.bert import Bert
 from attnlab.models.gpt import GPT
 from attnlab.models.hf.auto import CAUSAL_LM_EXPORTERS
 from attnlab.models.hf.decoders import PHI3
+from attnlab.models.hf.roberta import is_roberta
 from attnlab.nn.lora import LoRALinear, adapter_key, lora_layers
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -139,8 +140,7 @@ def _family(model: nn.Module) -> tuple[str, str]:
                 return {"GPT-2": "gpt2", PHI3.name: "phi3"}.get(name, "llama"), "lm"
         raise ExportError("this GPT has the parts of no transformers family: no transformers model takes its adapters")
     if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
-        # Positions counted past the padding id: a run fine-tuned from a RoBERTa folder.
-        return ("roberta" if model.config.position_ids == "after_padding" else "bert"), model.config.head
+        return ("roberta" if is_roberta(model.config) else "bert"), model.config.head
     raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
 
 
@@ -151,7 +151,7 @@ def _trained_in_full(model: nn.Module, task: str) -> dict[str, torch.Tensor]:
     if not isinstance(model, Bert):
         return {}
     head, pooler = model.head.proj, model.pooler
-    if model.config.position_ids == "after_padding" and task == "sequence":  # RoBERTa's classification head
+    if is_roberta(model.config) and task == "sequence":  # RoBERTa's classification head
         return {
             "classifier.dense.weight": pooler.weight,
             "classifier.dense.bias": pooler.bias,

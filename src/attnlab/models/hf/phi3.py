@@ -89,10 +89,8 @@ def phi3_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, source: 
     """The `GPTConfig` of a Phi-3 / Phi-4-mini config.json: Llama's, with partial rotary and LongRoPE."""
     heads = hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim") or hf.get("hidden_size", PHI3_DEFAULTS["hidden_size"]) // heads
-    rope = phi3_rope_fields(hf, head_dim, source)
-    # The rope fields are read here; llama_like_config must not read them again from rope_parameters.
-    plain = {k: v for k, v in hf.items() if k not in ("rope_parameters", "rope_scaling", "partial_rotary_factor")}
-    return llama_like_config(plain, PHI3_DEFAULTS, {}, "Phi3", dropout=dropout, source=source, **rope)
+    rope = phi3_rope_fields(hf, head_dim, source)  # llama_like_config reads no RoPE fields given it
+    return llama_like_config(hf, PHI3_DEFAULTS, {}, "Phi3", dropout=dropout, source=source, **rope)
 
 
 def phi3_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

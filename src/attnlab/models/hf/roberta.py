@@ -127,6 +127,12 @@ def read_roberta_tokenizer(folder: Path) -> EncoderTokenizer:
     return tokenizer
 
 
+def is_roberta(config: BertConfig) -> bool:
+    """Whether a `Bert` counts its positions past the padding id as RoBERTa does: a model imported
+    from a RoBERTa folder or fine-tuned from one, exported (and its adapters written) as RoBERTa."""
+    return config.position_ids == "after_padding"
+
+
 def roberta_export_problems(config: BertConfig) -> list[str]:
     """What keeps a `BertConfig` from being a transformers RoBERTa, one entry per part (empty: nothing)."""
     return encoder_export_problems(config, ROBERTA_FORMAT)
