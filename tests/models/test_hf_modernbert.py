@@ -164,6 +164,43 @@ def test_sentence_vectors_are_mean_pooled_hidden_states(tmp_path):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_embed_command_on_a_modernbert_folder(tmp_path, capsys):
+    """`attnlab embed FOLDER` goes through the one loader to the same mean-pooled vectors."""
+    from attnlab.cli import main
+
+    modernbert_folder(tmp_path / "m", "model", "h4")
+    loaded = load_modernbert(tmp_path / "m")
+    want = SentenceEncoder(loaded.model, loaded.tokenizer, read_pooling(tmp_path / "m")).embed_texts(TEXTS)
+    capsys.readouterr()
+    assert main(["embed", str(tmp_path / "m"), *TEXTS, "--json", "--device", "cpu"]) == 0
+    torch.testing.assert_close(torch.tensor(json.loads(capsys.readouterr().out)["vectors"]), want)
+
+
+@pytest.mark.parametrize(
+    ("preset", "data", "head", "small"),
+    [("sst2", "sst2", "sequence", ["--set=data.val_size=20"]), ("ud-pos", "ud", "token", [])],
+)
+def test_fine_tuning_starts_from_a_modernbert_folder(tmp_path, preset, data, head, small):
+    """Classification and tagging with --init-from a ModernBERT folder: the run's encoder starts as
+    the folder's (its first block's attention projection, read back, equals the folder's)."""
+    from attnlab import load
+    from attnlab.cli import main
+    from helpers import FIXTURES
+
+    modernbert_folder(tmp_path / "m", "mlm", "h4")
+    out = tmp_path / "run"
+    args = ["train", preset, "--data-dir", str(FIXTURES / data), "--init-from", str(tmp_path / "m"), "--out", str(out)]
+    steps = ["--set=train.max_iters=2", "--set=train.eval_interval=2", "--set=train.lr_decay_iters=2"]
+    steps += [*small, "--set=data.max_tokens=600", "--set=train.device=cpu"]
+    tiny = ["--set=train.learning_rate=1e-12", "--set=train.min_lr=0", "--set=train.warmup_iters=0"]  # barely moves
+    assert main([*args, *steps, *tiny, "--quiet"]) == 0
+    run = load(out, checkpoint="last")
+    source = load_modernbert(tmp_path / "m").model
+    name = "blocks.0.attn.in_proj.weight"
+    assert run.config.model.head == head and run.config.model.window_rope_theta is not None
+    torch.testing.assert_close(run.model.state_dict()[name], source.state_dict()[name])
+
+
 @pytest.mark.parametrize(
     ("changes", "needles"),
     [
