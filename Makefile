@@ -39,9 +39,11 @@ gpu-check: $(VENV)/.dev-installed
 	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The site from docs/ and mkdocs.yml into site/. --strict: a broken link or anchor, a page missing
-# from the nav, or a docstring mkdocstrings cannot read is an error. CI runs it (.ci/run).
+# from the nav, or a docstring mkdocstrings cannot read is an error. CI runs it (.ci/run). No
+# --quiet: it silences the warnings, and --strict counts only the warnings it sees (a broken link
+# passed quietly here and failed every other build).
 docs: $(VENV)/.docs-installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	@echo "docs: site/index.html"
 
 # The page's browser test drives Debian's chromium through chromium-driver. Installed here when

@@ -53,14 +53,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
-from attnlab.config import read_toml
+from attnlab.config import RUN_CONFIG, read_toml
 from attnlab.errors import CheckpointError
 from attnlab.fileio import atomic_link, atomic_write, atomic_write_text, fsync_dir
 
 CHECKPOINT_FORMAT_VERSION = 2
 """2: step folders under checkpoints/ and the best record in each manifest; 1 (top level only) is still read."""
 CONFIG, WEIGHTS, TOKENIZER, TRAIN_STATE, MANIFEST = (
-    "config.toml",
+    RUN_CONFIG,  # (named on the ground floor, where the torch-free modules read it)
     "model.safetensors",
     "tokenizer.json",
     "train_state.pt",

@@ -7,9 +7,11 @@ value is a `ConfigError` that names the key and suggests close matches.
 
 import dataclasses
 import difflib
+import functools
 import tomllib
 import types
 import typing
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +22,11 @@ from attnlab.errors import ConfigError
 
 T = TypeVar("T")
 
+
+RUN_CONFIG = "config.toml"
+"""The file of a run folder that holds its resolved configuration. Named here, on the torch-free
+ground floor, so that `attnlab.sources` and the CLI's early checks read it too;
+`attnlab.checkpoints.CONFIG` is this name."""
 
 RUN_SECTIONS = ("model", "data", "train", "log")
 """The tables of a run's config. With `task` and `format_version` they are its top-level keys, which
@@ -72,11 +79,11 @@ def load_preset_or_file(name: str, folder: str = "presets", what: str = "preset"
     if name.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise ConfigError(f"config file {name} does not exist")
-        stem = path.parent.name if path.name == "config.toml" else path.stem
+        stem = path.parent.name if path.name == RUN_CONFIG else path.stem
         return stem, read_toml(path)
     names = presets(folder)
-    if name not in names and (path / "config.toml").is_file():  # a run folder: its resolved config
-        return path.name, read_toml(path / "config.toml")
+    if name not in names and (path / RUN_CONFIG).is_file():  # a run folder: its resolved config
+        return path.name, read_toml(path / RUN_CONFIG)
     if name not in names:
         raise ConfigError(
             f"unknown {what} {name!r}{close_matches(name, names)}; "
@@ -190,6 +197,35 @@ def build(cls: type[T], values: dict[str, Any], section: str) -> T:
         return cls(**kwargs)
     except ValueError as e:
         raise ConfigError(f"[{section}] {e}") from None
+
+
+def old_field_names(table: dict[str, str]) -> typing.Callable[[type[T]], type[T]]:
+    """A class decorator (above `@dataclass`): the dataclass's constructor also takes each field's
+    old name in `table` (old -> today's name, e.g. `attnlab.names.OLD_FIELDS`, the table TOML files
+    and `--set` are read with), with a DeprecationWarning naming today's field:
+    `GPTConfig(n_layer=2)` -> `GPTConfig(n_layers=2)`. Both names at once is a TypeError."""
+
+    def decorate(cls: type[T]) -> type[T]:
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        renames = {old: new for old, new in table.items() if new in fields and old not in fields}
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807 (the constructor it wraps)
+            for old in [old for old in renames if old in kwargs]:  # (in the table's order: one warning each)
+                new = renames[old]
+                if new in kwargs:
+                    raise TypeError(f"{cls.__name__}() got {old} and {new}: {old} is the old name of {new}, give one")
+                warnings.warn(
+                    f"{cls.__name__}({old}=...) is deprecated: the field is {new} now", DeprecationWarning, stacklevel=2
+                )
+                kwargs[new] = kwargs.pop(old)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        return cls
+
+    return decorate
 
 
 def as_dict(obj: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import attnlab.families as families
+from attnlab.config import RUN_CONFIG
 from attnlab.errors import CheckpointError
 from attnlab.families import CAUSAL_LM, ENCODER, Family
 
@@ -31,7 +32,6 @@ PUBLISHED = (HF_FOLDER, GGUF)
 MISSING, OTHER_FILE, OTHER_FOLDER = "missing", "file", "folder"
 """The paths it cannot read: nothing there, a file of another kind, a folder holding no checkpoint."""
 
-RUN_CONFIG = "config.toml"  # attnlab.checkpoints.CONFIG (that module imports PyTorch)
 HF_CONFIG = "config.json"
 GGUF_MAGIC = b"GGUF"
 

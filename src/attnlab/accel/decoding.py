@@ -7,7 +7,6 @@ feed-forward layers, the language models' heads) that class in place, and the cr
 of an encoder–decoder model its sliced products through `projection.linear`.
 """
 
-import torch
 from torch import nn
 
 from attnlab.accel.applied import Applied
@@ -27,18 +26,10 @@ PROJECTIONS: dict[type, tuple[str, ...]] = {
 
 class DecodingCrossAttention(MultiHeadAttention):
     """`MultiHeadAttention` whose cross-attention products (the query rows and the memory rows of
-    `in_proj`) go through `projection.linear`: a one-row product streams the weights."""
+    `in_proj`, sliced by its own `project_query` and `project_memory`) go through
+    `projection.linear`: a one-row product streams the weights."""
 
-    def project_query(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.d_model
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
-        return linear(x, self.in_proj.weight[:c], bias)
-
-    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.d_model
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
-        k, v = linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
-        return self._split_heads(k), self._split_heads(v)
+    cross_linear = staticmethod(linear)
 
 
 def for_decoding(model: nn.Module) -> Applied:

@@ -113,22 +113,23 @@ class FusedGPT(GPT):
         return super()._stack(x, pos, cache, positions, need_weights)
 
 
-class FusedFeedForward(FeedForward):
+class _KernelGELUForward:
+    """The training forward of a dense or gated feed-forward layer (`fc1`, the activation, `fc2`,
+    dropout) with the kernel's GELU; `activate` tells the two apart by the layer's activation.
+    Evaluation runs the layer's own forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        return self.dropout(self.fc2(activate(self.activation, self.fc1(x))))
+
+
+class FusedFeedForward(_KernelGELUForward, FeedForward):
     """`FeedForward` whose GELU in training is the kernel's."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        return self.dropout(self.fc2(activate(self.activation, self.fc1(x))))
 
-
-class FusedGatedFeedForward(GatedFeedForward):
+class FusedGatedFeedForward(_KernelGELUForward, GatedFeedForward):
     """`GatedFeedForward` whose GELU gate (GEGLU) in training is the kernel's."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        return self.dropout(self.fc2(activate(self.activation, self.fc1(x))))
 
 
 class FusedExperts(Experts):

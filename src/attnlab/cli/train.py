@@ -97,13 +97,14 @@ def _add_seeds_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="train N runs with seeds train.seed, train.seed+1, ... into OUT/seed-S (one after another, or at once "
         "with --backend ray), and print "
-        "the mean ± sd of their scores (the best validation score, and each run's best weights on --eval-split)",
+        "the mean ± sd of their scores (the validation score: the best of the task's selection metric, a language "
+        "model's last; and each run's best weights on --eval-split)",
     )
     p.add_argument(
         "--eval-split",
         metavar="SPLIT",
         help="with --seeds: the split each run's best weights are evaluated on (default: the task's reported "
-        "split, test for node classification; none for the others)",
+        "split, test for node classification and the image and audio tasks; none for the others)",
     )
     add_backend_arguments(p)  # with --seeds: the seeds' runs as a sweep (on Ray, all at once)
 
@@ -211,14 +212,17 @@ def _print_result(args: argparse.Namespace, result, out: Path, ranks) -> None:
         "compiled": result.compiled,
         "dtype": result.dtype,
         "stopped_by": result.stopped_by,
+        "resumed_from": result.resumed_from,
+        "new_steps": result.step - (result.resumed_from or 0),
     }
     if args.json:
         from attnlab.cli import print_json
 
         print_json(summary)
     elif result.stopped_by is None:  # a stopped run's one line is the one above
+        new = "" if result.resumed_from is None else f", {result.step - result.resumed_from} of them new,"
         print(
-            f"trained {result.step} steps in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s"
+            f"trained {result.step} steps{new} in {result.elapsed_sec:.1f}s ({result.tokens_per_sec:,.0f} tokens/s"
             + (", compiled" if result.compiled else "")
             + "): "
             + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in result.metrics.items())
@@ -246,8 +250,9 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
             progress = not args.quiet and not args.json
             runs = train_seeds(config, out, args.seeds, split=split, resume=args.resume, progress=progress, stop=stop)
     rows = _seed_rows(runs, task, split)
-    scores = [k for k in rows[0] if k not in ("seed", "run", "step")]
-    summary = {k: mean_sd([float(row[k]) for row in rows]) for k in scores}
+    scores = list(dict.fromkeys(k for row in rows for k in row if k not in ("seed", "run", "step")))
+    # A run stopped before it was evaluated has no score: the mean is over the runs that have one.
+    summary = {k: mean_sd([float(row[k]) for row in rows if k in row]) for k in scores}
     stopped = runs[-1].result.stopped_by
     if stopped is not None:
         sys.stderr.write(
@@ -270,7 +275,7 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
     for row in rows:
         print(
             f"seed {row['seed']}: "
-            + ", ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in scores if k != "elapsed_sec")
+            + ", ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in scores if k != "elapsed_sec" and k in row)
             + f" (step {row['step']}, {row['elapsed_sec']:.1f}s)"
         )
     print(
@@ -282,18 +287,22 @@ def _train_seeds(args: argparse.Namespace, config, out: Path) -> int:
 
 
 def _seed_rows(runs, task, split: str | None) -> list[dict]:
-    """One row per run of a series: the best validation score (the task's selection metric) and
-    each number the evaluation on the split returned (its accuracy, its loss, ...)."""
+    """One row per run of a series: its validation score and each number the evaluation on the
+    split returned (its accuracy, its loss, ...). The validation score is the best value of the
+    task's selection metric; a task that keeps no best checkpoint (the language model) reports its
+    last evaluation's validation numbers (val_loss), its model being its last weights."""
     selection = task.selection[0] if task.selection is not None else None
     rows = []
     for r in runs:
-        row = {"seed": r.seed, "run": str(r.result.run_dir), "step": r.result.step, "elapsed_sec": r.result.elapsed_sec}
+        row = {"seed": r.seed, "run": str(r.result.run_dir), "step": r.result.step}
         if selection is not None and r.result.best is not None:
             row[f"best_{selection}"] = r.result.best
+        if selection is None:
+            row |= {k: float(v) for k, v in r.result.metrics.items() if k.startswith("val_")}
         for k, v in r.evaluation.items():  # {"accuracy": a, "test_loss": l, "examples": n} -> test_accuracy, test_loss
             if isinstance(v, float):
                 row[k if k.startswith(f"{split}_") else f"{split}_{k}"] = v
-        rows.append(row)
+        rows.append(row | {"elapsed_sec": r.result.elapsed_sec})  # (last: the scores lead each line)
     return rows
 
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.config import old_field_names
+from attnlab.names import OLD_FIELDS
 from attnlab.nn import (
     BLOCK_ORDERS,
     EMBEDDING_STD,
@@ -43,6 +45,7 @@ from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell
 from attnlab.nn.funnel import FunnelOptions
 
 
+@old_field_names(OLD_FIELDS)  # nanoGPT's n_layer, n_head, n_embd: attnlab's own names until the rename
 @dataclass(frozen=True)
 class GPTConfig(AttentionOptions, BlockOptions, EmbeddingOptions, FunnelOptions):
     """Everything that fixes the shape and behaviour of a GPT. Validated on construction. The

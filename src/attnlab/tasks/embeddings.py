@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.checkpoints import CONFIG
 from attnlab.data.parallel import pad_rows
 from attnlab.data.tokenizers import EncoderTokenizer
 from attnlab.errors import UserError
@@ -185,5 +186,5 @@ def load_sentence_encoder(source: str | Path, device: torch.device) -> SentenceE
     from attnlab.tasks.encoder import load_pretrained
 
     pretrained = load_pretrained(source)
-    pooling = read_pooling(source) if not (Path(source) / "config.toml").exists() else Pooling()
+    pooling = read_pooling(source) if not (Path(source) / CONFIG).exists() else Pooling()
     return SentenceEncoder(pretrained.model.to(device).eval(), pretrained.tokenizer, pooling)

@@ -127,9 +127,9 @@ def choose_kernels(setting: bool | str, device: torch.device, resumed: Path | No
 
 def _open_task(config: RunConfig, run_dir: Path, resume: bool, restart: bool, ddp: Distributed) -> Any:
     """The run's task: rank 0 prepares the folder, the other ranks follow; a new run that fails
-    here leaves its folder as it found it (absent, or empty)."""
+    here leaves its folder as it found it (absent, or empty), and the folders above it that it made."""
     new_run = not resume and (not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())))
-    existed = run_dir.exists()
+    existed, missing = run_dir.exists(), _missing_parents(run_dir)
     try:
         return ddp.main_first(
             partial(_prepare_task, config, run_dir, resume, restart), partial(_follow_task, config, run_dir)
@@ -137,7 +137,22 @@ def _open_task(config: RunConfig, run_dir: Path, resume: bool, restart: bool, dd
     except BaseException:
         if new_run and ddp.is_main:
             _empty(run_dir, keep_folder=existed)
+            for folder in missing:  # (deepest first) the runs/ of runs/NAME: a refused command writes nothing
+                _remove_if_empty(folder)
         raise
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The folders above `path` that do not exist yet, deepest first: ("a/b/run", only . there) -> [a/b, a]."""
+    return [parent for parent in path.absolute().parents if not parent.exists()]
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it holds nothing (another process may have put something there since)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _prepare_task(config: RunConfig, run_dir: Path, resume: bool, restart: bool) -> Any:

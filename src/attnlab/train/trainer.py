@@ -71,6 +71,9 @@ class TrainResult:
     """The precision the steps ran in (what train.dtype = "auto" chose)."""
     stopped_by: str | None = None
     """The signal ("SIGINT", "SIGTERM") that stopped the run early, after saving; None if it finished."""
+    resumed_from: int | None = None
+    """The step of the checkpoint a resumed run continued from (`step` less it: the steps trained
+    in this call); None for a run that started at step 0."""
 
     @property
     def val_loss(self) -> float:
@@ -137,10 +140,9 @@ def train(
     for sink in (console, metrics):
         sink.close()
     ddp.stop()
-    timing = (clock.elapsed, clock.mean_tokens_per_sec)
-    return TrainResult(
-        run.run_dir, step, results, selection.best, *timing, step_loss.compiled, fused_kernels, run.dtype, stopped_by
-    )
+    timing, how = (clock.elapsed, clock.mean_tokens_per_sec), (step_loss.compiled, fused_kernels, run.dtype)
+    resumed_from = state.get("step") if run.resume else None
+    return TrainResult(run.run_dir, step, results, selection.best, *timing, *how, stopped_by, resumed_from)
 
 
 def _first_results(
@@ -358,6 +360,8 @@ class Console:
         )
         self.ticking = progress and main and not self.show_bar
         self.patience = tc.patience
+        if run.resume:
+            self.log(resumed_line(done, tc.max_iters))
 
     def log(self, line: str) -> None:
         if self.show_bar:
@@ -383,6 +387,17 @@ class Console:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def resumed_line(step: int, max_iters: int) -> str:
+    """What a resumed run says first: where its checkpoint left it, and what is left to train.
+    Example: (59, 100) -> "resumed from step 59 of 100: 41 steps to train"."""
+    if step >= max_iters:
+        return (
+            f"resumed from step {step}: train.max_iters is {max_iters}, nothing left to train "
+            "(train on with --set train.max_iters=N)"
+        )
+    return f"resumed from step {step} of {max_iters}: {max_iters - step} steps to train"
 
 
 class Clock:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.checkpoints import CONFIG
 from attnlab.errors import UserError
 from attnlab.fileio import atomic_write_text
 from attnlab.viz.html import ATTENTION_CSS, attention_view, check_html_path, html_page
@@ -109,7 +110,7 @@ def _run_sections(page: _Page, run, checkpoint: str) -> None:
             ]
         ),
     )
-    config_text = (run.path / "config.toml").read_text(encoding="utf-8")
+    config_text = (run.path / CONFIG).read_text(encoding="utf-8")
     page.section("Configuration", f"<pre>{html.escape(config_text)}</pre>")
     try:
         curves = draw_run(run.path)
