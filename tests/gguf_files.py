@@ -39,8 +39,8 @@ source = Path(sys.argv[1])
 sys.path[:0] = [str(source), str(source / "gguf-py")]
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-for folder, outtype, out in json.loads(sys.argv[2]):
-    sys.argv = [str(source / "convert_hf_to_gguf.py"), folder, "--outtype", outtype, "--outfile", out]
+for folder, outtype, out, *flags in json.loads(sys.argv[2]):
+    sys.argv = [str(source / "convert_hf_to_gguf.py"), folder, "--outtype", outtype, "--outfile", out, *flags]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -53,9 +53,9 @@ def converter() -> Path:
     return CONVERTER
 
 
-def convert(jobs: Sequence[tuple[Path, str, Path]]) -> None:
-    """llama.cpp's converter on each (Hugging Face folder, --outtype, output file)."""
-    spec = json.dumps([[str(folder), outtype, str(out)] for folder, outtype, out in jobs])
+def convert(jobs: Sequence[tuple]) -> None:
+    """llama.cpp's converter on each (Hugging Face folder, --outtype, output file, its other flags...)."""
+    spec = json.dumps([[str(folder), outtype, str(out), *flags] for folder, outtype, out, *flags in jobs])
     done = subprocess.run(
         [sys.executable, "-c", CONVERT, str(converter()), spec],
         capture_output=True,
@@ -99,10 +99,13 @@ QWEN_TINY = dict(
 )
 
 
-def hf_folder(folder: Path, family: str, **config) -> torch.nn.Module:
+def hf_folder(
+    folder: Path, family: str, *, tokenizer_class: str = "PreTrainedTokenizerFast", **config
+) -> torch.nn.Module:
     """A tokenizer and a `spread` random `family` model ("llama", "gpt2", "qwen2", "qwen3"; or any
-    of them with `config` overriding the tiny shape) saved into `folder` as the converter reads it;
-    returns the model."""
+    model_type with `config` its shape) saved into `folder` as the converter reads it; returns the
+    model. `tokenizer_class` is what tokenizer_config.json names (Phi-3's converter reads a
+    byte-level BPE only where it says "GPT2Tokenizer", sentencepiece otherwise)."""
     folder.mkdir(parents=True)
     tok = write_tokenizer(folder)
     if config or family in EXTRA_TOKENS:
@@ -118,7 +121,7 @@ def hf_folder(folder: Path, family: str, **config) -> torch.nn.Module:
     spread(model).save_pretrained(folder)
     # The converter reads the tokenizer with AutoTokenizer, which takes the file as it is only with
     # this; and GPT-2's context length as n_ctx, which transformers 5 no longer writes.
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}
+    tokenizer_config = {"tokenizer_class": tokenizer_class, "bos_token": "<s>", "eos_token": "</s>"}
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     hf_config = json.loads((folder / "config.json").read_text())
     if "n_positions" in hf_config:
@@ -219,20 +222,35 @@ def gguf_names(model: torch.nn.Module, architecture: str) -> dict[str, str]:
     return names
 
 
-def reference_model(model: torch.nn.Module, f32: Path, quantized: Path, architecture: str) -> torch.nn.Module:
+def reference_model(
+    model: torch.nn.Module,
+    f32: Path,
+    quantized: Path,
+    architecture: str,
+    joins: Mapping[str, Sequence[str]] | None = None,
+) -> torch.nn.Module:
     """A copy of the transformers `model` whose weights are gguf's dequantization of the file
-    `quantized`, put back in transformers' layout as the converter's `f32` file of `model` shows."""
+    `quantized`, put back in transformers' layout as the converter's `f32` file of `model` shows.
+    `joins` names the transformers tensors the converter splits (Mixtral's fused experts' gate_up_proj)
+    -> the GGUF tensors whose rows make it. A tensor the quantized file stores as the f32 file does
+    (norms, kept in F32) keeps transformers' value: the converter may shift it (Gemma's 1 + w)."""
     import copy
 
     plain, stored = stored_tensors(f32), stored_tensors(quantized)
     state, tied = model.state_dict(), set()
-    for hf, name in gguf_names(model, architecture).items():
-        if name not in stored:  # the tied head, which follows the token embedding
-            assert model.config.tie_word_embeddings, f"{quantized} has no {name}"
+    names = {
+        hf: [name if name in stored or name.endswith(".weight") else name + ".weight"]
+        for hf, name in gguf_names(model, architecture).items()
+    }
+    for hf, parts in {**names, **{hf: list(parts) for hf, parts in (joins or {}).items()}}.items():
+        if parts[0] not in stored:  # the tied head, which follows the token embedding
+            assert model.config.tie_word_embeddings, f"{quantized} has no {parts[0]}"
             tied.add(hf)
             continue
-        back = stored_to_hf(state[hf], dequantized(*plain[name]))
-        state[hf] = back(dequantized(*stored[name]))
+        if all(np.array_equal(stored[p][0], plain[p][0]) for p in parts):
+            continue
+        back = stored_to_hf(state[hf], torch.cat([dequantized(*plain[p]) for p in parts], dim=-2))
+        state[hf] = back(torch.cat([dequantized(*stored[p]) for p in parts], dim=-2))
     reference = copy.deepcopy(model)
     missing, _ = reference.load_state_dict({k: v for k, v in state.items() if k not in tied}, strict=False)
     assert set(missing) == tied
@@ -259,3 +277,74 @@ def random_blocks(shape: tuple[int, int], qtype_name: str, seed: int) -> tuple[n
     for offset, scale in K_SCALES[qtype_name].items():
         blocks[..., offset : offset + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     return blocks.reshape(shape[0], -1), qtype
+
+
+# Llama 3.1's RoPE scaling as Llama 3.2's config.json writes it, over a pre-training context of 32
+# and a small base, so that a tiny model's 24 tokens feel it: of 8-wide heads' 4 pairs (wavelengths
+# 6.3, 20, 63 and 200 positions) one is kept, one on the ramp and two divided by the factor.
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=100.0,
+    factor=4.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=32,
+)
+
+# -- attnlab runs to export ------------------------------------------------------------------------
+
+TWO_STEPS = dict(max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1, log_interval=1, batch_size=4)
+# Widths of whole q8_0 blocks (32) for most matrices; Llama's SwiGLU width is not one, which
+# leaves its down projection in f32 (the rule `gguf_export.stored` follows).
+EXPORTED_RUNS = {
+    "gpt2": dict(activation="gelu_tanh"),  # llama.cpp's GPT-2 GELU is the tanh one
+    "llama": dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2),
+    "exact-gelu": dict(),  # attnlab's default GELU (erf), which llama.cpp's GPT-2 does not compute
+}
+RUN_CONTEXT = 16
+"""The runs' block_size: GPT-2's learned positions stop there."""
+
+
+def tiny_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> the run folder of EXPORTED_RUNS[name] (a byte-level BPE of 300 tokens, 2 training
+    steps on Shakespeare), trained on first use."""
+    from attnlab.data.text import bundled_shakespeare
+    from attnlab.train import resolve, train
+
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            (folder / "corpus.txt").write_text(bundled_shakespeare()[:5_000], encoding="utf-8")
+            model = dict(block_size=RUN_CONTEXT, n_layers=2, n_heads=4, d_model=64, **EXPORTED_RUNS[name])
+            data = dict(path=str(folder / "corpus.txt"), tokenizer="bpe", vocab_size=300)
+            train(resolve(dict(task="lm", model=model, data=data, train=TWO_STEPS)), folder / "run", progress=False)
+            made[name] = folder / "run"
+        return made[name]
+
+    return get
+
+
+def llama3_gpt(folder: Path) -> tuple[torch.nn.Module, object]:
+    """A Llama-shaped attnlab GPT with Llama 3.1's RoPE (LLAMA3_ROPE's settings, heads of 8) and the
+    tiny tokenizer written into `folder`, moved from its init as `spread` moves transformers' models
+    (q, k, v scaled up, embeddings of order 1, norm gains off 1) so that the scaling shows."""
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    write_tokenizer(folder)
+    tokenizer = load_tokenizer(folder / "tokenizer.json")
+    rope = dict(rope_scaling="llama3", rope_theta=LLAMA3_ROPE["rope_theta"], rope_factor=LLAMA3_ROPE["factor"])
+    rope |= dict(rope_original_context=LLAMA3_ROPE["original_max_position_embeddings"])
+    llama = dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_heads=4, n_kv_heads=2)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layers=2, d_model=32, **llama, **rope)
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(("attn.in_proj.weight", "token_embedding.weight")):
+                p.mul_(10.0)
+    return model, tokenizer

@@ -64,3 +64,26 @@ def causal_lm_folder(folder: Path, family: str):
     model = hf_model(family, tok.get_vocab_size())
     model.save_pretrained(folder)
     return tok, model
+
+
+def qwen3_moe_model(seed: int = 0, **fields) -> torch.nn.Module:
+    """A random-weight Qwen3-MoE of `fields` (transformers' Qwen3MoeConfig keys) in eval mode, moved
+    far from its initialisation as tests/models/test_hf_families.py moves its models (norms near 1,
+    q and k scaled up, embeddings N(0, 1)), and with its routers spread out: at transformers' init
+    every expert is nearly equally likely, and a near tie could pick another expert in two
+    libraries' rounding."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**fields))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)
+            elif name.endswith("mlp.gate.weight"):  # the router
+                p.normal_(0.0, 1.0)
+            elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                p.normal_(0.0, 1.0)
+    return model.eval()

@@ -4,6 +4,8 @@ Which transformers class a run becomes depends on its task and its model's parts
     lm, GPT with GPT-2's parts (learned positions, LayerNorm, GELU / ReLU)       -> GPT2LMHeadModel
     lm, GPT with Llama's parts (rotary positions, RMSNorm, SwiGLU, no biases)      -> LlamaForCausalLM
     mlm / classification / tagging, BERT   -> BertForMaskedLM / ...ForSequenceClassification / ...ForTokenClassification
+        (RoBERTa's positions: RobertaFor...; rotary positions: ModernBertFor..., whose classifiers
+        need the run's head to be ModernBERT's, as a run fine-tuned from a ModernBERT folder has)
     translation, the encoder–decoder Transformer (post-norm, sinusoids, shared vocabulary) -> MarianMTModel
 A run with a part its family's transformers class does not have (ALiBi, relative positions,
 ReZero, a mixture of experts, a sparse attention pattern, shared blocks ...) or of a task no
@@ -41,6 +43,7 @@ from attnlab.models.hf._common import HFCheckpoint, save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export
 from attnlab.models.hf.bert import bert_export
 from attnlab.models.hf.marian import marian_export
+from attnlab.models.hf.modernbert import is_modernbert, modernbert_export
 from attnlab.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter
 from attnlab.models.hf.roberta import is_roberta, roberta_export
 from attnlab.models.hf.tokenizer_export import special_token_ids, tokenizer_files
@@ -75,6 +78,8 @@ def hf_checkpoint_of_run(run: Run) -> tuple[HFCheckpoint, int]:
         return checkpoint, model.config.block_size
     if task in ENCODER_TASKS and isinstance(model, Bert):
         labels = read_labels(run.path) if model.config.head in ("sequence", "token") else None
+        if is_modernbert(model.config):
+            return modernbert_export(model, labels, run.tokenizer), model.config.max_len
         export = roberta_export if is_roberta(model.config) else bert_export
         return export(model, labels), model.config.max_len
     if task == "translation" and isinstance(model, Seq2SeqTransformer):

@@ -16,20 +16,95 @@ import torch
 from attnlab.errors import CheckpointError
 from attnlab.models.hf.gguf import load_gguf, read_gguf
 from gguf_files import (
+    LLAMA3_ROPE,
     convert,
     converter,
     fields,
     hf_folder,
+    llama3_gpt,
     random_blocks,
     reference_model,
     rewrite_gguf,
     stored_tensors,
+    tiny_runs,
 )
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-ARCHITECTURES = {"llama": "llama", "gpt2": "gpt2", "wide": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "gpt2": "gpt2",
+    "wide": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "smollm3": "smollm3",
+    "mistral": "llama",  # the converter writes Mistral as Llama (`LlamaModel`)
+    "mixtral": "llama",  # ... and Mixtral as Llama with experts
+    "qwen2-yarn": "qwen2",
+    "llama3": "llama",
+}
+# The folders beyond the tiny Llama, GPT-2 and Qwen shapes: model_type -> its config (with the
+# converter's needs: no pad id past the tiny vocabulary, Phi-3's tokenizer class).
+SMALL = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2)
+SMALL |= dict(max_position_embeddings=64, pad_token_id=None)
+FOLDERS = {
+    # Six layers: five with a window of 8 (shorter than the test's 24 tokens) and one global, each
+    # with its own RoPE base.
+    "gemma3": (
+        "gemma3_text",
+        dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=8, query_pre_attn_scalar=16),
+    ),
+    # Partial rotary and LongRoPE stretching a pre-training context of 32 twofold.
+    "phi3": (
+        "phi3",
+        dict(
+            SMALL,
+            num_hidden_layers=2,
+            partial_rotary_factor=0.5,
+            original_max_position_embeddings=32,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "short_factor": [1.0, 1.5],
+                "long_factor": [2.0, 3.0],
+            },
+            tokenizer_class="GPT2Tokenizer",
+        ),
+    ),
+    "smollm3": ("smollm3", dict(SMALL, num_hidden_layers=4)),  # layer 3 without RoPE
+    "mistral": ("mistral", dict(SMALL, num_hidden_layers=2, sliding_window=None)),
+    "mixtral": ("mixtral", dict(SMALL, num_hidden_layers=2, num_local_experts=3, num_experts_per_tok=2)),
+    # Llama 3.1's scaling (gguf_files.LLAMA3_ROPE), which the converter stores as a rope_freqs tensor.
+    "llama3": ("llama", dict(SMALL, num_hidden_layers=2, rope_parameters=LLAMA3_ROPE)),
+    # YaRN stretching a pre-training context of 16 fourfold: the test's 24 tokens pass it.
+    "qwen2-yarn": (
+        "qwen2",
+        dict(
+            SMALL,
+            num_hidden_layers=2,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+}
+# What each folder reads back as (config.json's model_type).
+MODEL_TYPES = {name: model_type for name, (model_type, _) in FOLDERS.items()} | {
+    "mistral": "llama",
+    "qwen2-yarn": "qwen2",
+}
+# Mixtral's gate and up experts, fused in transformers 5's model, are two GGUF tensors (the
+# converter's --fuse-gate-up-exps does not apply to its "llama" architecture).
+MIXTRAL_JOINS = {
+    f"model.layers.{i}.mlp.experts.gate_up_proj": (f"blk.{i}.ffn_gate_exps.weight", f"blk.{i}.ffn_up_exps.weight")
+    for i in range(2)
+}
 # A Llama wide enough for the K-quants, whose blocks are 256 weights of a row.
 WIDE = dict(
     hidden_size=256,
@@ -49,6 +124,8 @@ CONVERTED = [
     ("qwen2", "f32"),
     ("qwen3", "f32"),
     ("qwen3", "q8_0"),
+    *((name, outtype) for name in FOLDERS for outtype in ("f32", "q8_0") if name != "qwen2-yarn"),
+    ("qwen2-yarn", "f32"),
 ]
 TEXTS = [
     "ROMEO: What light through yonder window breaks?",
@@ -78,9 +155,11 @@ def converted(tmp_path_factory) -> Converted:
         "wide": hf_folder(root / "wide", "llama", **WIDE),
         "qwen2": hf_folder(root / "qwen2", "qwen2"),
         "qwen3": hf_folder(root / "qwen3", "qwen3"),
+        **{name: hf_folder(root / name, model_type, **config) for name, (model_type, config) in FOLDERS.items()},
     }
     files = Converted(root, models)
-    convert([(root / model, outtype, files.path(model, outtype)) for model, outtype in CONVERTED])
+    jobs = [(root / model, outtype, files.path(model, outtype)) for model, outtype in CONVERTED]
+    convert(jobs)
     return files
 
 
@@ -111,6 +190,89 @@ def test_f32_file_gives_transformers_logits(converted, model):
     assert (loaded.model_type, loaded.origin) == (model, str(converted.path(model, "f32")))
     assert loaded.chat_template is None  # the folder has none
     assert_same_logits(converted.path(model, "f32"), converted.models[model])
+
+
+@pytest.mark.parametrize("model", list(FOLDERS))
+def test_f32_file_of_the_other_families_gives_transformers_logits(converted, model):
+    """Gemma 3 (norms stored as 1 + w, windows and global layers, two RoPE bases), Phi-3 (fused
+    projections, partial rotary, LongRoPE's factors as tensors), SmolLM3 (a layer without RoPE),
+    Mistral and Mixtral (written as Llama, with experts), a YaRN Qwen2 and a Llama with Llama 3.1's
+    scaling (a rope_freqs tensor), over 24 tokens."""
+    loaded = load_gguf(converted.path(model, "f32"))
+    assert loaded.model_type == MODEL_TYPES[model]
+    assert_same_logits(converted.path(model, "f32"), converted.models[model])
+
+
+def test_the_other_families_read_their_parts(converted):
+    """What the logits test could pass without: each file's parts are read, not defaulted."""
+    gemma = load_gguf(converted.path("gemma3", "f32")).model.config
+    assert gemma.layer_attention == ("window",) * 5 + ("full",) and gemma.attention_window == 8
+    assert (gemma.rope_theta, gemma.window_rope_theta, gemma.attention_scale) == (1e6, 1e4, 16**-0.5)
+    phi = load_gguf(converted.path("phi3", "f32")).model.config
+    assert (phi.rope_scaling, phi.rope_short_factor, phi.rope_long_factor, phi.rotary_dims) == (
+        "longrope",
+        (1.0, 1.5),
+        (2.0, 3.0),
+        4,
+    )
+    assert phi.rope_attention_factor == pytest.approx((1 + np.log(2) / np.log(32)) ** 0.5)
+    assert load_gguf(converted.path("smollm3", "f32")).model.config.nope_layers == (3,)
+    mixtral = load_gguf(converted.path("mixtral", "f32")).model.config
+    assert (mixtral.experts, mixtral.expert_top_k) == (3, 2)
+    yarn = load_gguf(converted.path("qwen2-yarn", "f32")).model.config
+    assert (yarn.rope_scaling, yarn.rope_factor, yarn.rope_original_context) == ("yarn", 4.0, 16)
+
+
+def test_llama3_divisors_are_transformers_frequencies(converted):
+    """The llama3 file's rope_freqs, read as rope_scaling "factors", divide the unscaled
+    frequencies into transformers' own llama3 frequencies (its `ROPE_INIT_FUNCTIONS`, not the
+    converter's arithmetic), with each kind of pair present: kept, on the ramp, divided by the factor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = load_gguf(converted.path("llama3", "f32")).model.config
+    assert config.rope_scaling == "factors" and config.rope_theta == LLAMA3_ROPE["rope_theta"]
+    unscaled = LLAMA3_ROPE["rope_theta"] ** (-torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](converted.models["llama3"].config, "cpu")
+    divisors = torch.tensor(config.rope_long_factor)
+    torch.testing.assert_close(divisors, unscaled / scaled, rtol=1e-6, atol=0)
+    assert divisors[0] == 1 and 1 < divisors[1] < 4 and divisors[2:].tolist() == [4.0, 4.0]
+
+
+def test_llama3_file_decodes_through_the_fused_step(converted):
+    """The divisors are one table of angles: the fused step covers the model and its greedy
+    tokens are PyTorch's."""
+    from attnlab.accel.fused import extension, supports
+    from attnlab.decode.sampling import greedy
+
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    model = load_gguf(converted.path("llama3", "f32")).model
+    assert supports(model, model.new_cache(1))
+    prompt = tokens(model.config.vocab_size, n=4)
+    assert torch.equal(greedy(model, prompt, 40, fused=True), greedy(model, prompt, 40))
+
+
+def test_rope_freqs_beside_another_scaling_or_of_the_wrong_size_is_refused(converted, tmp_path):
+    both = tmp_path / "both.gguf"
+    scaling = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}
+    rewrite_gguf(converted.path("llama3", "f32"), both, add=scaling)
+    assert_refused(both, "rope_freqs.weight", "'linear'")
+    short = tmp_path / "short.gguf"
+    three = (np.array([1.0, 2.0, 4.0], dtype=np.float32), gguf.GGMLQuantizationType.F32)
+    rewrite_gguf(converted.path("llama3", "f32"), short, tensors={"rope_freqs.weight": three})
+    assert_refused(short, "rope_freqs.weight", "3 divisors")
+
+
+@pytest.mark.parametrize("model", [name for name in FOLDERS if name != "qwen2-yarn"])
+def test_q8_0_file_of_the_other_families_gives_the_dequantized_model(converted, model):
+    path = converted.path(model, "q8_0")
+    assert "Q8_0" in {qtype.name for _, qtype in stored_tensors(path).values()}
+    joins = MIXTRAL_JOINS if model == "mixtral" else None
+    reference = reference_model(
+        converted.models[model], converted.path(model, "f32"), path, ARCHITECTURES[model], joins
+    )
+    theirs = assert_same_logits(path, reference)
+    assert (theirs - logits(converted.models[model], tokens(theirs.size(-1)))).abs().max() > 1e-3  # blocks changed it
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2"])
@@ -198,9 +360,10 @@ def test_an_unknown_architecture_is_named(converted, tmp_path):
     assert_refused(path, "'falcon'", "gpt2", "llama")
 
 
-def test_linear_rope_scaling_is_read_with_its_factor(converted, tmp_path):
+def test_rope_scaling_is_read_with_its_factor(converted, tmp_path):
     """rope.scaling.type "linear" and its factor become the model's scaled RoPE (a type without its
-    factor would be read as no stretch at all); a type attnlab does not compute is refused by name."""
+    factor would be read as no stretch at all); "yarn" without its pre-training context takes the
+    file's context, as transformers does; a type attnlab does not compute for Llama is refused by name."""
     path = tmp_path / "linear.gguf"
     scaling = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
     rewrite_gguf(converted.path("llama", "f32"), path, add=scaling)
@@ -208,7 +371,12 @@ def test_linear_rope_scaling_is_read_with_its_factor(converted, tmp_path):
     assert (config.rope_scaling, config.rope_factor) == ("linear", 4.0)
     yarn = tmp_path / "yarn.gguf"
     rewrite_gguf(converted.path("llama", "f32"), yarn, add={**scaling, "llama.rope.scaling.type": "yarn"})
-    assert_refused(yarn, "'yarn'")
+    config = load_gguf(yarn).model.config
+    assert (config.rope_scaling, config.rope_factor, config.rope_original_context) == ("yarn", 4.0, 64)
+    assert config.rope_attention_factor == pytest.approx(0.1 * np.log(4.0) + 1)
+    longrope = tmp_path / "longrope.gguf"
+    rewrite_gguf(converted.path("llama", "f32"), longrope, add={**scaling, "llama.rope.scaling.type": "longrope"})
+    assert_refused(longrope, "'longrope'")
 
 
 def test_missing_metadata_is_named(converted, tmp_path):
@@ -227,35 +395,11 @@ def test_an_unreadable_tensor_type_is_named(converted, tmp_path):
 
 # -- export: attnlab export RUN --to gguf ------------------------------------------------------------
 
-TWO_STEPS = dict(max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1, log_interval=1, batch_size=4)
-# Widths of whole q8_0 blocks (32) for most matrices; Llama's SwiGLU width is not one, which
-# leaves its down projection in f32 (the rule `stored` follows, and so does the reference).
-EXPORTED_RUNS = {
-    "gpt2": dict(activation="gelu_tanh"),  # llama.cpp's GPT-2 GELU is the tanh one
-    "llama": dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2),
-    "exact-gelu": dict(),  # attnlab's default GELU (erf), which llama.cpp's GPT-2 does not compute
-}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Runs of EXPORTED_RUNS (a byte-level BPE of 300 tokens, 2 training steps), trained on first use."""
-    from attnlab.data.text import bundled_shakespeare
-    from attnlab.train import resolve, train
-
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            folder = tmp_path_factory.mktemp(name)
-            (folder / "corpus.txt").write_text(bundled_shakespeare()[:5_000], encoding="utf-8")
-            model = dict(block_size=16, n_layers=2, n_heads=4, d_model=64, **EXPORTED_RUNS[name])
-            data = dict(path=str(folder / "corpus.txt"), tokenizer="bpe", vocab_size=300)
-            train(resolve(dict(task="lm", model=model, data=data, train=TWO_STEPS)), folder / "run", progress=False)
-            made[name] = folder / "run"
-        return made[name]
-
-    return get
+    """Runs of gguf_files.EXPORTED_RUNS, trained on first use."""
+    return tiny_runs(tmp_path_factory)
 
 
 def round_trip_reference(model: torch.nn.Module, outtype: str) -> torch.nn.Module:
@@ -322,21 +466,27 @@ def test_export_refuses_what_gguf_lacks(runs, capsys, tmp_path):
     assert_user_error(cli(capsys, "export", gpt2, "--to", "gguf", tmp_path / "taken.gguf"), "--force")
 
 
-def test_export_refuses_scaled_rope(tmp_path):
-    """The GGUF metadata written holds RoPE's base alone: a model with Llama 3's scaled RoPE is
-    refused by name rather than written as another model."""
-    from attnlab.data.tokenizers import load_tokenizer
+def test_export_writes_llama3_rope_as_the_converter_does(converted, tmp_path):
+    """Llama 3.1's scaled RoPE is written as llama.cpp's converter writes it, the divisors as the
+    tensor rope_freqs (the converter's own for the same settings), and reads back to the model's
+    logits, which the scaling changes; another scaling is refused by name, and no file is left."""
     from attnlab.errors import ExportError
-    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.models.gpt import GPT
     from attnlab.models.hf.gguf_export import write_gguf
-    from hf_folders import write_tokenizer
 
-    write_tokenizer(tmp_path)
-    tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
-    llama = dict(positions="rope", normalization="rmsnorm", activation="swiglu", bias=False, n_heads=2, d_model=16)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, rope_scaling="linear", **llama)
+    model, tokenizer = llama3_gpt(tmp_path)
+    path = tmp_path / "llama3.gguf"
+    write_gguf(model, tokenizer, path)
+    ours, theirs = (stored_tensors(p)["rope_freqs.weight"][0] for p in (path, converted.path("llama3", "f32")))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    idx = tokens(model.config.vocab_size)
+    torch.testing.assert_close(logits(load_gguf(path).model, idx), logits(model, idx), atol=1e-4, rtol=0)
+    unscaled = GPT(dataclasses.replace(model.config, rope_scaling="none"))
+    unscaled.load_state_dict(model.state_dict())
+    assert (logits(unscaled.eval(), idx) - logits(model, idx)).abs().max() > 1e-2
+    linear = GPT(dataclasses.replace(model.config, rope_scaling="linear", rope_factor=2.0))
     with pytest.raises(ExportError, match="rope_type 'linear'"):
-        write_gguf(GPT(config), tokenizer, tmp_path / "scaled.gguf")
+        write_gguf(linear, tokenizer, tmp_path / "scaled.gguf")
     assert not (tmp_path / "scaled.gguf").exists()
 
 

@@ -292,7 +292,7 @@ def test_scaled_rope_reaches_the_fused_step(tmp_path):
 
 REFUSED = {
     "qwen3-attention-bias": ("qwen3-head-dim-apart", {"attention_bias": True}, ["attention_bias"]),
-    "yarn": ("qwen2-gqa", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, ["'yarn'"]),
+    "longrope": ("qwen2-gqa", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, ["'longrope'"]),
     "layer-types": ("qwen2-window-layers", {"layer_types": ["full_attention", "chunked"]}, ["layer_types"]),
     "no-rope-layers": ("smollm3-nope", {"no_rope_layers": [1, 1, 2, 0]}, ["no_rope_layers"]),
     "model-type": ("qwen2-gqa", {"model_type": "gemma9"}, ["'gemma9'", "Qwen3"]),

@@ -204,8 +204,11 @@ def test_config_from_dict():
 # ---- refusals ---------------------------------------------------------------------------------
 
 REFUSED = {
-    "rope_scaling": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, ["'dynamic'"]),
-    "rope_type": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}}, ["'yarn'"]),
+    "rope_scaling": ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, ["'longrope'"]),
+    "rope_type": (
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "truncate": False}},
+        ["truncate"],
+    ),
     "rope_extra_key": (
         {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}},
         ["partial_rotary_factor"],
@@ -237,7 +240,7 @@ def test_llama_refuses_what_attnlab_cannot_represent(tmp_path, name):
         ({"num_experts_per_tok": 1}, ["num_experts_per_tok=1", "weight 1"]),
         ({"model_type": "llama"}, ["'llama'"]),
         ({"hidden_act": "relu"}, ["hidden_act", "'relu'"]),
-        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ["'dynamic'"]),
+        ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, ["'longrope'"]),
     ],
 )
 def test_mixtral_refuses_what_attnlab_cannot_represent(tmp_path, changes, needles):

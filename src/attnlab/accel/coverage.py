@@ -124,19 +124,20 @@ def decodes_attention(attn: nn.Module) -> bool:
 
 def plain_rotary(positions: nn.Module) -> bool:
     """Rotary positions over the whole head with one table of angles (not Phi's partial rotary,
-    nor LongRoPE's two sets of frequencies and scaled rotations)."""
+    nor LongRoPE's two sets of frequencies and scaled rotations, dynamic NTK's or YaRN's)."""
     return (
         isinstance(positions, RotaryPositions)
         and positions.rotary_dims == positions.head_dim
-        and positions.scaling.kind != "longrope"
+        and positions.scaling.one_table
     )
 
 
 def decodes_feedforward(ffn: nn.Module) -> bool:
     """A dense or gated feed-forward layer, or a mixture of experts with no capacity limit (whose
-    routing then depends on each token alone, not on the other tokens of its batch)."""
+    routing then depends on each token alone, not on the other tokens of its batch) and the step's
+    gates (renormalised when k > 1, not otherwise)."""
     if isinstance(ffn, MixtureOfExperts):
-        return ffn.capacity_factor == 0
+        return ffn.capacity_factor == 0 and ffn.renormalize == (ffn.top_k > 1)
     return isinstance(ffn, FeedForward | GatedFeedForward)
 
 
@@ -223,8 +224,12 @@ def undecoded_parts(model: GPT) -> list[str]:
         (c.attention != "full" or bool(c.layer_attention), "window or sparse attention"),
         (bool(c.nope_layers), "layers without positions (nope_layers)"),
         (c.rotary_dims is not None, "rotary positions on part of each head (rotary_dims)"),
-        (c.rope_scaling == "longrope", "LongRoPE's two sets of frequencies"),
+        (not c.rope_scaling_spec().one_table, f"rotary frequencies or rotations scaled as {c.rope_scaling} does"),
         (c.scale_embeddings, "embeddings scaled by √d"),
         (c.logit_softcap is not None, "soft-capped logits"),
+        (
+            c.experts > 0 and c.expert_renormalize not in (None, c.expert_top_k > 1),
+            f"experts' gates renormalised otherwise (expert_renormalize={c.expert_renormalize})",
+        ),
     ]
     return [words for present, words in found if present]

@@ -72,20 +72,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_checkpoint_argument(p)
     add_device_argument(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The server's extra installed, each RUN a path serve takes (`attnlab.sources.refuse`: missing,
+    a file or folder of another kind, a family serve does not take) and the weight options, checked
+    before PyTorch is imported: a wrong path costs no model loading."""
+    from attnlab.errors import UserError
+    from attnlab.sources import refuse
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError(INSTALL) from None
+    from attnlab.serve.registry import parse_model_spec  # torch-free, beside fastapi's starlette
+
+    for spec in args.runs:
+        refuse(parse_model_spec(spec)[1], "serve")
+    check_weights_options(args)
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from attnlab.errors import UserError
-
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn
-    except ImportError:
-        raise UserError(INSTALL) from None
     import torch
+    import uvicorn
 
     from attnlab.device import resolve_device
     from attnlab.serve.app import create_app
@@ -94,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.serve.server import bind, check_exposure, model_threads, url
 
     check_exposure(args.host, args.api_key)
-    check_weights_options(args)
     torch.set_num_threads(args.threads or model_threads())
     limits = Limits(
         max_tokens=args.max_tokens,

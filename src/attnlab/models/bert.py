@@ -12,8 +12,9 @@ RoBERTa (Liu et al. 2019) is this model with its positions counted as fairseq co
 (`position_ids = "after_padding"`: the real tokens only, from `pad_id + 1`), one segment, and
 byte-level BPE ids. ModernBERT (Warner et al. 2024) is this model pre-norm, with RoPE, GeGLU, no
 biases (`bias`), no segments (`type_vocab_size` 0), no norm before the first block's attention
-(`norm_first_block`) and its layers' attention alternating between global and a sliding window,
-each with its own RoPE base (`layer_attention`, `window_rope_theta`).
+(`norm_first_block`), its layers' attention alternating between global and a sliding window,
+each with its own RoPE base (`layer_attention`, `window_rope_theta`), and classifiers over a
+prediction head in place of the tanh pooler (`classifier_head`).
 
 Shape legend: B batch, T time, C d_model, V vocab, H heads, L labels.
 
@@ -27,7 +28,7 @@ References:
 - Warner et al. 2024, "Smarter, Better, Faster, Longer: A Modern Bidirectional Encoder" (ModernBERT), §2.1.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,7 @@ from attnlab.nn.feedforward import pointwise
 from attnlab.nn.funnel import FunnelOptions, pool_mask, pool_pairs, upsample
 
 HEADS = ("mlm", "sequence", "token", "none")
+CLASSIFIER_HEADS = ("linear", "prediction")
 POSITION_IDS = ("index", "after_padding")
 
 
@@ -94,6 +96,12 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     output), "token" (one label per position) or "none" (the hidden states)."""
     n_labels: int = 0
     """Number of classes of a "sequence" or "token" head; 0 for "mlm" and "none"."""
+    classifier_head: str = "linear"
+    """The form of the "sequence" and "token" heads: "linear" (BERT's, §4: dropout and a linear map,
+    a sentence read through the tanh pooler) or "prediction" (ModernBERT's, transformers'
+    `ModernBertPredictionHead`: the masked-LM head's transform, a dense layer, the activation and a
+    norm, before the dropout and the linear map; a sentence read as its pooled state, with no tanh
+    pooler, which the model then does not have)."""
     position_init: str = "normal"
     """How the learned position embeddings start: "normal" (BERT's N(0, 0.02²)) or "sinusoidal"
     (the §3.5 table of Vaswani et al., scaled to the same spread; still trained). Random vectors
@@ -162,6 +170,8 @@ class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if self.head not in HEADS:
             raise ValueError(f"head must be one of {list(HEADS)}, got {self.head!r}")
+        if self.classifier_head not in CLASSIFIER_HEADS:
+            raise ValueError(f"classifier_head must be one of {list(CLASSIFIER_HEADS)}, got {self.classifier_head!r}")
         if self.head in ("sequence", "token") and self.n_labels < 1:
             raise ValueError(f"n_labels must be >= 1 for head {self.head!r}, got {self.n_labels}")
         if self.head in ("mlm", "none") and self.n_labels != 0:
@@ -255,6 +265,17 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+def transform_layers(
+    config: BertConfig, width: int
+) -> tuple[nn.Linear, Callable[[torch.Tensor], torch.Tensor], nn.Module]:
+    """The masked-LM head's transform (google-research/bert `run_pretraining.py`): a dense layer
+    from C to `width`, the activation (`pointwise(config.activation)`) and a norm, applied in that
+    order. ModernBERT's classifiers start with the same three (`PredictionClassifierHead`)."""
+    dense = nn.Linear(config.d_model, width, bias=config.bias)
+    norm = build_norm(config.normalization, width, eps=config.layer_norm_eps, bias=config.bias)
+    return dense, pointwise(config.activation), norm
+
+
 class MaskedLMHead(nn.Module):
     """Masked-LM output (§3.1, Task #1): a dense layer, the activation and a LayerNorm, then a
     decoder whose weight is the token embedding matrix (tied) plus an output bias of its own.
@@ -264,9 +285,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: BertConfig, token_embedding: nn.Embedding) -> None:
         super().__init__()
         e = config.embedding_size
-        self.dense = nn.Linear(config.d_model, e, bias=config.bias)
-        self.act = pointwise(config.activation)
-        self.norm = build_norm(config.normalization, e, eps=config.layer_norm_eps, bias=config.bias)
+        self.dense, self.act, self.norm = transform_layers(config, e)
         self.decoder = nn.Linear(e, config.vocab_size)
         self.decoder.weight = token_embedding.weight
 
@@ -285,6 +304,23 @@ class ClassifierHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.dropout(x))
+
+
+class PredictionClassifierHead(ClassifierHead):
+    """ModernBERT's classifier (`classifier_head = "prediction"`; transformers'
+    `ModernBertPredictionHead`, then dropout and a linear map): the masked-LM head's transform
+    (dense, activation, norm; `transform_layers`) before BERT's dropout and linear map.
+    x `(..., C)` -> `(..., L)`: the pooled state `(B, C)` itself (no tanh pooler) or every position."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.dense, self.act, self.norm = transform_layers(config, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.norm(self.act(self.dense(x))))
+
+
+CLASSIFIERS: dict[str, type[ClassifierHead]] = {"linear": ClassifierHead, "prediction": PredictionClassifierHead}
 
 
 class Bert(nn.Module):
@@ -328,12 +364,13 @@ class Bert(nn.Module):
             if config.norm == "pre"
             else None
         )
-        self.pooler = nn.Linear(config.d_model, config.d_model)
+        # ModernBERT's classifier reads the pooled state itself: it has no pooler.
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.classifier_head == "linear" else None
         self.head: nn.Module | None
         if config.head == "mlm":
             self.head = MaskedLMHead(config, self.embeddings.token)
         elif config.head in ("sequence", "token"):
-            self.head = ClassifierHead(config)
+            self.head = CLASSIFIERS[config.classifier_head](config)
         else:
             self.head = None
         self.apply(normal_init)
@@ -402,8 +439,9 @@ class Bert(nn.Module):
 
     def pool(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The pooler: tanh(W h + b) of the first position ([CLS]), or of the mean over the positions
-        that are not padding (`config.pooling`). hidden `(B, T, C)`, ids `(B, T)` -> `(B, C)`; a
-        Funnel Transformer's short hidden sequence `(B, T', C)` with the input's ids `(B, T)`."""
+        that are not padding (`config.pooling`); h itself without a pooler (`classifier_head`
+        "prediction"). hidden `(B, T, C)`, ids `(B, T)` -> `(B, C)`; a Funnel Transformer's short
+        hidden sequence `(B, T', C)` with the input's ids `(B, T)`."""
         if self.config.pooling == "cls":
             h = hidden[:, 0]
         else:
@@ -412,7 +450,7 @@ class Bert(nn.Module):
                 real = pool_mask(real, len(self.pool_layers))  # (B, T')
             real = real.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
             h = (hidden * real).sum(1) / real.sum(1).clamp(min=1)
-        return torch.tanh(self.pooler(h))
+        return h if self.pooler is None else torch.tanh(self.pooler(h))
 
     def pooled(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         """The pooled representation `(B, C)` of ids `(B, T)`, the input of sentence-level classifiers."""
@@ -447,7 +485,8 @@ class Bert(nn.Module):
     def load_encoder(self, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
         """Copy everything but the head (embeddings, blocks, pooler) from the state dict of another
         `Bert`, whatever its head; this model's head keeps its fresh initialisation (fine-tuning
-        starts from a pre-trained encoder, §4). `head.*` entries of `state_dict` are ignored.
+        starts from a pre-trained encoder, §4), but for the transform of a "prediction" classifier
+        (`head_transform`). Other `head.*` entries of `state_dict` are ignored.
 
         Returns the names of this model's encoder tensors that `state_dict` lacks, left as they are
         (a checkpoint saved without a pooler, say). Raises ValueError for a tensor whose shape
@@ -465,5 +504,20 @@ class Bert(nn.Module):
                     "in this Bert; the two configs differ"
                 )
         encoder = {name: t for name, t in state_dict.items() if name in own}
-        self.load_state_dict(encoder, strict=False)
+        self.load_state_dict(encoder | self.head_transform(state_dict), strict=False)
         return [name for name in own if name not in encoder]
+
+    def head_transform(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors of `state_dict` that a "prediction" classifier's transform starts from: its
+        `head.dense` and `head.norm`, where they have this head's shapes (a masked-LM head's
+        transform, or another classifier's; never the label layer `head.proj`). transformers'
+        `ModernBertForSequenceClassification.from_pretrained` of a masked-LM checkpoint does the
+        same, the two heads' transforms having the same names. Empty for any other head."""
+        if not isinstance(self.head, PredictionClassifierHead):
+            return {}
+        mine = {f"head.{name}": t for name, t in self.head.state_dict().items() if not name.startswith("proj.")}
+        return {
+            name: state_dict[name]
+            for name, t in mine.items()
+            if name in state_dict and state_dict[name].shape == t.shape
+        }

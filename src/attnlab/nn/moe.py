@@ -3,7 +3,9 @@
 Each token's router probabilities p = softmax(x W_r) pick its k most likely experts; the layer's
 output is the sum of those experts' outputs weighted by their gates. k = 1 is the Switch
 Transformer (Fedus et al. 2021: the gate is p itself, so the router learns through it); k = 2 with
-the two probabilities renormalised to sum to 1 is GShard's and Mixtral's rule.
+the two probabilities renormalised to sum to 1 is GShard's and Mixtral's rule. `renormalize` names
+the rule apart from k: Qwen3-MoE keeps the k probabilities as they are (`norm_topk_prob` false, the
+gates then sum to less than 1), and Mixtral renormalises even one (its one expert gets gate 1).
 
 An expert takes at most `capacity = ceil(capacity_factor · N · k / E)` of a batch's N tokens
 (first choices first, then second choices, each in token order); a token over capacity gets nothing
@@ -63,10 +65,13 @@ class MixtureOfExperts(nn.Module):
         bias: bool = True,
         aux_weight: float = 0.01,
         z_weight: float = 0.0,
+        renormalize: bool | None = None,
     ) -> None:
         super().__init__()
         check_experts(experts, top_k, capacity_factor)
         self.n_experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
+        self.renormalize = top_k > 1 if renormalize is None else renormalize
+        """Whether each token's k gates are rescaled to sum to 1 (None: when k > 1, see the module docstring)."""
         self.aux_weight, self.z_weight = aux_weight, z_weight
         self.activation = activation
         self.router = nn.Linear(d_model, experts, bias=False)
@@ -84,7 +89,7 @@ class MixtureOfExperts(nn.Module):
         logits = self.router(x).float()
         probs = logits.softmax(dim=-1)
         gates, chosen = probs.topk(self.top_k, dim=-1)
-        if self.top_k > 1:
+        if self.renormalize:
             gates = gates / gates.sum(dim=-1, keepdim=True)
         if self.training and (self.aux_weight > 0 or self.z_weight > 0):
             aux = self._aux_loss(logits, probs, chosen)

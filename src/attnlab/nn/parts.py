@@ -57,6 +57,8 @@ class BlockParts:
     capacity_factor: float = 0.0
     aux_weight: float = 0.01
     z_weight: float = 0.0
+    expert_hidden: int | None = None
+    renormalize: bool | None = None
     memory_keys: int = 0
     memory_top_k: int = 8
     memory_heads: int = 4
@@ -97,7 +99,7 @@ class BlockParts:
             return build_feedforward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         return MixtureOfExperts(
             d_model,
-            d_ff,
+            d_ff if self.expert_hidden is None else self.expert_hidden,
             experts=self.experts,
             top_k=self.top_k,
             capacity_factor=self.capacity_factor,
@@ -106,6 +108,7 @@ class BlockParts:
             bias=bias,
             aux_weight=self.aux_weight,
             z_weight=self.z_weight,
+            renormalize=self.renormalize,
         )
 
 
@@ -131,6 +134,15 @@ class BlockOptions:
     """An expert's capacity as a multiple of its even share of a batch's choices; 0 = no limit."""
     expert_every: int = 1
     """A mixture in every n-th block (the others dense): 1 = all (Mixtral), 2 = Switch's layout."""
+    dense_blocks: tuple[int, ...] = ()
+    """Blocks (from 0) kept dense whatever `expert_every` says (Qwen3-MoE's mlp_only_layers)."""
+    expert_hidden: int | None = None
+    """Each expert's hidden width exactly; None: the dense layers' (`ffn_hidden`). Qwen3-MoE's
+    experts are narrower than its dense layers (moe_intermediate_size)."""
+    expert_renormalize: bool | None = None
+    """Rescale each token's k gates to sum to 1: None = when k > 1 (GShard, Mixtral; k = 1 is the
+    Switch Transformer's probability); True = always (Mixtral's one expert gets 1); False = never,
+    the softmax's probabilities as they are (Qwen3-MoE's norm_topk_prob false)."""
     router_aux_weight: float = 0.01
     """Weight of the load-balancing loss added to the task loss while training."""
     router_z_weight: float = 0.0
@@ -183,6 +195,10 @@ class BlockOptions:
             check_experts(self.experts, self.expert_top_k, self.capacity_factor)
         if self.expert_every < 1:
             raise ValueError(f"expert_every must be >= 1, got {self.expert_every}")
+        if any(i < 0 for i in self.dense_blocks):
+            raise ValueError(f"dense_blocks counts blocks from 0, got {list(self.dense_blocks)}")
+        if self.expert_hidden is not None and self.expert_hidden < 1:
+            raise ValueError(f"expert_hidden must be >= 1, got {self.expert_hidden}")
         if self.router_aux_weight < 0 or self.router_z_weight < 0:
             raise ValueError("router_aux_weight and router_z_weight must be >= 0")
         if self.embedding_dim is not None and not 1 <= self.embedding_dim <= d_model:
@@ -233,8 +249,9 @@ class BlockOptions:
         return gated_width(dense_width) if is_gated(activation) else dense_width
 
     def block_parts(self, index: int) -> BlockParts:
-        """Layer `index`'s parts: a mixture in every `expert_every`-th block (the last of each group)."""
-        moe = self.experts > 0 and (index + 1) % self.expert_every == 0
+        """Layer `index`'s parts: a mixture in every `expert_every`-th block (the last of each group)
+        but the `dense_blocks`."""
+        moe = self.experts > 0 and (index + 1) % self.expert_every == 0 and index not in self.dense_blocks
         memory = self.memory_keys > 0 and (index + 1) % self.memory_every == 0
         return BlockParts(
             normalization=self.normalization,
@@ -244,6 +261,8 @@ class BlockOptions:
             capacity_factor=self.capacity_factor,
             aux_weight=self.router_aux_weight,
             z_weight=self.router_z_weight,
+            expert_hidden=self.expert_hidden,
+            renormalize=self.expert_renormalize,
             memory_keys=self.memory_keys if memory else 0,
             memory_top_k=self.memory_top_k,
             memory_heads=self.memory_heads,

@@ -203,12 +203,58 @@ def rope_rotate(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> to
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3", "longrope")
+ROPE_SCALINGS = ("none", "linear", "llama3", "longrope", "yarn", "dynamic", "factors")
 """How a rotary scheme stretches its frequencies for contexts longer than it was trained on:
 none; linear (position interpolation, Chen et al. 2023: every frequency divided by the factor);
 llama3 (Llama 3.1's: long wavelengths divided by the factor, short ones kept, a smooth ramp between);
 longrope (Ding et al. 2024, Phi-3's: each frequency divided by a searched factor of its own, one set
-for sequences within the pre-training context and one past it, and the rotations scaled)."""
+for sequences within the pre-training context and one past it, and the rotations scaled);
+yarn (Peng et al. 2023, `yarn_frequencies`: NTK-by-parts, pairs that turn fewer than beta_slow
+times over the pre-training context divided by the factor, those that turn more than beta_fast
+times kept, a linear ramp between, and the rotations scaled);
+dynamic (NTK-aware scaling that follows the sequence, `dynamic_ntk_frequencies`: the base grows
+with the sequence's length once it passes the pre-training context);
+factors (each frequency divided by a fixed factor of its own, `long_factor`, at every length: how
+llama.cpp's files store Llama 3's scaling, as the tensor rope_freqs)."""
+LENGTH_DEPENDENT = ("longrope", "dynamic")
+"""Scalings whose frequencies depend on the length of the sequence (the longest position of a call)."""
+
+
+def yarn_frequencies(
+    inv_freq: torch.Tensor, theta: float, factor: float, original_context: int, beta_fast: float, beta_slow: float
+) -> torch.Tensor:
+    """YaRN's frequencies (Peng et al. 2023, §3.2 "NTK-by-parts", Eq. 17–18) of the unscaled
+    θ_j = theta^(−2j/R), j = 0 … R/2 − 1 `(R/2,)`: pair j turns r_j = L·θ_j / 2π times over the
+    pre-training context L. Pairs with r_j > beta_fast keep θ_j, those with r_j < beta_slow take
+    θ_j / factor, and between them γ_j mixes the two linearly in j: θ'_j = (1 − γ_j) θ_j / factor + γ_j θ_j.
+    The ramp's ends are the (fractional) pair indices where r_j = beta_fast and beta_slow, rounded
+    outwards (floor, ceil), as the reference implementation and transformers do."""
+    r = 2 * inv_freq.numel()
+
+    def pair_turning(times: float) -> float:  # the j at which L·θ_j / 2π = times
+        return r * math.log(original_context / (times * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), r - 1)
+    high = high + 0.001 if low == high else high  # a ramp of zero width would divide by zero
+    j = torch.arange(inv_freq.numel(), dtype=torch.float32, device=inv_freq.device)
+    kept = 1 - ((j - low) / (high - low)).clamp(0, 1)  # γ_j: 1 for fast pairs, 0 for slow ones
+    return inv_freq / factor * (1 - kept) + inv_freq * kept
+
+
+def dynamic_ntk_frequencies(
+    inv_freq: torch.Tensor, theta: float, factor: float, original_context: int, length: int
+) -> torch.Tensor:
+    """Dynamic NTK-aware scaling (bloc97 and emozilla 2023; transformers' "dynamic"): for a
+    sequence of `length` > L positions (L the pre-training context) the base becomes
+    theta · (factor · length / L − (factor − 1))^(R/(R−2)), so the slowest pair is stretched about
+    `factor`-fold at length factor·L while the fastest stay nearly as they were; within L the
+    frequencies `inv_freq` `(R/2,)` are the unscaled ones."""
+    if length <= original_context:
+        return inv_freq
+    r = 2 * inv_freq.numel()
+    base = theta * (factor * length / original_context - (factor - 1)) ** (r / (r - 2))
+    return base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=inv_freq.device) / r)
 
 
 @dataclass(frozen=True)
@@ -217,9 +263,9 @@ class RopeScaling:
 
     kind: str = "none"
     factor: float = 1.0
-    """How much longer the context is than the one trained on (linear, llama3)."""
+    """How much longer the context is than the one trained on (linear, llama3, yarn, dynamic)."""
     original_context: int = 8192
-    """llama3: the context the model was pre-trained at."""
+    """llama3, longrope, yarn, dynamic: the context the model was pre-trained at."""
     low_freq_factor: float = 1.0
     """llama3: wavelengths longer than original_context / low_freq_factor are fully scaled."""
     high_freq_factor: float = 4.0
@@ -227,9 +273,13 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()
     """longrope: each frequency's divisor while the sequence fits original_context."""
     long_factor: tuple[float, ...] = ()
-    """longrope: each frequency's divisor past original_context."""
+    """longrope: each frequency's divisor past original_context; factors: at every length."""
     attention_factor: float = 1.0
-    """longrope: the factor of the cosines and sines (the scores' temperature at long contexts)."""
+    """longrope, yarn: the factor of the cosines and sines (the scores' temperature at long contexts)."""
+    beta_fast: float = 32.0
+    """yarn: pairs turning more than this many times over original_context keep their frequency."""
+    beta_slow: float = 1.0
+    """yarn: pairs turning fewer than this many times over original_context are divided by factor."""
 
     def __post_init__(self) -> None:
         check_choice("rope_scaling", self.kind, ROPE_SCALINGS)
@@ -241,13 +291,30 @@ class RopeScaling:
             raise ValueError(
                 "rope_scaling 'longrope' needs rope_short_factor and rope_long_factor, one per rotated pair"
             )
+        if self.kind == "factors" and not (self.long_factor and min(self.long_factor) > 0):
+            raise ValueError("rope_scaling 'factors' needs rope_long_factor, one divisor > 0 per rotated pair")
+        if self.kind == "yarn" and not 0 < self.beta_slow < self.beta_fast:
+            raise ValueError("rope_beta_slow must be > 0 and below rope_beta_fast")
 
-    def frequencies(self, inv_freq: torch.Tensor, length: int = 0) -> torch.Tensor:
-        """The scaled frequencies θ_i `(D/2,)` of the unscaled ones, for a sequence of `length` positions."""
-        if self.kind == "longrope":
-            if len(self.short_factor) != inv_freq.numel():
-                raise ValueError(f"rope_short_factor has {len(self.short_factor)} factors for {inv_freq.numel()} pairs")
-            factors = self.long_factor if length > self.original_context else self.short_factor
+    @property
+    def one_table(self) -> bool:
+        """Whether one table of angles, rotations unscaled, serves every sequence (not LongRoPE's
+        or dynamic NTK's frequencies that follow the length, nor YaRN's scaled rotations)."""
+        return self.kind not in LENGTH_DEPENDENT and self.attention_factor == 1.0
+
+    def frequencies(self, inv_freq: torch.Tensor, length: int = 0, *, theta: float = 10000.0) -> torch.Tensor:
+        """The scaled frequencies θ_i `(D/2,)` of the unscaled ones `inv_freq` (RoPE's base `theta`),
+        for a sequence of `length` positions."""
+        if self.kind == "yarn":
+            c = self
+            return yarn_frequencies(inv_freq, theta, c.factor, c.original_context, c.beta_fast, c.beta_slow)
+        if self.kind == "dynamic":
+            return dynamic_ntk_frequencies(inv_freq, theta, self.factor, self.original_context, length)
+        if self.kind in ("longrope", "factors"):
+            if len(self.long_factor) != inv_freq.numel():  # the short ones are as many (__post_init__)
+                raise ValueError(f"rope_long_factor has {len(self.long_factor)} factors for {inv_freq.numel()} pairs")
+            long = self.kind == "factors" or length > self.original_context
+            factors = self.long_factor if long else self.short_factor
             return inv_freq / torch.tensor(factors, dtype=inv_freq.dtype, device=inv_freq.device)
         if self.kind == "linear":
             return inv_freq / self.factor
@@ -297,9 +364,11 @@ class RotaryPositions(AttentionPositions):
             return rope_angles(pos, self.rotary_dims, self.theta)
         r = self.rotary_dims
         inv_freq = self.theta ** (-torch.arange(0, r, 2, dtype=torch.float32, device=pos.device) / r)
-        # LongRoPE picks its factors by the longest position of the call (transformers does too).
-        length = int(pos.max()) + 1 if self.scaling.kind == "longrope" and pos.numel() else 0
-        return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq, length)
+        # LongRoPE picks its factors, and dynamic NTK its base, by the longest position of the call
+        # (transformers does too). A decoding step's keys go into the cache rotated as that step's
+        # length has it: later steps do not rotate them again, as transformers' cache does not.
+        length = int(pos.max()) + 1 if self.scaling.kind in LENGTH_DEPENDENT and pos.numel() else 0
+        return pos.float().unsqueeze(-1) * self.scaling.frequencies(inv_freq, length, theta=self.theta)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = self.angles(pos)  # once for both

@@ -163,7 +163,7 @@ class AttentionOptions:
     rope_factor: float = 1.0
     """rope_scaling's factor: the context's stretch."""
     rope_original_context: int = 8192
-    """rope_scaling llama3: the pre-training context."""
+    """rope_scaling llama3, longrope, yarn, dynamic: the pre-training context."""
     rope_low_freq_factor: float = 1.0
     """rope_scaling llama3: wavelengths above rope_original_context / this are fully scaled."""
     rope_high_freq_factor: float = 4.0
@@ -171,9 +171,14 @@ class AttentionOptions:
     rope_short_factor: tuple[float, ...] = ()
     """rope_scaling longrope: each rotated pair's divisor within rope_original_context."""
     rope_long_factor: tuple[float, ...] = ()
-    """rope_scaling longrope: each rotated pair's divisor past rope_original_context."""
+    """rope_scaling longrope: each rotated pair's divisor past rope_original_context; factors: at every length."""
     rope_attention_factor: float = 1.0
-    """rope_scaling longrope: the factor of the rotations' cosines and sines."""
+    """rope_scaling longrope, yarn: the factor of the rotations' cosines and sines (YaRN's
+    importers set 0.1·ln(rope_factor) + 1, the paper's)."""
+    rope_beta_fast: float = 32.0
+    """rope_scaling yarn: pairs turning more than this many times over rope_original_context are kept."""
+    rope_beta_slow: float = 1.0
+    """rope_scaling yarn: pairs turning fewer than this many times over rope_original_context are fully scaled."""
     rotary_dims: int | None = None
     """RoPE rotates the first rotary_dims dimensions of each head and passes the rest (Phi's
     partial rotary); None: the whole head."""
@@ -267,6 +272,8 @@ class AttentionOptions:
             self.rope_short_factor,
             self.rope_long_factor,
             self.rope_attention_factor,
+            self.rope_beta_fast,
+            self.rope_beta_slow,
         )
 
     def attention_spec(self, positions: str, max_len: int, *, norm_eps: float = 1e-6) -> AttentionSpec:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.checkpoints import CONFIG
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.data.parallel import EpochBatches, pad_rows, token_batches
 from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
@@ -77,7 +78,9 @@ def load_pretrained(folder: str | Path) -> Pretrained:
 
 
 def fine_tune_config(pretrained: BertConfig, wanted: BertConfig | BiLSTMConfig) -> BertConfig:
-    """The architecture of the pre-trained encoder with this run's head, dropout and pooling."""
+    """The architecture of the pre-trained encoder with this run's head, dropout and pooling. The
+    head's form is the encoder's family's (`classifier_head`: BERT's linear classifier, ModernBERT's
+    prediction head), so that the run exports to that family's classifier."""
     if not isinstance(wanted, BertConfig):
         raise ConfigError("--init-from starts from a pre-trained BERT encoder; it needs model.kind = 'bert'")
     return dataclasses.replace(
@@ -278,7 +281,7 @@ def source_config(pretrained: Pretrained | None, init_from: str, run_dir: Path) 
     run, and afterwards (resumed, or loaded for use) what the run's config.toml saved of it."""
     if pretrained is not None:
         return pretrained.config
-    if init_from and (run_dir / "config.toml").exists():
+    if init_from and (run_dir / CONFIG).exists():
         from attnlab.tasks.trained import saved_model_config  # it imports the task registry, which imports this
 
         return saved_model_config(run_dir)[1]

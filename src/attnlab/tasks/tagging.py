@@ -5,6 +5,11 @@ Which model: a BERT encoder with a classifier on every position, or the BiLSTM b
 Dependencies treebank. Words are split into subwords; the loss and the prediction use each word's
 first subword (Devlin et al. 2019, §5.3), or with `data.word_pooling = "mean"` the mean over all of
 its subwords, so accuracy is per word. The best checkpoint is chosen on dev; test is reported.
+
+With a byte-level BPE (RoBERTa's, Liu et al. 2019 §4.4) each word is encoded after a space, as
+every word but a text's first was in pre-training ("Ġword"): transformers' RoBERTa tokenizer asks
+for `add_prefix_space=True` before it encodes split words, and the lectures' lab passes it;
+attnlab adds the space itself (`sentence_words`).
 """
 
 import re
@@ -18,6 +23,7 @@ import torch
 
 from attnlab.data.conllu import TaggedSentence, read_conllu
 from attnlab.data.mlm import IGNORE_INDEX
+from attnlab.data.tokenizers import EncoderTokenizer
 from attnlab.errors import UserError
 from attnlab.tasks.encoder import EncoderTask, per_nonblank
 
@@ -87,6 +93,18 @@ class TaggingDataConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_len < 3:
             raise ValueError(f"max_len must be >= 3 ([CLS], a token, [SEP]), got {self.max_len}")
+
+
+def sentence_words(tokenizer: EncoderTokenizer, words: Sequence[str]) -> list[str]:
+    """The words as a tokenizer should see them inside a sentence: a byte-level BPE's each after a
+    space, unless it has one (what its pre-tokenizer's add_prefix_space does, so the ids are the
+    same whichever way the tokenizer.json sets it); a WordPiece vocabulary's as they are.
+    Example (byte-level): ["Hello", "world"] -> [" Hello", " world"]."""
+    from tokenizers import decoders
+
+    if not isinstance(tokenizer.tokenizer.decoder, decoders.ByteLevel):
+        return list(words)
+    return [w if w.startswith(" ") else " " + w for w in words]
 
 
 def find_split_file(data_dir: str, split: str) -> Path:
@@ -178,7 +196,7 @@ class Tagging(EncoderTask):
         cut off by max_len have none), and how many words were cut off."""
         ids, starts, cut = [], [], 0
         for words in sentences:
-            pieces, first = self.tokenizer.encode_words(list(words))
+            pieces, first = self.tokenizer.encode_words(sentence_words(self.tokenizer, words))
             row = self.wrap(pieces)
             kept = [p + 1 for p in first if p + 1 < len(row) - 1]  # +1: after [CLS]
             cut += len(first) - len(kept)

@@ -28,7 +28,7 @@ from attnlab.models.hf._common import (
     refusal,
 )
 from attnlab.models.hf.bert import load_bert
-from attnlab.models.hf.decoders import GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, SMOLLM3, export_decoder
+from attnlab.models.hf.decoders import GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, SMOLLM3, export_decoder
 from attnlab.models.hf.gemma import load_gemma3
 from attnlab.models.hf.gpt2 import gpt2_export, gpt2_export_problems, load_gpt2
 from attnlab.models.hf.llama import load_llama
@@ -36,11 +36,11 @@ from attnlab.models.hf.mistral import load_mistral, load_smollm3
 from attnlab.models.hf.mixtral import load_mixtral
 from attnlab.models.hf.modernbert import load_modernbert
 from attnlab.models.hf.phi3 import load_phi3
-from attnlab.models.hf.qwen import load_qwen2, load_qwen3
+from attnlab.models.hf.qwen import load_qwen2, load_qwen3, load_qwen3_moe
 from attnlab.models.hf.roberta import load_roberta
 
 # The Llama-shaped export targets, in the order `causal_lm_export` tries them.
-DECODER_SHAPES = (LLAMA, QWEN2, QWEN3, MISTRAL, SMOLLM3, GEMMA3, PHI3)
+DECODER_SHAPES = (LLAMA, QWEN2, QWEN3, QWEN3_MOE, MISTRAL, SMOLLM3, GEMMA3, PHI3)
 
 # config.json model_type -> the importer of that family: every model_type of `attnlab.families`'
 # causal LMs (tests/test_families.py checks that the two agree).
@@ -51,6 +51,7 @@ CAUSAL_LM_LOADERS: dict[str, Callable[..., GPT]] = {
     "mistral": load_mistral,
     "qwen2": load_qwen2,
     "qwen3": load_qwen3,
+    "qwen3_moe": load_qwen3_moe,
     "smollm3": load_smollm3,
     "gemma3_text": load_gemma3,
     "phi3": load_phi3,

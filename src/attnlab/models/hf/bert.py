@@ -425,8 +425,7 @@ def _stored_head(
 
 
 def _labels(source: HFSource, hf_state: Mapping[str, torch.Tensor], fmt: EncoderFormat, head: str) -> list[str]:
-    """The classifier's label names in id order: config.json's id2label when it has one for every
-    class the classifier scores, else LABEL_0, LABEL_1, ... (transformers' own default names)."""
+    """The classifier's label names in id order (`label_names` of the classes its layer scores)."""
     # The weight (L, C) of the layer that scores the labels.
     layer = next(hf for hf, ours in fmt.classifiers[head].items() if ours == "head.proj.weight")
     if layer not in hf_state:
@@ -434,10 +433,15 @@ def _labels(source: HFSource, hf_state: Mapping[str, torch.Tensor], fmt: Encoder
             f"{source.weights_path}: missing tensor {layer}, which a {fmt.architectures[head]} stores; "
             f"pass the head the checkpoint has (head='sequence' or head='token') or head='none'"
         )
-    n = hf_state[layer].size(0)
-    id2label = source.config.get("id2label") or {}
+    return label_names(source.config, hf_state[layer].size(0), source.config_path)
+
+
+def label_names(hf: Mapping[str, Any], n: int, source: Path) -> list[str]:
+    """The names of a classifier's `n` classes in id order: config.json's id2label when it has one
+    for every class, else LABEL_0, LABEL_1, ... (transformers' own default names)."""
+    id2label = hf.get("id2label") or {}
     if not isinstance(id2label, dict):
-        raise CheckpointError(f"{source.config_path}: id2label must be an object, got {id2label!r}")
+        raise CheckpointError(f"{source}: id2label must be an object, got {id2label!r}")
     names = [id2label.get(str(i), id2label.get(i)) for i in range(n)]
     if len(id2label) != n or not all(isinstance(name, str) for name in names):
         return [f"LABEL_{i}" for i in range(n)]
@@ -582,6 +586,10 @@ BERT_EXPORT_RULES: dict[str, PartRule] = {
     "type_vocab_size": (lambda c: c.type_vocab_size >= 1, "segment embeddings (type_vocab_size >= 1)"),
     # Only the sequence classifier and BertModel's pooler_output read the pooler.
     "pooling": (lambda c: c.pooling == "cls" or c.head in ("mlm", "token"), "a pooler on the [CLS] state"),
+    "classifier_head": (
+        lambda c: c.classifier_head == "linear" or c.head == "mlm",
+        "a linear classifier, a sentence's on the tanh pooler",
+    ),
 }
 
 
@@ -633,13 +641,18 @@ def encoder_config_to_hf(config: BertConfig, fmt: EncoderFormat, labels: list[st
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,  # the masked-LM decoder is the token embedding, in both libraries
     }
-    if config.head in ("sequence", "token"):
-        names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_labels)]
-        if len(names) != config.n_labels:
-            raise ValueError(f"{len(names)} label names for a classifier of {config.n_labels} classes")
-        hf["id2label"] = dict(enumerate(names))
-        hf["label2id"] = {name: i for i, name in enumerate(names)}
-    return hf
+    return hf | label_fields(config, labels)
+
+
+def label_fields(config: BertConfig, labels: list[str] | None) -> dict[str, Any]:
+    """config.json's id2label and label2id of a classifier, its classes named `labels` (default
+    LABEL_i; the inverse of `label_names`); none for another head."""
+    if config.head not in ("sequence", "token"):
+        return {}
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.n_labels)]
+    if len(names) != config.n_labels:
+        raise ValueError(f"{len(names)} label names for a classifier of {config.n_labels} classes")
+    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
 
 
 def bert_export(model: Bert, labels: list[str] | None = None) -> HFCheckpoint:

@@ -1,5 +1,5 @@
-"""Export a `GPT` as the Llama-shaped family whose parts it has: Llama, Qwen2, Qwen3, Mistral,
-SmolLM3 or Gemma 3 (the importers' name maps read backwards).
+"""Export a `GPT` as the Llama-shaped family whose parts it has: Llama, Qwen2, Qwen3, Qwen3-MoE,
+Mistral, SmolLM3 or Gemma 3 (the importers' name maps read backwards).
 
 Each family is a `DecoderShape`: what values of the parts it takes (its rules: the parts of
 today's checkpoints are off unless the family names them), the config.json keys of its own, and
@@ -24,10 +24,14 @@ from attnlab.models.hf.llama import (
     ROPE_TYPES,
     qkv_rows,
 )
+from attnlab.models.hf.mixtral import ExpertNames
 from attnlab.models.hf.phi3 import PHI_GATE_UP
+from attnlab.models.hf.qwen import QWEN3_MOE_EXPERTS
 
 ANY: Any = None
 """In a family's `takes`: the part may have any value (the family writes it in its config.json)."""
+# A family's `takes` entry: the values the part may have (or ANY, or a test of the whole config), in words.
+Takes = tuple[tuple[Any, ...] | Callable[[GPTConfig], bool], str]
 
 # The parts Llama has, field -> (its values, in words). A family's `takes` widens some of them.
 LLAMA_PARTS: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -57,26 +61,32 @@ class DecoderShape:
     name: str
     model_type: str
     architecture: str
-    takes: Mapping[str, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
+    takes: Mapping[str, Takes] = field(default_factory=dict)
     """The parts whose values differ from Llama's (`LLAMA_PARTS`)."""
     extras: Callable[[GPTConfig], dict[str, Any]] = lambda c: {}
     """config.json keys of the family's own."""
     layer_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_LAYER_TENSORS)
     fused: bool = False
     """q, k, v stored as one `qkv_proj` and gate, up as one `gate_up_proj` (Phi-3)."""
+    experts: ExpertNames | None = None
+    """Where a mixture's router and experts go (Qwen3-MoE); None: the family has none."""
 
     @property
     def rules(self) -> dict[str, PartRule]:
         parts = {**LLAMA_PARTS, **self.takes}
-        own = {
-            name: ((lambda config: True) if values is ANY else is_value(name, *values), words)
-            for name, (values, words) in parts.items()
-        }
+        own = {name: (_fits(name, values), words) for name, (values, words) in parts.items()}
         return {**COMMON_EXPORT_RULES, **own}
 
     def problems(self, config: GPTConfig) -> list[str]:
         """What keeps `config` from being this family, one entry per part (empty: nothing)."""
         return part_problems(config, self.rules, self.name)
+
+
+def _fits(name: str, values: Any) -> Callable[[GPTConfig], bool]:
+    """The test of one `takes` entry: any value (ANY), a test of its own, or one of the values."""
+    if values is ANY:
+        return lambda config: True
+    return values if callable(values) else is_value(name, *values)
 
 
 def rope_to_hf(c: GPTConfig) -> dict[str, Any]:
@@ -157,13 +167,44 @@ def export_decoder(model: GPT, shape: DecoderShape) -> HFCheckpoint:
         for part in ("q_norm", "k_norm"):
             if f"{ours}attn.{part}.weight" in state:
                 tensors[f"{hf}self_attn.{part}.weight"] = state[f"{ours}attn.{part}.weight"]
-        gate_up = state[f"{ours}ffn.fc1.weight"].chunk(2)
-        tensors.update({hf + name: t for name, t in zip(LLAMA_GATE_UP, gate_up, strict=True)})
-        down, fc2 = LLAMA_DOWN
-        tensors[hf + down] = state[ours + fc2]
+        tensors.update(ffn_tensors(state, hf, ours, shape.experts))
     if not c.tie_weights:
         tensors["lm_head.weight"] = state["lm_head.weight"]
     return HFCheckpoint(config, tensors)
+
+
+def ffn_tensors(state: Mapping[str, Any], hf: str, ours: str, experts: ExpertNames | None) -> dict[str, Any]:
+    """One block's feed-forward tensors under the family's names: a dense SwiGLU's gate / up rows
+    split apart, or a mixture's router and each expert's gate, up and down projections."""
+    if f"{ours}ffn.router.weight" not in state:
+        gate_up = state[f"{ours}ffn.fc1.weight"].chunk(2)
+        down, fc2 = LLAMA_DOWN
+        return {**{hf + n: t for n, t in zip(LLAMA_GATE_UP, gate_up, strict=True)}, hf + down: state[ours + fc2]}
+    assert experts is not None, "the shape's rules let a mixture through without its names"
+    moe = f"{hf}{experts.block}."
+    tensors = {moe + "gate.weight": state[f"{ours}ffn.router.weight"]}
+    fc1, fc2 = state[f"{ours}ffn.experts.fc1"], state[f"{ours}ffn.experts.fc2"]  # (E, 2F, C), (E, C, F)
+    for e in range(fc1.size(0)):
+        gate, up = fc1[e].chunk(2)
+        names = (experts.gate, experts.up, experts.down)
+        tensors.update({f"{moe}experts.{e}.{n}.weight": t for n, t in zip(names, (gate, up, fc2[e]), strict=True)})
+    return tensors
+
+
+def qwen3_moe_extras(c: GPTConfig) -> dict[str, Any]:
+    """Qwen3-MoE's own keys: its experts (the inverse of `qwen.qwen3_moe_config_from_hf`) and window."""
+    renormalize = c.expert_top_k > 1 if c.expert_renormalize is None else c.expert_renormalize
+    windowed = c.attention == "window"
+    return {
+        "num_experts": c.experts,
+        "num_experts_per_tok": c.expert_top_k,
+        "norm_topk_prob": renormalize,
+        "decoder_sparse_step": c.expert_every,
+        "mlp_only_layers": list(c.dense_blocks),
+        "moe_intermediate_size": c.expert_hidden or c.d_ff,
+        "use_sliding_window": windowed,
+        "sliding_window": c.attention_window if windowed else None,
+    }
 
 
 def layer_types(c: GPTConfig) -> list[str]:
@@ -225,6 +266,19 @@ QWEN3 = DecoderShape(
     "Qwen3ForCausalLM",
     takes={"qk_norm": (("rmsnorm",), "RMSNorm on q and k"), **QWEN_WINDOWS},
     extras=window_layers,
+)
+QWEN3_MOE = DecoderShape(
+    "Qwen3-MoE",
+    "qwen3_moe",
+    "Qwen3MoeForCausalLM",
+    takes={
+        "qk_norm": (("rmsnorm",), "RMSNorm on q and k"),
+        "attention": WINDOW,
+        "experts": (lambda c: c.experts > 0, "a mixture of SwiGLU experts"),
+        "capacity_factor": ((0.0,), "no capacity limit (every token reaches its k experts)"),
+    },
+    extras=qwen3_moe_extras,
+    experts=QWEN3_MOE_EXPERTS,
 )
 MISTRAL = DecoderShape(
     "Mistral",

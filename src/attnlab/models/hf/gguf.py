@@ -19,6 +19,14 @@ Qwen3's files are not permuted: llama.cpp rotates their halves, as transformers 
   s·D/2 + j (s = 0, 1); `rope_rows_to_hf` reads them back. The key heads are the kv heads.
 - GPT-2's Conv1D weights ((in, out) in transformers) are stored as (out, in), like every other
   linear weight in a GGUF; they are transposed back.
+- Gemma 3's norm gains are stored as 1 + w (`Gemma3Model.norm_shift`); 1 is taken off again.
+SmolLM3 is permuted as Llama is; Gemma 3 and Phi-3 are not. Llama 3.1's scaled RoPE is one tensor,
+rope_freqs, of per-pair divisors of the frequencies (the converter writes none of its settings), read
+as attnlab's rope_scaling "factors" (`llama_with_rope_factors`). The converter writes Mistral and Mixtral
+as "llama" (Mixtral with `llama.expert_count` and its experts stacked per block, read as Mixtral:
+`GGUFArchitecture.experts`), Phi-3's LongRoPE factors as two tensors (`phi3_complete`), and leaves
+some settings to llama.cpp's code, which the tables here fix as llama.cpp does (Gemma 3's pattern of
+window layers and score scale, `gemma3_complete`; SmolLM3's NoPE interval of 4).
 
 A GGUF tensor's shape lists the fastest-varying dimension first (ggml's `ne`); `gguf`'s reader
 already hands out the data in PyTorch's (rows, columns) order, which is what is used here.
@@ -27,8 +35,9 @@ The way back, a GPT as a GGUF file, is `attnlab.models.hf.gguf_export`, from the
 
 References:
 - the GGUF format: ggml's `docs/gguf.md`; gguf-py (`GGUFReader`, `quants.py`: one dequantizer per type).
-- llama.cpp `convert_hf_to_gguf.py` (`LlamaModel.permute`, `GPT2Model.modify_tensors`): the files
-  tests/models/test_gguf.py reads are its output.
+- llama.cpp `convert_hf_to_gguf.py` (`LlamaModel.permute`, `GPT2Model.modify_tensors`,
+  `Gemma3Model`, `Phi3MiniModel`): the files tests/models/test_gguf.py reads are its output;
+  llama.cpp `src/models/gemma3.cpp`, `phi3.cpp`, `smollm3.cpp` (what each file leaves to the code).
 """
 
 import dataclasses
@@ -42,8 +51,17 @@ import torch
 from attnlab.data.tokenizers import BPETokenizer
 from attnlab.errors import CheckpointError
 from attnlab.families import FAMILIES, by_gguf_architecture
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.hf._common import HFSource
 from attnlab.models.hf.auto import LoadedCausalLM, causal_lm_model
+from attnlab.models.hf.llama import (
+    LLAMA_DEFAULTS,
+    LLAMA_FIXED_SWITCHES,
+    llama_ffn,
+    llama_like_config,
+    load_llama_like,
+    rope_fields_from_hf,
+)
 from attnlab.sources import GGUF_MAGIC
 
 if TYPE_CHECKING:  # optional packages, imported where they are used
@@ -86,6 +104,15 @@ class GGUFArchitecture:
     """transformers name (with "{i}") -> the name of its change of layout in `LAYOUTS`."""
     head: str = "output.weight"
     """The output head's GGUF name: absent when the head is tied to the token embedding."""
+    joins: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """transformers name (with "{i}") -> the names of `tensors` stacked along their rows into it
+    (Mixtral's experts: gate and up, one GGUF tensor each, are transformers' one gate_up_proj)."""
+    complete: "Callable[[GGUFReader, str, dict[str, Any], dict[str, torch.Tensor], Path], None] | None" = None
+    """What the architecture's files say beyond `metadata`, put into the config.json dict (and
+    tensors that are settings, not weights, moved into it): (reader, name, config, tensors, path)."""
+    experts: "GGUFArchitecture | None" = None
+    """The mapping of this architecture's files that hold `ARCH.expert_count` (llama.cpp writes
+    Mixtral as "llama" with experts)."""
 
 
 # The keys every Llama-shaped architecture stores (llama.cpp's `TextModel.set_gguf_parameters`).
@@ -118,17 +145,146 @@ LLAMA_FIXED = {"hidden_act": "silu"}
 LLAMA_INFERENCE = {"attention_dropout": 0.0}
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
+LLAMA_LAYOUTS = {
+    "model.layers.{i}.self_attn.q_proj.weight": "rope_q",
+    "model.layers.{i}.self_attn.k_proj.weight": "rope_k",
+}
+LLAMA_DENSE_FFN = tuple(f"blk.{{i}}.ffn_{part}.weight" for part in ("gate", "up", "down"))
+EXPERTS = "model.layers.{i}.mlp.experts."
+# Mixtral as llama.cpp's converter writes it: "llama" with the experts of each block stacked into
+# one (E, rows, columns) tensor per projection and the router as ffn_gate_inp; read in
+# transformers 5's fused layout (gate and up stacked into gate_up_proj).
+MIXTRAL = GGUFArchitecture(
+    "mixtral",
+    (
+        *LLAMA_METADATA,
+        MetadataKey("expert_count", "num_local_experts", int),
+        MetadataKey("expert_used_count", "num_experts_per_tok", int),
+    ),
+    LLAMA_FIXED,
+    LLAMA_INFERENCE,
+    {
+        **{ours: hf for ours, hf in LLAMA_TENSORS.items() if ours not in LLAMA_DENSE_FFN},
+        "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight",
+        "blk.{i}.ffn_gate_exps.weight": EXPERTS + "gate_proj",
+        "blk.{i}.ffn_up_exps.weight": EXPERTS + "up_proj",
+        "blk.{i}.ffn_down_exps.weight": EXPERTS + "down_proj",
+    },
+    layouts=LLAMA_LAYOUTS,
+    joins={EXPERTS + "gate_up_proj": (EXPERTS + "gate_proj", EXPERTS + "up_proj")},
+)
+
+
+def gemma3_complete(
+    reader: "GGUFReader", name: str, config: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
+) -> None:
+    """Gemma 3's settings that llama.cpp reads or fixes outside the common keys (its
+    `llama_model_gemma3::load_arch_hparams`): the window and which layers have it (every sixth
+    layer global unless `attention.sliding_window_pattern` says otherwise), the local layers' RoPE
+    base, the scores' scale (1/√head_dim, the 27B's 62 blocks 1/√(width / heads)) and the logits' cap."""
+    window = metadata(reader, f"{name}.attention.sliding_window", path, required=False)
+    n = config["num_hidden_layers"]
+    if window:
+        pattern = metadata(reader, f"{name}.attention.sliding_window_pattern", path, required=False)
+        every = 6 if pattern is None else pattern  # llama.cpp's `set_swa_pattern`: 0 makes every layer local
+        local = pattern if isinstance(pattern, list) else [every == 0 or i % every < every - 1 for i in range(n)]
+        config["sliding_window"] = window
+        config["layer_types"] = ["sliding_attention" if is_local else "full_attention" for is_local in local]
+    else:  # no window: every layer global, with the global base
+        config["layer_types"] = ["full_attention"] * n
+    config["rope_local_base_freq"] = metadata(reader, f"{name}.rope.freq_base_swa", path, required=False) or 10000.0
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    config["query_pre_attn_scalar"] = config["hidden_size"] // config["num_attention_heads"] if n == 62 else head_dim
+    cap = metadata(reader, f"{name}.final_logit_softcapping", path, required=False)
+    config["final_logit_softcapping"] = float(cap) if cap else None
+
+
+def phi3_complete(
+    reader: "GGUFReader", name: str, config: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
+) -> None:
+    """Phi-3's LongRoPE, stored as two tensors of per-pair divisors (rope_factors_long / _short)
+    beside its pre-training context and attention factor in the metadata; its window (0: none)."""
+    window = metadata(reader, f"{name}.attention.sliding_window", path, required=False)
+    config["sliding_window"] = window or None
+    original = metadata(reader, f"{name}.rope.scaling.original_context_length", path, required=False)
+    if original is not None:
+        config["original_max_position_embeddings"] = original
+    factors = {key: tensors.pop(f"rope_factors_{key}", None) for key in ("long", "short")}
+    if factors["long"] is None and factors["short"] is None:
+        return
+    if factors["long"] is None or factors["short"] is None or original is None:
+        raise CheckpointError(
+            f"{path}: LongRoPE needs rope_factors_long, rope_factors_short and {name}.rope.scaling."
+            "original_context_length; the file has only some of them"
+        )
+    attention = metadata(reader, f"{name}.rope.scaling.attn_factor", path, required=False)
+    config["rope_scaling"] = {
+        "rope_type": "longrope",
+        "long_factor": factors["long"].tolist(),
+        "short_factor": factors["short"].tolist(),
+        **({} if attention is None else {"attention_factor": float(attention)}),
+    }
+
+
+GEMMA3_NORMS = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+GEMMA3 = GGUFArchitecture(
+    "gemma3_text",
+    LLAMA_METADATA,
+    {"hidden_activation": "gelu_pytorch_tanh"},  # ggml's GELU is the tanh approximation
+    LLAMA_INFERENCE,
+    {
+        **{ours: hf for ours, hf in LLAMA_TENSORS.items() if "norm" not in ours},
+        "output_norm.weight": "model.norm.weight",
+        **{f"blk.{{i}}.{ours}.weight": f"model.layers.{{i}}.{hf}.weight" for ours, hf in GEMMA3_NORMS.items()},
+    },
+    # llama.cpp's converter stores each Gemma norm's gain 1 + w (`Gemma3Model.norm_shift`), ggml's
+    # RMSNorm multiplying by the gain as stored; transformers stores w.
+    layouts={
+        "model.norm.weight": "offset_norm",
+        **{f"model.layers.{{i}}.{hf}.weight": "offset_norm" for hf in GEMMA3_NORMS.values()},
+    },
+    complete=gemma3_complete,
+)
+PHI3 = GGUFArchitecture(
+    "phi3",
+    LLAMA_METADATA,
+    LLAMA_FIXED,
+    LLAMA_INFERENCE,
+    {
+        **{ours: hf for ours, hf in LLAMA_TENSORS.items() if not ours.startswith(("blk.{i}.attn_", "blk.{i}.ffn_"))},
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.attn_qkv.weight": "model.layers.{i}.self_attn.qkv_proj.weight",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.gate_up_proj.weight",  # rows [gate; up]
+        "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+        "rope_factors_long.weight": "rope_factors_long",  # settings, moved into the config (phi3_complete)
+        "rope_factors_short.weight": "rope_factors_short",
+    },
+    complete=phi3_complete,
+)
+
+# Llama 3.1's scaled RoPE as llama.cpp's converter writes it: no metadata, one tensor of per-pair
+# divisors (`LlamaModel.generate_extra_tensors`), a setting kept under this name for `load_gguf`
+# (and written from it by `gguf_export`).
+ROPE_FREQS = "rope_freqs"
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture(
         "llama",
         LLAMA_METADATA,
         LLAMA_FIXED,
         LLAMA_INFERENCE,
-        LLAMA_TENSORS,
-        layouts={
-            "model.layers.{i}.self_attn.q_proj.weight": "rope_q",
-            "model.layers.{i}.self_attn.k_proj.weight": "rope_k",
-        },
+        {**LLAMA_TENSORS, "rope_freqs.weight": ROPE_FREQS},
+        layouts=LLAMA_LAYOUTS,
+        experts=MIXTRAL,
     ),
     "gpt2": GGUFArchitecture(
         "gpt2",
@@ -186,6 +342,18 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
             "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
         },
     ),
+    # SmolLM3: Llama's, with no rotary positions in every fourth layer, which llama.cpp fixes
+    # (`n_no_rope_layer_step = 4`) and the file does not store.
+    "smollm3": GGUFArchitecture(
+        "smollm3",
+        LLAMA_METADATA,
+        {**LLAMA_FIXED, "no_rope_layer_interval": 4},
+        LLAMA_INFERENCE,
+        LLAMA_TENSORS,
+        layouts=LLAMA_LAYOUTS,
+    ),
+    "gemma3": GEMMA3,
+    "phi3": PHI3,
 }
 """`general.architecture` -> its mapping. A family of `attnlab.families` with a GGUF architecture
 needs a row here; adding one is a `GGUFArchitecture` of a few lines."""
@@ -220,6 +388,7 @@ LAYOUTS: dict[str, tuple[Layout, Layout]] = {
         lambda w, c: rope_rows_to_gguf(w, c["num_attention_heads"]),
     ),
     "rope_k": (lambda w, c: rope_rows_to_hf(w, _kv_heads(c)), lambda w, c: rope_rows_to_gguf(w, _kv_heads(c))),
+    "offset_norm": (lambda w, c: w - 1.0, lambda w, c: w + 1.0),
 }
 
 
@@ -282,7 +451,12 @@ def architecture(reader: "GGUFReader", path: Path) -> tuple[str, GGUFArchitectur
         raise CheckpointError(
             f"{path}: general.architecture {name!r} {what}; it reads GGUF files of {', '.join(readable)}"
         )
-    return name, GGUF_ARCHITECTURES[name]
+    arch = GGUF_ARCHITECTURES[name]
+    if metadata(reader, f"{name}.expert_count", path, required=False):
+        if arch.experts is None:
+            raise CheckpointError(f"{path}: attnlab reads {name} files without experts only; this one has experts")
+        arch = arch.experts
+    return name, arch
 
 
 def metadata_number(value: Any, key: MetadataKey, full_key: str, path: Path) -> int | float:
@@ -315,6 +489,17 @@ def hf_config(reader: "GGUFReader", name: str, arch: GGUFArchitecture, path: Pat
     return config
 
 
+# rope.scaling.KEY -> rope_parameters' key, for YaRN (llama.cpp's converter writes them from the
+# latter); an extrapolation factor other than 1 is left for the importer to refuse by name.
+YARN_METADATA = {
+    "original_context_length": "original_max_position_embeddings",
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+    "yarn_attn_factor": "attention_factor",
+    "yarn_ext_factor": "extrapolation_factor",
+}
+
+
 def rope_variants(reader: "GGUFReader", name: str, config: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """What the file says of RoPE beyond its base, in config.json's words, so that the importer
     refuses by name what attnlab's rotary positions do not compute: scaled angles (`rope_scaling`)
@@ -323,8 +508,13 @@ def rope_variants(reader: "GGUFReader", name: str, config: Mapping[str, Any], pa
     scaling = metadata(reader, f"{name}.rope.scaling.type", path, required=False)
     if scaling not in (None, "none"):
         # The stretch travels with the type: "linear" without its factor would be no scaling at all.
-        factor = metadata(reader, f"{name}.rope.scaling.factor", path, required=False)
-        extra["rope_scaling"] = {"rope_type": scaling, **({} if factor is None else {"factor": float(factor)})}
+        keys = {"factor": "factor"} | (YARN_METADATA if scaling == "yarn" else {})
+        values = {
+            hf: metadata(reader, f"{name}.rope.scaling.{ours}", path, required=False) for ours, hf in keys.items()
+        }
+        if values.get("extrapolation_factor") == 1.0:  # llama.cpp's default, which transformers computes
+            del values["extrapolation_factor"]
+        extra["rope_scaling"] = {"rope_type": scaling, **{k: v for k, v in values.items() if v is not None}}
     rotated = metadata(reader, f"{name}.rope.dimension_count", path, required=False)
     if rotated is not None:
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
@@ -369,12 +559,23 @@ def read_tensors(
         hf, layout = names[tensor.name]
         weight = dequantize(tensor, path)
         tensors[hf] = LAYOUTS[layout][0](weight, config) if layout else weight
+    join_tensors(arch, n_layers, tensors)
     embedding = arch.tensors["token_embd.weight"]
     if embedding not in tensors:
         raise CheckpointError(f"{path}: no token_embd.weight tensor; the file is incomplete")
     config["vocab_size"] = tensors[embedding].size(0)
     config["tie_word_embeddings"] = arch.tensors[arch.head] not in tensors
     return tensors
+
+
+def join_tensors(arch: GGUFArchitecture, n_layers: int, tensors: dict[str, torch.Tensor]) -> None:
+    """Stack the parts of each of `arch.joins` along their rows (dim −2) into one tensor, in place:
+    Mixtral's gate (E, F, C) and up (E, F, C) -> gate_up_proj (E, 2F, C). Parts absent: nothing."""
+    for joined, parts in arch.joins.items():
+        for i in range(n_layers):
+            names = [part.format(i=i) for part in parts]
+            if all(name in tensors for name in names):
+                tensors[joined.format(i=i)] = torch.cat([tensors.pop(name) for name in names], dim=-2)
 
 
 # -- the tokenizer --------------------------------------------------------------------------------
@@ -502,6 +703,8 @@ def read_gguf(path: str | Path) -> tuple[HFSource, BPETokenizer, str | None]:
     name, arch = architecture(reader, path)
     config = hf_config(reader, name, arch, path)
     tensors = read_tensors(reader, arch, config, path)
+    if arch.complete is not None:
+        arch.complete(reader, name, config, tensors, path)
     tokenizer = gguf_tokenizer(reader, name, path)
     template = metadata(reader, "tokenizer.chat_template", path, required=False)
     return HFSource(path, config, path, tensors), tokenizer, template
@@ -511,7 +714,10 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
     """The GGUF file at `path` as an attnlab `GPT` (eval mode, parameters in `dtype`) with its
     tokenizer and chat template (`read_gguf`, then the family's importer). Raises `CheckpointError`."""
     source, tokenizer, template = read_gguf(path)
-    model = causal_lm_model(source, dtype=dtype)
+    if ROPE_FREQS in source.tensors:
+        model = llama_with_rope_factors(source, dtype=dtype)
+    else:
+        model = causal_lm_model(source, dtype=dtype)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the token embedding "
@@ -519,3 +725,28 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
         )
     model_type = source.config["model_type"]
     return LoadedCausalLM(model, tokenizer, model_type, chat_template=template, origin=str(path))
+
+
+def llama_with_rope_factors(file: HFSource, *, dtype: torch.dtype) -> GPT:
+    """A Llama file whose RoPE frequencies are divided pair by pair by its rope_freqs tensor
+    (θ_i = base^(−2i/D) / rope_freqs[i], llama.cpp's `ggml_rope_ext` with freq_factors): Llama's
+    importer with attnlab's rope_scaling "factors" in place of config.json's RoPE. The tensor holds
+    the divisors of Llama 3.1's scaling, whose own settings the converter does not write."""
+    path, config = file.weights_path, file.config
+    factors = tuple(file.tensors.pop(ROPE_FREQS).tolist())
+    if "rope_scaling" in config:  # llama.cpp would apply both; attnlab's RoPE has one scaling
+        raise CheckpointError(
+            f"{path}: rope_freqs.weight (per-pair RoPE divisors) together with rope.scaling.type "
+            f"{config['rope_scaling']['rope_type']!r}; attnlab reads one or the other"
+        )
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if 2 * len(factors) != head_dim:
+        raise CheckpointError(f"{path}: rope_freqs.weight holds {len(factors)} divisors for heads of {head_dim}")
+
+    def config_from_hf(hf: Mapping[str, Any], *, dropout: float, source: str) -> GPTConfig:
+        rope = rope_fields_from_hf(hf, LLAMA_DEFAULTS["rope_theta"], source)  # the base; unscaled otherwise
+        rope |= {"rope_scaling": "factors", "rope_long_factor": factors}
+        switches = LLAMA_FIXED_SWITCHES
+        return llama_like_config(hf, LLAMA_DEFAULTS, switches, "Llama", dropout=dropout, source=source, **rope)
+
+    return load_llama_like(file, "Llama", config_from_hf, llama_ffn, dtype=dtype, dropout=0.0)

@@ -9,10 +9,11 @@ backwards: config.json values become `ARCH.*` metadata, tensors take llama.cpp's
     bf16  matrices in bfloat16 (gguf's quantizer: rounded to nearest even), vectors in f32;
     q8_0  matrices in blocks of 32 int8 codes and one f16 scale (gguf's quantizer), vectors and
           matrices whose rows are no whole number of blocks in f32.
-Vectors (norms, biases) stay f32, as llama.cpp's converter keeps them. The tokenizer (a byte-level
-BPE, GPT-2's pre-tokenizer) is written as llama.cpp reads one: model "gpt2", pre-tokenizer "gpt-2",
-tokens in id order (rows past the vocabulary named "[PAD<id>]", as the converter names them),
-merges, token types and the bos / eos ids.
+Vectors (norms, biases) stay f32, as llama.cpp's converter keeps them. Llama 3.1's scaled RoPE is
+written as llama.cpp's converter writes it, one f32 tensor of per-pair divisors (rope_freqs); the
+other scalings are refused. The tokenizer (a byte-level BPE, GPT-2's pre-tokenizer) is written as
+llama.cpp reads one: model "gpt2", pre-tokenizer "gpt-2", tokens in id order (rows past the
+vocabulary named "[PAD<id>]", as the converter names them), merges, token types and the bos / eos ids.
 
 References: gguf-py `GGUFWriter` and `quants.quantize`; llama.cpp `convert_hf_to_gguf.py`.
 """
@@ -29,7 +30,7 @@ from attnlab.errors import ExportError
 from attnlab.families import FAMILIES
 from attnlab.models.gpt import GPT
 from attnlab.models.hf.auto import causal_lm_export
-from attnlab.models.hf.gguf import GGUF_ARCHITECTURES, INSTALL, LAYOUTS, GGUFArchitecture, tensor_names
+from attnlab.models.hf.gguf import GGUF_ARCHITECTURES, INSTALL, LAYOUTS, ROPE_FREQS, GGUFArchitecture, tensor_names
 
 if TYPE_CHECKING:  # an optional package, imported where it is used
     from gguf import GGUFWriter
@@ -59,18 +60,29 @@ def write_gguf(model: GPT, tokenizer: BPETokenizer, path: Path, *, outtype: str 
     if arch_name not in EXPORTED:
         raise ExportError(f"GGUF export writes {' and '.join(EXPORTED)} models, not {arch_name}")
     rope_type = checkpoint.config.get("rope_parameters", {}).get("rope_type", "default")
-    if rope_type != "default":  # the metadata written holds RoPE's base alone
-        raise ExportError(f"GGUF export writes unscaled rotary positions, not rope_type {rope_type!r}")
+    if rope_type not in ("default", "llama3"):  # the file holds RoPE's base and llama3's divisors alone
+        raise ExportError(
+            f"GGUF export writes rotary positions unscaled or scaled as Llama 3 does, not rope_type {rope_type!r}"
+        )
+    tensors = checkpoint.tensors | ({ROPE_FREQS: rope_divisors(model)} if rope_type == "llama3" else {})
     arch = GGUF_ARCHITECTURES[arch_name]
     writer = GGUFWriter(path, arch_name)
     write_metadata(writer, arch_name, arch, checkpoint.config, outtype, name)
     write_vocabulary(writer, tokenizer, checkpoint.config["vocab_size"])
-    write_tensors(writer, arch, checkpoint.config, checkpoint.tensors, outtype)
+    write_tensors(writer, arch, checkpoint.config, tensors, outtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return arch_name
+
+
+def rope_divisors(model: GPT) -> torch.Tensor:
+    """Llama 3.1's scaled RoPE as llama.cpp's files hold it (the tensor rope_freqs): each pair's
+    unscaled frequency over its scaled one, float32 `(D/2,)`."""
+    c = model.config
+    inv_freq = c.rope_theta ** (-torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim)
+    return inv_freq / c.rope_scaling_spec().frequencies(inv_freq, theta=c.rope_theta)
 
 
 def hf_value(config: dict[str, Any], key: str) -> Any:

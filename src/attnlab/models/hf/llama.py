@@ -37,6 +37,7 @@ References:
 - transformers `models/llama/modeling_llama.py` (`LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`).
 """
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -92,7 +93,22 @@ ROPE_TYPES: dict[str, tuple[str, dict[str, str]]] = {
             "original_max_position_embeddings": "rope_original_context",
         },
     ),
+    "yarn": (
+        "yarn",
+        {
+            "factor": "rope_factor",
+            "original_max_position_embeddings": "rope_original_context",
+            "beta_fast": "rope_beta_fast",
+            "beta_slow": "rope_beta_slow",
+            "attention_factor": "rope_attention_factor",
+        },
+    ),
+    # Dynamic NTK's pre-training context is max_position_embeddings (`rope_fields_from_hf`).
+    "dynamic": ("dynamic", {"factor": "rope_factor"}),
 }
+# YaRN keys that are read into the fields above rather than stored: attention_factor's default
+# comes from mscale and mscale_all_dim (`yarn_attention_factor`); truncate=false is refused.
+YARN_EXTRA_KEYS = ("mscale", "mscale_all_dim", "truncate")
 
 # hidden_act values that are SiLU (transformers' ACT2FN maps both to nn.SiLU), making the gated
 # feed-forward SwiGLU.
@@ -135,10 +151,13 @@ def rope_parameters(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     return {**params, **legacy}
 
 
-def rope_fields_from_hf(hf: Mapping[str, Any], default: float, source: str) -> dict[str, Any]:
+def rope_fields_from_hf(
+    hf: Mapping[str, Any], default: float, source: str, *, context: int | None = None
+) -> dict[str, Any]:
     """The `GPTConfig` fields of RoPE (rope_theta, rope_scaling and its settings) from a config.json;
-    `default` is the family's base where the file gives none. A rope_type attnlab does not compute
-    (dynamic, yarn, longrope) is refused by name."""
+    `default` is the family's base where the file gives none, `context` its max_position_embeddings
+    (YaRN's pre-training context where the file names none, as transformers has it; dynamic NTK's
+    always). A rope_type attnlab does not compute (longrope outside Phi-3) is refused by name."""
     params = rope_parameters(hf, source)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
@@ -148,20 +167,65 @@ def rope_fields_from_hf(hf: Mapping[str, Any], default: float, source: str) -> d
         )
     scaling, keys = ROPE_TYPES[rope_type]
     fields: dict[str, Any] = {"rope_scaling": scaling}
+    extra = YARN_EXTRA_KEYS if rope_type == "yarn" else ()
     for key, value in params.items():
-        if key in keys:
+        if key in keys and value is not None:  # a null takes the default, as in transformers
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise CheckpointError(f"{source}: rope_parameters.{key} must be a number, got {value!r}")
             fields[keys[key]] = int(value) if keys[key] == "rope_original_context" else float(value)
-        elif key not in ("rope_type", "type", "rope_theta"):
+        elif key not in ("rope_type", "type", "rope_theta", *extra, *keys):
             raise CheckpointError(
                 f"{source}: rope_parameters.{key} cannot be imported; attnlab's {rope_type!r} rotary positions "
-                f"take only {['rope_theta', *keys]}"
+                f"take only {['rope_theta', *keys, *extra]}"
             )
+    if rope_type in ("yarn", "dynamic"):
+        fields |= context_scaling_fields(hf, params, rope_type, fields, context, source)
     theta = params.get("rope_theta", default)
     if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {theta!r}")
     return {"rope_theta": float(theta), **fields}
+
+
+def context_scaling_fields(
+    hf: Mapping[str, Any],
+    params: Mapping[str, Any],
+    rope_type: str,
+    fields: Mapping[str, Any],
+    context: int | None,
+    source: str,
+) -> dict[str, Any]:
+    """The settings YaRN and dynamic NTK take from beside their keys (transformers'
+    `_compute_yarn_parameters`, `_compute_dynamic_ntk_parameters`): the pre-training context,
+    YaRN's stretch where the file gives none and its attention factor where the file gives none."""
+    if rope_type == "dynamic":
+        if context is None:
+            raise CheckpointError(
+                f"{source}: rope_type 'dynamic' needs max_position_embeddings, its pre-training context"
+            )
+        return {"rope_original_context": context}
+    if params.get("truncate", True) is not True:
+        raise CheckpointError(
+            f"{source}: rope_parameters.truncate={params['truncate']!r} cannot be imported (it leaves YaRN's "
+            "ramp ends unrounded); attnlab's yarn rounds them, as truncate=true does"
+        )
+    original = hf.get("original_max_position_embeddings") or fields.get("rope_original_context") or context
+    if original is None:
+        raise CheckpointError(f"{source}: rope_type 'yarn' needs original_max_position_embeddings")
+    factor = fields.get("rope_factor") or (context or original) / original
+    out = {"rope_original_context": int(original), "rope_factor": float(factor)}
+    if "rope_attention_factor" not in fields:
+        out["rope_attention_factor"] = yarn_attention_factor(factor, params.get("mscale"), params.get("mscale_all_dim"))
+    return out
+
+
+def yarn_attention_factor(factor: float, mscale: float | None, mscale_all_dim: float | None) -> float:
+    """YaRN's factor of the cosines and sines (Peng et al. 2023, §3.4: √(1/t) = 0.1 ln(s) + 1), or
+    DeepSeek's ratio of two such with mscale and mscale_all_dim; 1 where nothing is stretched."""
+
+    def m(scale: float, k: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+
+    return m(factor, mscale) / m(factor, mscale_all_dim) if mscale and mscale_all_dim else m(factor)
 
 
 def window_fields_from_hf(hf: Mapping[str, Any], n_layers: int, context: int, source: str) -> dict[str, Any]:
@@ -227,7 +291,7 @@ def llama_like_config(
         hf, get("hidden_size", int), get("num_attention_heads", int), head_dim, source
     )
     n_layers, context = get("num_hidden_layers", int), get("max_position_embeddings", int)
-    rope = {} if "rope_theta" in fields else rope_fields_from_hf(hf, defaults["rope_theta"], source)
+    rope = {} if "rope_theta" in fields else rope_fields_from_hf(hf, defaults["rope_theta"], source, context=context)
     llama_parts = dict(bias=False, positions="rope", normalization="rmsnorm", activation="swiglu", norm="pre")
     shape = dict(
         vocab_size=get("vocab_size", int),

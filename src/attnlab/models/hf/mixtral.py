@@ -29,6 +29,7 @@ References:
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,13 @@ import torch
 from attnlab.errors import CheckpointError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.hf._common import CONFIG_FILE, CheckpointTensors, HFSource, config_value
-from attnlab.models.hf.llama import LLAMA_FIXED_SWITCHES, llama_like_config, load_llama_like
+from attnlab.models.hf.llama import (
+    LLAMA_FIXED_SWITCHES,
+    FFNReader,
+    llama_ffn,
+    llama_like_config,
+    load_llama_like,
+)
 
 # transformers' MixtralConfig defaults (Mixtral-8x7B), used for keys a config.json leaves out.
 MIXTRAL_DEFAULTS: dict[str, Any] = {
@@ -96,31 +103,61 @@ def mixtral_config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0, sourc
     )
 
 
-def mixtral_ffn(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Block i's experts and router, from either storage layout (see the module docstring)."""
-    ours = f"blocks.{i}.ffn."
+@dataclass(frozen=True)
+class ExpertNames:
+    """Where a family stores a mixture's router and its experts, one tensor per expert and
+    projection: `layers.i.{block}.gate` and `layers.i.{block}.experts.e.{gate, up, down}.weight`."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+MIXTRAL_EXPERTS = ExpertNames("block_sparse_moe", "w1", "w3", "w2")
+
+
+def experts_ffn(names: ExpertNames) -> FFNReader:
+    """The reader of block i's experts and router, from either storage layout (see the module
+    docstring); a block that `expected` holds dense (no router) reads Llama's SwiGLU layer."""
+
+    def read(tensors: CheckpointTensors, i: int, expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        ours = f"blocks.{i}.ffn."
+        if ours + "router.weight" not in expected:
+            return llama_ffn(tensors, i, expected)
+        fc1, fc2 = expected[ours + "experts.fc1"], expected[ours + "experts.fc2"]  # (E, 2F, C), (E, C, F)
+        fused = f"layers.{i}.mlp.experts.gate_up_proj"
+        if tensors.has(fused):
+            return {
+                ours + "router.weight": tensors.take(f"layers.{i}.mlp.gate.weight", expected[ours + "router.weight"]),
+                ours + "experts.fc1": tensors.take(fused, fc1),
+                ours + "experts.fc2": tensors.take(f"layers.{i}.mlp.experts.down_proj", fc2),
+            }
+        return per_expert(tensors, f"layers.{i}.{names.block}.", names, ours, expected)
+
+    return read
+
+
+def per_expert(
+    tensors: CheckpointTensors, moe: str, names: ExpertNames, ours: str, expected: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """One block's router and experts stored one tensor per expert and projection under `moe`:
+    each expert's gate and up rows stacked into fc1 `(2F, C)`, the experts stacked `(E, ...)`."""
     fc1, fc2 = expected[ours + "experts.fc1"], expected[ours + "experts.fc2"]  # (E, 2F, C), (E, C, F)
-    fused = f"layers.{i}.mlp.experts.gate_up_proj"
-    if tensors.has(fused):
-        return {
-            ours + "router.weight": tensors.take(f"layers.{i}.mlp.gate.weight", expected[ours + "router.weight"]),
-            ours + "experts.fc1": tensors.take(fused, fc1),
-            ours + "experts.fc2": tensors.take(f"layers.{i}.mlp.experts.down_proj", fc2),
-        }
-    moe = f"layers.{i}.block_sparse_moe."
     f = fc2.size(-1)
+    each = [f"{moe}experts.{e}." for e in range(fc1.size(0))]
+    gate_up = [(f"{e}{names.gate}.weight", f"{e}{names.up}.weight") for e in each]
     return {
         ours + "router.weight": tensors.take(moe + "gate.weight", expected[ours + "router.weight"]),
-        ours + "experts.fc1": torch.stack(
-            [
-                tensors.rows((f"{moe}experts.{e}.w1.weight", f"{moe}experts.{e}.w3.weight"), fc1[e], (f, f))
-                for e in range(fc1.size(0))
-            ]
-        ),
+        ours + "experts.fc1": torch.stack([tensors.rows(n, w, (f, f)) for n, w in zip(gate_up, fc1, strict=True)]),
         ours + "experts.fc2": torch.stack(
-            [tensors.take(f"{moe}experts.{e}.w2.weight", fc2[e]) for e in range(fc2.size(0))]
+            [tensors.take(f"{e}{names.down}.weight", w) for e, w in zip(each, fc2, strict=True)]
         ),
     }
+
+
+mixtral_ffn = experts_ffn(MIXTRAL_EXPERTS)
+"""Block i's experts and router, from either storage layout (see the module docstring)."""
 
 
 def load_mixtral(folder: str | Path | HFSource, *, dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> GPT:

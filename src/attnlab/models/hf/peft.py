@@ -16,10 +16,17 @@ The layers by family (i = block index), attnlab -> transformers:
             (peft's modules_to_save: saved in full)
     RoBERTa as BERT under roberta.encoder.layer.i; a sequence classifier's pooler and head ->
             classifier.dense and classifier.out_proj (RoBERTa's classification head)
+    ModernBERT in_proj -> model.layers.i.attn.Wqkv, fc1 -> ...mlp.Wi (one layer each, stacked as
+            GPT-2's c_attn), out_proj -> ...attn.Wo, fc2 -> ...mlp.Wo; a classifier's prediction
+            head and label layer -> head (dense, norm) and classifier (modules_to_save)
 Where attnlab's adapted slices are separate transformers layers (Llama's and BERT's q, k, v), each
 slice's (A, B) is that layer's adapter. GPT-2's c_attn is one layer: its adapter stacks the
 slices' A matrices (rank k·r for k slices) and places each B on its own rows of a block matrix
 (zeros elsewhere), with alpha k·α so that alpha / rank stays α / r: the same update, exactly.
+So are Phi-3's and ModernBERT's fused layers: attnlab's LoRA adapts q, k and v (and a GeGLU's
+gate and up halves) apart, each with its own rank-r pair, which peft's adapters on separate q, k, v
+layers would be; ModernBERT has no separate layers, so the stacked adapter on Wqkv (Wi) is the one
+that computes the same update. Its rank k·r changes nothing computed, only the adapter's shape.
 """
 
 import re
@@ -31,8 +38,10 @@ from torch import nn
 from attnlab.errors import ExportError
 from attnlab.models.bert import Bert
 from attnlab.models.gpt import GPT
+from attnlab.models.hf._common import refuse
 from attnlab.models.hf.auto import CAUSAL_LM_EXPORTERS
 from attnlab.models.hf.decoders import PHI3
+from attnlab.models.hf.modernbert import MODERNBERT_CLASSIFIER_TENSORS, is_modernbert, modernbert_export_problems
 from attnlab.models.hf.roberta import is_roberta
 from attnlab.nn.lora import LoRALinear, adapter_key, lora_layers
 
@@ -52,8 +61,18 @@ PHI3_LAYERS = {
     "ffn.fc1": "mlp.gate_up_proj",
     "ffn.fc2": "mlp.down_proj",
 }
+MODERNBERT_LAYERS = {
+    "attn.in_proj": "attn.Wqkv",
+    "attn.out_proj": "attn.Wo",
+    "ffn.fc1": "mlp.Wi",
+    "ffn.fc2": "mlp.Wo",
+}
 # The families whose stacked attnlab layers are stacked in transformers too: their layers and stem.
-STACKED = {"gpt2": (GPT2_LAYERS, "transformer.h.{}."), "phi3": (PHI3_LAYERS, "model.layers.{}.")}
+STACKED = {
+    "gpt2": (GPT2_LAYERS, "transformer.h.{}."),
+    "phi3": (PHI3_LAYERS, "model.layers.{}."),
+    "modernbert": (MODERNBERT_LAYERS, "model.layers.{}."),
+}
 LLAMA_PARTS = {
     "query": "self_attn.q_proj",
     "key": "self_attn.k_proj",
@@ -120,9 +139,9 @@ def peft_adapter(
         "alpha_pattern": alpha_pattern,
         "fan_in_fan_out": family == "gpt2",  # GPT-2's Conv1D stores its weight (in, out)
         "bias": "none",
-        # The classifier whole (RoBERTa's is two layers): peft wraps it once, as it does for SEQ_CLS.
-        "modules_to_save": sorted({"classifier" if n.startswith("classifier.") else n.rsplit(".", 1)[0] for n in saved})
-        or None,
+        # A head whole (RoBERTa's classifier, ModernBERT's prediction head are two layers each): peft
+        # wraps it once, as it does the classifier for SEQ_CLS; BERT's pooler sits inside the encoder.
+        "modules_to_save": sorted({_saved_module(n) for n in saved}) or None,
         "init_lora_weights": True,
         "inference_mode": True,
         "use_rslora": False,
@@ -131,15 +150,24 @@ def peft_adapter(
     return config, {k: v.contiguous() for k, v in tensors.items()}
 
 
+def _saved_module(name: str) -> str:
+    """The module peft's modules_to_save names for a tensor trained in full: a head at the top
+    (classifier.*, head.*) whole, else the layer holding it ("bert.pooler.dense")."""
+    return name.split(".")[0] if name.startswith(("classifier.", "head.")) else name.rsplit(".", 1)[0]
+
+
 def _family(model: nn.Module) -> tuple[str, str]:
-    """("gpt2" | "llama" | "phi3" | "bert" | "roberta", "lm" | "sequence" | "token") as `attnlab export --to hf`
-    writes the model ("llama": every family with Llama's layer names)."""
+    """("gpt2" | "llama" | "phi3" | "bert" | "roberta" | "modernbert", "lm" | "sequence" | "token") as
+    `attnlab export --to hf` writes the model ("llama": every family with Llama's layer names)."""
     if isinstance(model, GPT):
         for name, problems, _ in CAUSAL_LM_EXPORTERS:
             if not problems(model.config):
                 return {"GPT-2": "gpt2", PHI3.name: "phi3"}.get(name, "llama"), "lm"
         raise ExportError("this GPT has the parts of no transformers family: no transformers model takes its adapters")
     if isinstance(model, Bert) and model.config.head in ("sequence", "token"):
+        if is_modernbert(model.config):
+            refuse(modernbert_export_problems(model.config), "ModernBERT")  # no transformers model to adapt
+            return "modernbert", model.config.head
         return ("roberta" if is_roberta(model.config) else "bert"), model.config.head
     raise ExportError(f"a {type(model).__name__} has no peft adapter format here; GPT and BERT classifiers do")
 
@@ -147,9 +175,12 @@ def _family(model: nn.Module) -> tuple[str, str]:
 def _trained_in_full(model: nn.Module, task: str) -> dict[str, torch.Tensor]:
     """The tensors peft's modules_to_save carry, by transformers name: a BERT classifier's head,
     and for a sequence classifier its pooler too, which a BertForMaskedLM base does not have (the
-    run then trained on its own initialisation of it)."""
+    run then trained on its own initialisation of it); ModernBERT's prediction head and label layer."""
     if not isinstance(model, Bert):
         return {}
+    if is_modernbert(model.config):
+        state = model.state_dict()
+        return {hf: state[ours] for hf, ours in MODERNBERT_CLASSIFIER_TENSORS.items()}
     head, pooler = model.head.proj, model.pooler
     if is_roberta(model.config) and task == "sequence":  # RoBERTa's classification head
         return {
