@@ -154,7 +154,7 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 def test_past_the_queue_bound_429_and_gone_clients_free_their_slots(runs):
     """max_batch 1, max_queue 1: one stream decodes, one waits, the third is refused. Closing the
     two connections frees both: the worker is idle again and stops generating."""
-    app = create_app(runs, limits=Limits(max_batch=1, max_queue=1, max_tokens=100_000))
+    app = create_app(runs, limits=Limits(max_batch=1, max_queue=1, max_tokens=100_000, past_context=True))
     worker = lm_worker(app)
     body = {"model": "lm", "prompt": "ROMEO:", "max_tokens": 100_000, "stream": True}
     with BackgroundServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
@@ -222,6 +222,7 @@ def test_other_endpoints_are_bounded_per_model(runs):
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "input"]
 FIELDS += ["beam", "kind", "stream_options", "include_usage", "echo", "", "モデル", "encoding_format", "dimensions"]
 FIELDS += ["logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "best_of", "user", "suffix"]
+FIELDS += ["response_format", "type", "json_schema", "schema", "top_logprobs"]
 
 
 def random_value(rng: random.Random, depth: int = 0):
@@ -263,6 +264,15 @@ PLAUSIBLE = {
     "logit_bias": [{}, {"3": 100}, {"3": -100, "7": 2}, {"x": 1}, {"99999": 1}, {"3": 200}, None],
     "best_of": [1, 2, None],
     "suffix": [None, "", "x"],
+    "response_format": [
+        {"type": "json_object"},
+        {"type": "text"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["ROMEO", "KING"]}}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+        {"type": "json_schema"},
+        None,
+    ],
 }
 # The embeddings' token-id inputs and the completions' token-id prompts, good and bad.
 PLAUSIBLE["input"] += [[5, 6, 7], [[5], [6, 7]], [[]], [-1], [True]]
@@ -275,7 +285,7 @@ OWN = {
     C: (
         "lm",
         ["prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop", "seed", "echo", "logprobs"]
-        + ["presence_penalty", "frequency_penalty", "logit_bias", "best_of", "suffix"],
+        + ["presence_penalty", "frequency_penalty", "logit_bias", "best_of", "suffix", "response_format"],
     ),
     T: ("mt", ["input", "beam"]),
     K: ("sst", ["input"]),

@@ -54,7 +54,7 @@ def test_concurrent_greedy_requests_get_what_each_gets_alone(live, runs):
 def test_a_small_load_has_no_errors_but_the_queues_429s(runs):
     """24 streaming clients, 2 completions each, against 4 rows and a queue of 8: every completion
     is served in full once its 429s are retried; nothing else fails."""
-    app = create_app(runs, limits=Limits(max_batch=4, max_queue=8))
+    app = create_app(runs, limits=Limits(max_batch=4, max_queue=8, past_context=True))
     statuses: list[int] = []
 
     async def client_loop(client: httpx.AsyncClient, i: int) -> list[str]:

@@ -65,7 +65,8 @@ def test_errors_are_the_clients_exceptions(client):
 
 
 def test_the_key_and_a_full_queue(runs):
-    app = create_app(runs, api_key="k3y", limits=Limits(max_batch=1, max_queue=1, max_tokens=100_000))
+    limits = Limits(max_batch=1, max_queue=1, max_tokens=100_000, past_context=True)
+    app = create_app(runs, api_key="k3y", limits=limits)
     with BackgroundServer(app) as server:
         url = f"{server.url}/v1"
         with pytest.raises(openai.AuthenticationError):

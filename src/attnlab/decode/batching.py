@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from attnlab.decode.runner import Runner, takes_row_positions
-from attnlab.decode.sampling import Picker, penalize, pick_rows, prompt_scores, token_scores
+from attnlab.decode.sampling import Picker, mask_rows, penalize, pick_rows, prompt_scores, token_scores
 from attnlab.decode.scheduler import Scheduler, Sequence
 
 
@@ -147,10 +147,15 @@ class Batcher:
         self.scheduler.leave(seq)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Pick each sequence's next token from its logits row, after its penalties; score it
-        under the model's own logits where asked; finished sequences leave."""
+        """Pick each sequence's next token from its logits row, after its penalties and among the
+        tokens its mask allows (each row its own); score it under the model's own logits where
+        asked; finished sequences leave."""
         adjusted = penalize(logits, [q.penalties for q in seqs], [q.tokens for q in seqs])
+        adjusted = mask_rows(adjusted, [q.mask for q in seqs])
         tokens = pick_rows([q.pick for q in seqs], adjusted)
+        for seq, token in zip(seqs, tokens, strict=True):
+            if seq.mask is not None:
+                seq.mask.accept(token)
         scores = token_scores(logits, tokens, [q.logprobs for q in seqs])
         self.scheduler.record(seqs, tokens, scores)
 

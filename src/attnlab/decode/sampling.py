@@ -19,6 +19,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -139,6 +140,39 @@ def penalize(logits: torch.Tensor, penalties: list[Penalties | None], generated:
         for token, bias in penalties[i].bias:
             adjusted[r, token] += bias
     out[rows] = adjusted
+    return out
+
+
+class TokenMask(Protocol):
+    """A constraint on one sequence's tokens, such as a grammar its text must follow
+    (`attnlab.serve.structured`): before each pick, the tokens that may come next; after it, the
+    token taken. The sampler never sees a forbidden token: its logit is -inf."""
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """The tokens that may come next, a bool `(vocab,)` on the CPU (True: allowed)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Take the token picked (one that `allowed` allowed)."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """Whether nothing but the end may follow: the sequence stops here."""
+        ...
+
+
+def mask_rows(logits: torch.Tensor, masks: list[TokenMask | None]) -> torch.Tensor:
+    """logits `(B, V)` with row i's forbidden tokens at -inf where masks[i] is set (the rows
+    without a mask are left as they are; a copy when any row has one)."""
+    rows = [i for i, m in enumerate(masks) if m is not None]
+    if not rows:
+        return logits
+    allowed = torch.stack([masks[i].allowed(logits.size(-1)) for i in rows]).to(logits.device)  # (R, V)
+    if len(rows) == len(masks):  # every row masked: one fill, no gather and scatter of rows
+        return logits.masked_fill(~allowed, float("-inf"))
+    out = logits.clone()
+    out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
     return out
 
 

@@ -15,7 +15,7 @@ cache row over.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnlab.decode.sampling import Penalties, Picker, TokenScore
+from attnlab.decode.sampling import Penalties, Picker, TokenMask, TokenScore
 
 PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see `Scheduler.prefill_groups`)
 
@@ -46,6 +46,7 @@ class Sequence:
     echo_logprobs: bool = False  # score the prompt's tokens too, when it joins (`prompt_scores`)
     scores: list[TokenScore] = field(default_factory=list)  # tokens[i]'s score, when logprobs is set
     prompt_scores: list[TokenScore | None] = field(default_factory=list)  # prompt[0]'s is None
+    mask: TokenMask | None = None  # the tokens allowed at each step (a grammar): applied before the pick
 
     @property
     def done(self) -> bool:
@@ -148,12 +149,14 @@ class Scheduler:
 
     def record(self, seqs: list[Sequence], tokens: list[int], scores: list[TokenScore | None] | None = None) -> None:
         """Give each sequence its next token (and its score, where there is one); those that it
-        finishes leave."""
+        finishes (the end-of-text token, the end of what its mask allows, max_new_tokens) leave."""
         for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             seq.tokens.append(token)
             if scores is not None and scores[i] is not None:
                 seq.scores.append(scores[i])
             if seq.eos_id is not None and token == seq.eos_id:
+                seq.finish_reason = "stop"
+            elif seq.mask is not None and seq.mask.finished:  # its grammar is complete
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.max_new_tokens:
                 seq.finish_reason = "length"

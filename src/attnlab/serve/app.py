@@ -123,17 +123,24 @@ def page_router() -> APIRouter:
 
 def api_router() -> APIRouter:
     """The API under /v1. Its handlers below find the served models and the limits in the
-    application's state (`create_app` puts them there)."""
-    router = APIRouter(prefix="/v1")
-    router.add_api_route("/models", list_models, methods=["GET"], response_model=ModelList)
-    router.add_api_route("/models/{name}", get_model, methods=["GET"], response_model=ModelCard)
-    router.add_api_route("/completions", complete, methods=["POST"], response_model=Completion)
-    router.add_api_route(CHAT.removeprefix("/v1"), chat_complete, methods=["POST"], response_model=ChatCompletion)
-    router.add_api_route("/translations", translate, methods=["POST"], response_model=TranslationResponse)
-    router.add_api_route("/classifications", classify, methods=["POST"], response_model=ClassificationResponse)
-    router.add_api_route("/tags", tag, methods=["POST"], response_model=TaggingResponse)
-    router.add_api_route("/embeddings", embed, methods=["POST"], response_model=EmbeddingResponse)
-    router.add_api_route(ATTENTION.removeprefix("/v1"), attention, methods=["POST"], response_model=AttentionResponse)
+    application's state (`create_app` puts them there). Every path also answers with a trailing
+    slash (`/v1/completions/`): a redirect would answer a POST with an empty 307 that not every
+    client follows, and one that does may drop the body."""
+    router = APIRouter(prefix="/v1", redirect_slashes=False)
+    routes = [
+        ("/models", list_models, "GET", ModelList),
+        ("/models/{name}", get_model, "GET", ModelCard),
+        ("/completions", complete, "POST", Completion),
+        (CHAT.removeprefix("/v1"), chat_complete, "POST", ChatCompletion),
+        ("/translations", translate, "POST", TranslationResponse),
+        ("/classifications", classify, "POST", ClassificationResponse),
+        ("/tags", tag, "POST", TaggingResponse),
+        ("/embeddings", embed, "POST", EmbeddingResponse),
+        (ATTENTION.removeprefix("/v1"), attention, "POST", AttentionResponse),
+    ]
+    for path, handler, method, answer in routes:
+        router.add_api_route(path, handler, methods=[method], response_model=answer)
+        router.add_api_route(path + "/", handler, methods=[method], response_model=answer, include_in_schema=False)
     return router
 
 
@@ -167,7 +174,8 @@ async def complete(body: CompletionRequest, request: Request) -> Any:
     completions.check_caps(body, limits)
     completions.check_fields(model, body)
     prompts = completions.encode_prompts(model, body, limits)
-    streams = completions.submit(model, prompts, body)
+    masks = await response_masks(model, body)
+    streams = completions.submit(model, prompts, body, limits, masks)
     if body.stream:
         return completions.stream_response(model, streams, prompts, body)
     return await completions.complete(model, streams, prompts, request, body)
@@ -181,11 +189,26 @@ async def chat_complete(body: ChatCompletionRequest, request: Request) -> Any:
     model, limits = find(request, body.model, CHAT), server_limits(request)
     new_tokens = chat.check_caps(body, limits)
     ids = chat.encode_chat(model, body, limits)
-    streams = chat.submit(model, ids, body, new_tokens)
+    masks = await response_masks(model, body)
+    streams = chat.submit(model, ids, body, new_tokens, limits, masks)
+    logprobs = bool(body.logprobs)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return chat.stream_response(model, streams, ids, include_usage=include_usage)
-    return await chat.complete(model, streams, ids, request)
+        return chat.stream_response(model, streams, ids, include_usage=include_usage, logprobs=logprobs)
+    return await chat.complete(model, streams, ids, request, logprobs=logprobs)
+
+
+async def response_masks(model: ServedModel, body: CompletionRequest | ChatCompletionRequest):
+    """Each choice's grammar for the request's response_format (None for plain text), compiled in
+    a worker thread: a large schema over a large vocabulary takes a while, and the event loop serves
+    the other streams meanwhile."""
+    from starlette.concurrency import run_in_threadpool
+
+    if body.response_format is None or body.response_format.type == "text":
+        return None
+    from attnlab.serve import structured
+
+    return await run_in_threadpool(structured.masks_for, model, body.response_format)
 
 
 async def translate(body: TranslationRequest, request: Request) -> TranslationResponse:
@@ -268,7 +291,8 @@ async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
 
 def model_card(model: ServedModel) -> ModelCard:
     """A model's card. A language model's context is its own (block_size), and the longest prompt
-    the server takes is said apart: the model reads a longer prompt's last `context` tokens."""
+    the server takes is said apart: a longer prompt is only echoed (`max_tokens` 0), unless the server
+    goes past the context (`Limits.past_context`)."""
     if model.worker is None:
         context, longest = model.context, None
     else:

@@ -8,7 +8,9 @@ client goes away. A reply ends at the model's end of turn (the template's eos to
 generation_config.json's, as text), at a stop string, or at `max_completion_tokens`. Streamed,
 each choice first gets `{"role": "assistant", "content": ""}`, then its text in pieces of whole
 characters (`decode.text.TextPieces` holds back a character's first bytes until its last arrives),
-then an empty delta with its `finish_reason`; `data: [DONE]` ends the stream.
+then an empty delta with its `finish_reason`; `data: [DONE]` ends the stream. With `logprobs`,
+each choice's reply tokens come with their log-probabilities in OpenAI's chat shape
+(`logprobs.content[j]`: token, logprob, bytes, top_logprobs), streamed with the text they make.
 
 Only Hugging Face folders whose files hold a chat template answer here; a model without one gets
 a 400 that says so (an attnlab run was trained on plain text, not on conversations: its
@@ -27,7 +29,17 @@ from attnlab.serve.chat_template import ChatTemplateError
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ServedModel
-from attnlab.serve.schemas import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatReply, Usage
+from attnlab.serve.schemas import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    ChatReply,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from attnlab.serve.tokens import token_bytes
 
 
 def check_chat(served: ServedModel) -> None:
@@ -50,6 +62,8 @@ def check_caps(body: ChatCompletionRequest, limits: Limits) -> int:
         raise APIError(400, f"{param}: at most {limits.max_tokens} on this server", param=param)
     if (body.n or 1) > limits.max_n:
         raise APIError(400, f"n: at most {limits.max_n} replies on this server", param="n")
+    if body.top_logprobs and not body.logprobs:  # 0 or null without logprobs: what some clients send
+        raise APIError(400, "top_logprobs: needs logprobs true", param="top_logprobs")
     return new
 
 
@@ -80,12 +94,17 @@ def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits
     return ids
 
 
-def submit(served: ServedModel, ids: list[int], body: ChatCompletionRequest, new_tokens: int) -> list:
-    """One stream per choice; a 429 (nothing left queued) when the model's queue is full."""
+def submit(
+    served: ServedModel, ids: list[int], body: ChatCompletionRequest, new_tokens: int, limits: Limits, masks=None
+) -> list:
+    """One stream per choice, within the model's context (`completions.room`); a 429 (nothing
+    left queued) when the model's queue is full. `masks`: each choice's `TokenMask` by its index
+    (`response_format`), or None."""
     from attnlab.serve.worker import Sampling
 
     stop = body.stops() + served.chat.end_of_turn
     adjust = completions.penalties(served, body)  # checks logit_bias's keys
+    new_tokens = completions.room(served, limits, len(ids), new_tokens, "messages")
     settings = [
         Sampling(
             max_tokens=new_tokens,
@@ -95,30 +114,44 @@ def submit(served: ServedModel, ids: list[int], body: ChatCompletionRequest, new
             seed=None if body.seed is None else body.seed + j,
             stop=stop,
             penalties=adjust,
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            mask=None if masks is None else masks(j),
         )
         for j in range(body.n or 1)
     ]
     return completions.submit_all(served, [(ids, s) for s in settings])
 
 
-async def complete(served: ServedModel, streams: list, ids: list[int], request: Request) -> ChatCompletion:
+async def complete(
+    served: ServedModel, streams: list, ids: list[int], request: Request, *, logprobs: bool = False
+) -> ChatCompletion:
     """The whole reply of each choice, once every stream has finished (a client gone meanwhile
-    cancels them, as for completions)."""
+    cancels them, as for completions); with `logprobs`, its tokens' scores."""
     found = await completions.finished(streams, request)
+    tokenizer = served.run.tokenizer
     choices = [
-        ChatChoice(index=i, message=ChatReply(content=text), finish_reason=s.finish_reason)
-        for i, ((text, _), s) in enumerate(zip(found, streams, strict=True))
+        ChatChoice(
+            index=i,
+            message=ChatReply(content=text),
+            logprobs=chat_logprobs(tokenizer, scores) if logprobs else None,
+            finish_reason=s.finish_reason,
+        )
+        for i, ((text, scores), s) in enumerate(zip(found, streams, strict=True))
     ]
     usage, created = _usage(streams, ids), int(time.time())
     return ChatCompletion(id=_chat_id(), created=created, model=served.name, choices=choices, usage=usage)
 
 
-def stream_response(served: ServedModel, streams: list, ids: list[int], *, include_usage: bool):
-    """The replies as server-sent `chat.completion.chunk` events, as OpenAI's API streams them."""
+def stream_response(served: ServedModel, streams: list, ids: list[int], *, include_usage: bool, logprobs: bool = False):
+    """The replies as server-sent `chat.completion.chunk` events, as OpenAI's API streams them: a
+    chunk per piece of text, with its tokens' scores where `logprobs` asks for them."""
     head = {"id": _chat_id(), "object": "chat.completion.chunk", "created": int(time.time()), "model": served.name}
+    tokenizer = served.run.tokenizer
 
-    def event(index: int | None, delta: dict | None = None, finish: str | None = None, usage=None) -> str:
-        choices = [] if index is None else [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    def event(index: int | None, delta: dict | None = None, finish: str | None = None, usage=None, scores=()) -> str:
+        scored = chat_logprobs(tokenizer, list(scores)).model_dump() if logprobs and scores else None
+        choice = {"index": index, "delta": delta, "logprobs": scored, "finish_reason": finish}
+        choices = [] if index is None else [choice]
         return f"data: {json.dumps({**head, 'choices': choices, 'usage': usage}, ensure_ascii=False)}\n\n"
 
     async def events() -> AsyncIterator[str]:
@@ -131,8 +164,8 @@ def stream_response(served: ServedModel, streams: list, ids: list[int], *, inclu
                     return
                 if piece is None:  # stream `index` has ended
                     yield event(index, {}, streams[index].finish_reason)
-                elif piece.text:
-                    yield event(index, {"content": piece.text})
+                elif piece.text or piece.scores:
+                    yield event(index, {"content": piece.text}, scores=piece.scores)
             if include_usage:
                 yield event(None, usage=_usage(streams, ids).model_dump())
             yield "data: [DONE]\n\n"
@@ -142,6 +175,22 @@ def stream_response(served: ServedModel, streams: list, ids: list[int], *, inclu
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return completions.EventStream(events(), media_type="text/event-stream", headers=headers)
+
+
+def chat_logprobs(tokenizer, scores: list) -> ChatLogprobs:
+    """OpenAI's chat `logprobs` of reply tokens from their `TokenScore`s: each token's text (a part
+    of a character shows as U+FFFD), its own bytes, and its most likely alternatives."""
+    pieces = token_bytes(tokenizer).pieces
+
+    def top(token: int, logprob: float) -> TopLogprob:
+        data = pieces[token] if token < len(pieces) else b""
+        return TopLogprob(token=tokenizer.decode([token]), logprob=logprob, bytes=list(data))
+
+    content = [
+        TokenLogprob(**top(r.token, r.logprob).model_dump(), top_logprobs=[top(t, lp) for t, lp in r.top])
+        for r in scores
+    ]
+    return ChatLogprobs(content=content)
 
 
 def _usage(streams: list, ids: list[int]) -> Usage:

@@ -80,6 +80,29 @@ def model_context(served: ServedModel) -> int:
     return served.run.model.config.block_size
 
 
+def room(served: ServedModel, limits: Limits, prompt_tokens: int, new_tokens: int, param: str) -> int:
+    """How many of the new_tokens asked for a prompt of prompt_tokens may have: each is predicted
+    from the whole sequence before it, at most the model's context, so the completion ends with
+    finish_reason "length" where the next token would need more (never a token predicted from a
+    sliding window past the context, which the model was never trained to read); a 400 naming the
+    numbers when the prompt leaves no room for one. The server's `past_context` lifts it, and a
+    model whose cache rolls (window attention, positions inside attention) has no such end."""
+    from attnlab.decode.sampling import rolls_past_block
+
+    if limits.past_context or new_tokens == 0 or rolls_past_block(served.run.model):
+        return new_tokens
+    context = model_context(served)
+    if prompt_tokens > context:
+        raise APIError(
+            400,
+            f"{param}: {prompt_tokens} tokens, past the {context}-token context of model {served.name!r}: a "
+            f"completion of it would be predicted from its last {context} tokens alone; send at most {context} "
+            "(or max_tokens 0)",
+            param=param,
+        )
+    return min(new_tokens, context - prompt_tokens + 1)
+
+
 def vocabulary(served: ServedModel) -> int:
     """How many token ids both the tokenizer and the model know: a prompt's ids and `logit_bias`'s
     keys are below it."""
@@ -135,12 +158,21 @@ def check_caps(request: CompletionRequest, limits: Limits) -> None:
         )
 
 
-def submit(served: ServedModel, prompts: Sequence[list[int]], request: CompletionRequest) -> list:
-    """One stream per choice, in OpenAI's order; a 429 (nothing left queued) when the queue is full."""
+def submit(
+    served: ServedModel, prompts: Sequence[list[int]], request: CompletionRequest, limits: Limits, masks=None
+) -> list:
+    """One stream per choice, in OpenAI's order, each within the model's context (`room`); a 429
+    (nothing left queued) when the queue is full. `masks`: a function of the choice's index that
+    makes its `TokenMask` (`response_format`), or None."""
     adjust = penalties(served, request)
-    return submit_all(
-        served, [(ids, sampling(request, j, adjust)) for ids in prompts for j in range(request.per_prompt)]
-    )
+    settings = []
+    for i, ids in enumerate(prompts):
+        param = "prompt" if request.single_prompt else f"prompt[{i}]"
+        new = room(served, limits, len(ids), request.new_tokens, param)
+        for j in range(request.per_prompt):
+            mask = None if masks is None else masks(len(settings))
+            settings.append((ids, sampling(request, j, adjust, new_tokens=new, mask=mask)))
+    return submit_all(served, settings)
 
 
 def submit_all(served: ServedModel, requests: Sequence[tuple[list[int], Any]]) -> list:
@@ -162,14 +194,15 @@ def submit_all(served: ServedModel, requests: Sequence[tuple[list[int], Any]]) -
     return streams
 
 
-def sampling(request: CompletionRequest, choice: int, adjust=None):
+def sampling(request: CompletionRequest, choice: int, adjust=None, *, new_tokens: int | None = None, mask=None):
     """The worker's sampling settings for completion `choice` of a prompt: seed + choice, so that
     the choices of one request differ and choice 0 is what the same seed gives alone. `adjust`:
-    the request's `Penalties` (`penalties`), None for none."""
+    the request's `Penalties` (`penalties`), None for none; `new_tokens`: its max_tokens within
+    the context (`room`); `mask`: its `TokenMask`, if any."""
     from attnlab.serve.worker import Sampling
 
     return Sampling(
-        max_tokens=request.new_tokens,
+        max_tokens=request.new_tokens if new_tokens is None else new_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         top_k=request.top_k,
@@ -178,6 +211,7 @@ def sampling(request: CompletionRequest, choice: int, adjust=None):
         penalties=adjust,
         logprobs=request.logprobs,
         echo_logprobs=bool(request.echo) and request.logprobs is not None,
+        mask=mask,
     )
 
 

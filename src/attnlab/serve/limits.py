@@ -14,8 +14,8 @@ class Limits:
     max_n: int = 8
     """Most completions one request may ask for: `n` times the number of prompts."""
     max_prompt_tokens: int | None = None
-    """Longest prompt in tokens; None: the worker's default. The model reads a prompt's last block_size
-    tokens, as `attnlab sample` does."""
+    """Longest prompt in tokens; None: the worker's default. A prompt past the model's context is
+    only echoed (max_tokens 0), unless `past_context`."""
     max_text_chars: int = 20_000
     """Longest text in characters, in any field, checked before tokenizing."""
     max_body_bytes: int = 4_000_000
@@ -38,9 +38,15 @@ class Limits:
     weights: str = "fp32"
     """How the fused step stores the language models' weights (`attnlab.accel.fused.WEIGHT_FORMATS`);
     a model it does not cover decodes with fp32 weights."""
+    past_context: bool = False
+    """False: a completion stops where its prompt and its tokens fill the model's context
+    (finish_reason "length"), and a prompt that fills it alone is refused. True: a language model
+    goes on past its context, each token read from the last block_size before it, as `attnlab
+    sample` does (a toy model's long samples). A window-attention model whose cache rolls has no
+    such end either way."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("batched", "fused", "weights") and value is not None and value < 1:
+            if f.name not in ("batched", "fused", "weights", "past_context") and value is not None and value < 1:
                 raise ValueError(f"{f.name} must be >= 1, got {value}")

@@ -4,10 +4,12 @@ The completion bodies follow OpenAI's legacy completions API (`POST /v1/completi
 `text_completion` object and its stream chunks), so the official `openai` client reads them
 unchanged; `top_k` is ours. Every field of OpenAI's completion request is taken and means what it
 means there (`logprobs`, `echo`, the penalties, `logit_bias`; `best_of` 1 or n, `suffix` empty);
-other unknown fields are refused (a 400 naming the field) rather than silently ignored.
+other unknown fields are refused (a 400 naming the field) rather than silently ignored. Types are
+strict, as OpenAI's are: `"max_tokens": "3"` or `"stream": "yes"` is a 400 naming the field, not
+a value coerced (`STRICT`; an integer is still a number).
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -26,10 +28,14 @@ Text = Annotated[str, AfterValidator(_unicode)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]  # what torch.Generator.manual_seed takes
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 MAX_LOGPROBS = 5  # OpenAI's cap on `logprobs` of the legacy completions API
+MAX_TOP_LOGPROBS = 20  # and on `top_logprobs` of chat completions
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+"""Every request body and its parts: unknown fields refused, no string taken for a number or a
+boolean (pydantic's strict mode)."""
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = STRICT
 
     model: str = Field(description="a model id from GET /v1/models")
 
@@ -38,7 +44,7 @@ class Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     include_usage: bool = Field(False, description="end the stream with a chunk that holds only `usage`")
 
@@ -54,6 +60,35 @@ FrequencyPenalty = Annotated[
 LogitBias = Annotated[
     dict[str, Annotated[float, Field(ge=-100, le=100)]] | None,
     Field(description='token id (as a string) -> added to its logit, -100 to 100: {"50256": -100} bans it'),
+]
+
+
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema the reply's JSON follows."""
+
+    model_config = ConfigDict(**STRICT, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the schema's name (letters, digits, _ and -)")
+    description: str | None = Field(None, description="what the reply is for; not used")
+    schema_: dict[str, Any] | None = Field(
+        None, alias="schema", description="a JSON Schema (draft 2020-12); absent: any JSON object"
+    )
+    strict: bool | None = Field(None, description="accepted; replies follow the schema exactly either way")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON that follows a schema.
+    Decoding is constrained to it token by token (`attnlab.serve.structured`)."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = Field(None, description="with type json_schema: the schema")
+
+
+ResponseFormatField = Annotated[
+    ResponseFormat | None,
+    Field(description='{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}'),
 ]
 
 
@@ -91,6 +126,7 @@ class CompletionRequest(Request):
     logit_bias: LogitBias = None
     best_of: int | None = Field(1, ge=1, description="completions to choose the n best from: 1, or n (no choice)")
     suffix: Text | None = Field(None, description="text after the completion: not supported, empty only")
+    response_format: ResponseFormatField = None
 
     @property
     def new_tokens(self) -> int:
@@ -167,7 +203,7 @@ class ModelCard(BaseModel):
     endpoints: list[str] = Field(description="the paths this model answers, besides /v1/models")
     context: int | None = Field(description="the most tokens the model reads at once")
     max_prompt_tokens: int | None = Field(
-        None, description="language models: the longest prompt taken (the model reads its last `context` tokens)"
+        None, description="language models: the longest prompt taken (past `context`, only with max_tokens 0)"
     )
 
 
@@ -311,7 +347,7 @@ class EmbeddingResponse(BaseModel):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     type: Literal["text"] = Field(description="only text parts: these models read text")
     text: Text
@@ -321,7 +357,7 @@ class ChatMessage(BaseModel):
     """One turn of a conversation, as OpenAI's chat API writes it. A list of text parts is joined
     with newlines into one text before the chat template sees it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     role: Literal["system", "user", "assistant"]
     content: Text | list[TextPart]
@@ -353,11 +389,15 @@ class ChatCompletionRequest(Request):
     presence_penalty: PresencePenalty = 0.0
     frequency_penalty: FrequencyPenalty = 0.0
     logit_bias: LogitBias = None
-    logprobs: Literal[False] | None = Field(
-        None, description="false only: log-probabilities are served by /v1/completions (logprobs, echo)"
+    logprobs: bool | None = Field(None, description="each reply token's log-probability under the model")
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description=f"with logprobs: the N (at most {MAX_TOP_LOGPROBS}) most likely tokens at each position",
     )
-    top_logprobs: Literal[0] | None = Field(None, description="0 or null, as logprobs is false")
     user: str | None = Field(None, description="accepted for compatibility, not used")
+    response_format: ResponseFormatField = None
 
     def new_tokens(self, default: int) -> int:
         """max_completion_tokens, else max_tokens, else `default`."""
@@ -376,10 +416,28 @@ class ChatReply(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="the token's text (a part of a character shows as U+FFFD)")
+    logprob: float
+    bytes: list[int] = Field(description="the token's own UTF-8 bytes")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the top_logprobs most likely tokens here, most likely first")
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's `logprobs` of a chat choice: a row per reply token, under the model's own
+    distribution (before temperature, filters and penalties)."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatReply
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None
 
 

@@ -4,8 +4,10 @@ by continuous batching (`attnlab.decode.batching`), their text sent back piece b
 The event loop must never wait on the model, and the model must never wait on a slow client: each
 request is a `Stream` whose pieces the decoding thread hands to the loop
 (`call_soon_threadsafe`, every stream's pieces of a step at once: `Outbox`) and whose `cancel`
-the loop sets. New requests wait in a bounded queue (past it: `QueueFull`, the app's 429) and
-join the batch between steps; a cancelled one leaves at the next step.
+the loop sets. A stream yields its pieces one by one, a token's text each, as soon as the step
+that decoded it ends: a client sees one event per token, never a burst of them. New requests wait
+in a bounded queue (past it: `QueueFull`, the app's 429) and join the batch between steps; a
+cancelled one leaves at the next step.
 """
 
 import asyncio
@@ -21,7 +23,7 @@ from torch import nn
 from attnlab.accel.fused import by_default
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.batching import Batcher, Sequence
-from attnlab.decode.sampling import Penalties, Picker, TokenScore, sampling_picker
+from attnlab.decode.sampling import Penalties, Picker, TokenMask, TokenScore, sampling_picker
 from attnlab.decode.text import TextPieces
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ class Sampling:
     penalties: Penalties | None = None  # presence, frequency, logit bias (OpenAI's)
     logprobs: int | None = None  # score every new token, with this many most likely others
     echo_logprobs: bool = False  # score the prompt's tokens too (`Stream.prompt_scores`)
+    mask: TokenMask | None = None  # the tokens allowed at each step (a grammar); the stream's own
 
     def picker(self, device: torch.device) -> Picker | None:
         """The stream's token picker; None for greedy (which the batch takes for all rows at once)."""
@@ -93,16 +96,9 @@ class Stream:
         self.cancelled = True
 
     async def __aiter__(self) -> AsyncIterator[Piece]:
-        ended = False
-        while not ended and (piece := await self._pieces.get()) is not None:
-            # Pieces that piled up while the event loop was busy go out as one: under load, one
-            # event per token for every stream costs the loop more than the model's step.
-            while not self._pieces.empty():
-                more = self._pieces.get_nowait()
-                if more is None:
-                    ended = True
-                    break
-                piece = Piece(piece.text + more.text, piece.tokens + more.tokens, piece.scores + more.scores)
+        # One piece at a time, never those that piled up joined into one: a client reads a token's
+        # text as an event of its own (merging them sent a 20-token completion in 2 events).
+        while (piece := await self._pieces.get()) is not None:
             yield piece
 
     # The decoding thread's side.
@@ -274,6 +270,7 @@ class ModelWorker:
             penalties=s.penalties,
             logprobs=s.logprobs,
             echo_logprobs=s.echo_logprobs,
+            mask=s.mask,
         )
 
     def _deliver(self, seq: Sequence) -> None:
@@ -284,7 +281,7 @@ class ModelWorker:
             return
         self.generated_tokens += 1
         token = seq.tokens[-1]
-        if seq.finish_reason == "stop":  # the end-of-text token: no text of its own
+        if seq.finish_reason == "stop" and token == seq.eos_id:  # the end-of-text token: no text of its own
             stream._send(pieces.finish(), 0)
             self._finish(seq, "stop")
             return
@@ -294,9 +291,9 @@ class ModelWorker:
             stream._send(text, 1, scores)
             self.batcher.leave(seq)
             self._finish(seq, "stop")
-        elif seq.done:
+        elif seq.done:  # max_tokens, or the end of what its mask allows ("stop")
             stream._send(text + pieces.finish(), 1, scores)
-            self._finish(seq, "length")
+            self._finish(seq, seq.finish_reason)
         else:
             stream._send(text, 1, scores)
 
