@@ -3,6 +3,14 @@
 import attnlab
 run = attnlab.load("runs/demo")      # .model, .tokenizer, .config
 maps = attnlab.viz.attention_maps(run, "ROMEO:")   # subpackages load on first use
+
+Speculative decoding (the same text as without it, sooner): a smaller run with the same tokenizer
+drafts, or prompt lookup copies from the context.
+from attnlab.decode import ModelDrafter, PromptLookup, Speculation, complete, greedy_picker
+draft = attnlab.load("runs/small")
+spec = Speculation(ModelDrafter(draft.model), k=4)   # or Speculation(PromptLookup(max_ngram=3), k=8)
+text = complete(run.model, run.tokenizer, "ROMEO:", 200, greedy_picker(), speculation=spec)
+print(spec.stats.summary())   # accepted tokens per step
 """
 
 from importlib import import_module

@@ -1,12 +1,15 @@
-"""attnlab sample RUN|HF_FOLDER|GGUF --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-[--compile | --fused | --no-fused] [--weights fp32|bf16|int8]
+"""attnlab sample RUN|HF_FOLDER|GGUF [PROMPT | -p/--prompt TEXT] [-n/--max-new-tokens N --temperature T --top-k K
+--top-p P --seed S] [--compile | --fused | --no-fused] [--weights fp32|bf16|int8]
+[--draft RUN_OR_FOLDER | --prompt-lookup [N]] [--draft-k K]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
 attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]
 
-Language models: `attnlab.decode.stream_text` (from Python also `attnlab.decode.sample`); image and WaveNet
+Language models: `attnlab.decode.stream_text` (from Python also `attnlab.decode.sample`; speculative decoding:
+`attnlab.decode.speculative`, its statistics on stderr at the end); image and WaveNet
 runs: see cli/sample_media.py (`attnlab.viz.sample_image_grid`, `attnlab.tasks.media.sample_run_audio`)."""
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,8 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RUN",
         help=takes_words((CAUSAL_LM,)),
     )
-    p.add_argument("--prompt", default="", help="text to continue (default: start from nothing)")
-    p.add_argument("--max-new-tokens", type=non_negative_int, default=500, help="tokens to generate (default 500)")
+    p.add_argument("prompt_text", nargs="?", metavar="PROMPT", help="text to continue (or --prompt)")
+    p.add_argument("-p", "--prompt", help="text to continue (default: start from nothing)")
+    p.add_argument(
+        "-n", "--max-new-tokens", type=non_negative_int, default=500, help="tokens to generate (default 500)"
+    )
     p.add_argument(
         "--temperature",
         type=float,
@@ -67,10 +73,71 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-fused keeps PyTorch's path",
     )
     add_weights_argument(p)
+    _add_speculation_arguments(p)
     _add_media_arguments(p)
     add_device_argument(p)
     add_json_argument(p, '{"samples": [...]}')
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=check)
+
+
+def _add_speculation_arguments(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's options, in their own group of the help."""
+    spec = p.add_argument_group(
+        "speculative decoding",
+        "a drafter proposes tokens that the model checks in one step; the output is what the model alone "
+        "gives (greedy: token for token; sampling: the same distribution)",
+    )
+    spec.add_argument(
+        "--draft",
+        metavar="RUN_OR_FOLDER",
+        help="a smaller language model with the same tokenizer drafts (a run folder, Hugging Face folder or GGUF "
+        "file); --fused/--no-fused then choose its step, the target checking the drafts on PyTorch's",
+    )
+    spec.add_argument(
+        "--prompt-lookup",
+        type=positive_int,
+        nargs="?",
+        const=PROMPT_LOOKUP_NGRAM,
+        metavar="N",
+        help="draft by copying what followed the latest earlier occurrence of the last N..1 tokens "
+        f"(default N {PROMPT_LOOKUP_NGRAM}); no second model: for outputs that repeat their prompt",
+    )
+    spec.add_argument(
+        "--draft-k",
+        type=int,
+        metavar="K",
+        help=f"tokens drafted per step, 1 to {MAX_DRAFT_TOKENS} (default {DRAFT_K})",
+    )
+
+
+PROMPT_LOOKUP_NGRAM = 3
+DRAFT_K = 4
+MAX_DRAFT_TOKENS = 16
+"""`attnlab.decode.speculative.MAX_DRAFT_TOKENS`, repeated so that parsing imports no PyTorch
+(tests/cli/test_sample_conventions.py checks that the two agree)."""
+
+
+def check(args: argparse.Namespace) -> None:
+    """The prompt given once (PROMPT or --prompt) and the speculation options, checked before
+    PyTorch is imported."""
+    from attnlab.sources import refuse
+
+    if args.prompt_text is not None and args.prompt is not None:
+        raise UserError("give the prompt once: as PROMPT or with -p/--prompt, not both")
+    args.prompt = args.prompt_text if args.prompt_text is not None else (args.prompt or "")
+    if args.draft is not None and args.prompt_lookup is not None:
+        raise UserError("--draft and --prompt-lookup are two drafters; pick one")
+    speculating = args.draft is not None or args.prompt_lookup is not None
+    if args.draft_k is not None and not speculating:
+        raise UserError("--draft-k sets how many tokens a drafter proposes: add --draft RUN or --prompt-lookup")
+    if args.draft_k is not None and not 1 <= args.draft_k <= MAX_DRAFT_TOKENS:
+        raise UserError(f"--draft-k must be from 1 to {MAX_DRAFT_TOKENS}, got {args.draft_k}")
+    if speculating and (args.compile or args.weights != "fp32"):
+        raise UserError("speculative decoding checks the drafts with PyTorch's step: leave out --compile and --weights")
+    if args.prompt_lookup is not None and args.fused:
+        raise UserError("--fused runs a draft model's steps, and prompt lookup has none: leave out --fused")
+    if args.draft is not None:
+        refuse(args.draft, "sample")
 
 
 def _add_media_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,6 +195,11 @@ def run(args: argparse.Namespace) -> int:
     if loaded is not None and loaded.task in MEDIA_TASKS:
         from attnlab.cli.sample_media import sample_media
 
+        if args.draft is not None or args.prompt_lookup is not None:
+            raise UserError(
+                f"--draft and --prompt-lookup go with language models; {args.run_dir} is a {loaded.task!r} run"
+            )
+
         return sample_media(args, loaded.run)
     if media and (published or loaded.task == "language-model"):
         raise UserError(f"{', '.join(media)} go with image and WaveNet runs, not with a language model")
@@ -138,19 +210,56 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_any(args.run_dir, command="sample", device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
     args.weights = decoding_weights(model, args.weights, "sample")
-    if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model
+    speculation = _speculation(args, loaded, device)
+    if speculation is not None:
+        args.fused = False
+    elif args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model
         from attnlab.accel.fused import by_default
 
         args.fused = not args.compile and by_default(model, args.weights)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
-    samples = _sample_texts(args, model, tokenizer, prompt_ids, pick)
+    samples = _sample_texts(args, model, tokenizer, prompt_ids, pick, speculation)
+    result: dict[str, object] = {"prompt": args.prompt, "samples": samples}
+    if speculation is not None:
+        sys.stderr.write(f"attnlab sample: {speculation.stats.summary()}\n")
+        result["speculation"] = dataclasses.asdict(speculation.stats) | {
+            "tokens_per_step": round(speculation.stats.tokens_per_step, 4)
+        }
     if args.json:
         from attnlab.cli import print_json
 
-        print_json({"prompt": args.prompt, "samples": samples})
+        print_json(result)
     return 0
+
+
+def _speculation(args: argparse.Namespace, target, device):
+    """The drafter the options ask for (`attnlab.decode.Speculation`), or None. A draft model is
+    loaded by the one loader and must share the target's tokenizer; one not smaller is warned of.
+    --fused/--no-fused choose the draft model's step (the target checks drafts on PyTorch's)."""
+    from attnlab.decode import ModelDrafter, PromptLookup, Speculation
+
+    k = DRAFT_K if args.draft_k is None else args.draft_k
+    if args.prompt_lookup is not None:
+        return Speculation(PromptLookup(max_ngram=args.prompt_lookup), k)
+    if args.draft is None:
+        return None
+    from attnlab.decode.speculative import check_draft_model
+    from attnlab.train.load import load_any
+
+    draft = load_any(args.draft, command="sample", device=device)
+    if draft.task is not None and draft.task != "language-model":
+        raise UserError(f"--draft {args.draft} is a {draft.task!r} run: a drafter is a language model")
+    warning = check_draft_model(target.model, draft.model, target.tokenizer, draft.tokenizer)
+    if warning is not None:
+        sys.stderr.write(f"attnlab sample: warning: {warning}\n")
+    fused = args.fused
+    if fused is None:  # the draft model's one-token steps: the C++ step where it is built and covers it
+        from attnlab.accel.fused import by_default
+
+        fused = by_default(draft.model, "fp32")
+    return Speculation(ModelDrafter(draft.model, fused=fused), k)
 
 
 def _text_options(args: argparse.Namespace) -> None:
@@ -166,7 +275,7 @@ def _text_options(args: argparse.Namespace) -> None:
     check_weights_options(args)
 
 
-def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick) -> list[str]:
+def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick, speculation=None) -> list[str]:
     """Generate `args.num_samples` continuations of the prompt, printing them as they come (or
     streaming their tokens with --stream) unless --json; returns those not streamed."""
     from attnlab.decode import stream_text
@@ -183,6 +292,7 @@ def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick) 
             compile=args.compile,
             fused=args.fused,
             weights=args.weights,
+            speculation=speculation,
         )
         if args.stream and not args.json:
             sys.stdout.write(args.prompt)

@@ -9,9 +9,20 @@ from attnlab.decode.sampling import (
     top_k_filter,
     top_p_filter,
 )
+from attnlab.decode.speculative import (
+    ModelDrafter,
+    PromptLookup,
+    Speculation,
+    SpeculationStats,
+    speculative_generate,
+)
 from attnlab.decode.text import complete, encode_prompt, stream_text
 
 __all__ = [
+    "ModelDrafter",
+    "PromptLookup",
+    "Speculation",
+    "SpeculationStats",
     "complete",
     "encode_prompt",
     "generate_tokens",
@@ -19,6 +30,7 @@ __all__ = [
     "greedy_picker",
     "sample",
     "sampling_picker",
+    "speculative_generate",
     "stream_text",
     "top_k_filter",
     "top_p_filter",

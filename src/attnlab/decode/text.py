@@ -7,6 +7,7 @@ from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.sampling import Picker, generate_tokens
+from attnlab.decode.speculative import Speculation, speculative_generate
 from attnlab.errors import UserError
 
 
@@ -88,14 +89,21 @@ def stream_text(
     compile: bool = False,
     fused: bool = False,
     weights: str = "fp32",
+    speculation: Speculation | None = None,
 ) -> Iterator[str]:
     """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come (see
     `TextPieces`). `compile`, `fused` and `weights` choose how the decoding step runs (see
-    `generate_tokens`).
+    `generate_tokens`); `speculation` drafts tokens for PyTorch's step to check
+    (`attnlab.decode.speculative`), with those three left at their defaults.
     """
     pieces = TextPieces(tokenizer, stop)
-    options = dict(eos_id=tokenizer.eos_id, compile=compile, fused=fused, weights=weights)
-    tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, **options)
+    if speculation is not None:
+        if compile or fused or weights != "fp32":
+            raise ValueError("speculation checks drafts with PyTorch's step: leave compile, fused and weights alone")
+        tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, eos_id=tokenizer.eos_id)
+    else:
+        options = dict(eos_id=tokenizer.eos_id, compile=compile, fused=fused, weights=weights)
+        tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, **options)
     for token in tokens:
         token_id = int(token[0])
         if token_id == tokenizer.eos_id:
@@ -118,8 +126,10 @@ def complete(
     pick: Picker,
     *,
     stop: Sequence[str] = (),
+    speculation: Speculation | None = None,
 ) -> str:
-    """The continuation of `prompt` (without the prompt), ending before any stop string."""
+    """The continuation of `prompt` (without the prompt), ending before any stop string; with
+    `speculation`, drafted and checked (`attnlab.decode.speculative`), the same text or law."""
     device = next(model.parameters()).device
     ids = encode_prompt(tokenizer, prompt, device)
-    return "".join(stream_text(model, tokenizer, ids, max_new_tokens, pick, stop=stop))
+    return "".join(stream_text(model, tokenizer, ids, max_new_tokens, pick, stop=stop, speculation=speculation))

@@ -144,6 +144,14 @@ class KVCache:
         """Start again from an empty cache (the buffers are overwritten as they fill)."""
         self.length = 0
 
+    def truncate(self, length: int) -> None:
+        """Forget every slot from `length` on (speculative decoding drops the keys of rejected
+        draft tokens): the growing path attends to the first `length` slots and writes after them.
+        The buffers are left as they are; the slots past `length` are overwritten as they refill."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"can truncate to 0 … {self.length} filled slots, got {length}")
+        self.length = length
+
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep and reorder the rows: row i becomes old row index[i], index `(B',)` long (beam
         search follows its hypotheses). The buffers become `(B', H, max_len, D)`.
@@ -196,6 +204,10 @@ class RollingKVCache(KVCache):
     ) -> None:
         super().__init__(batch_size, n_heads, window, head_dim, device=device, dtype=dtype)
         self.window = window
+
+    def truncate(self, length: int) -> None:
+        """Not for a ring: the slots that newer positions overwrote cannot be brought back."""
+        raise ValueError("a rolling KV cache cannot be truncated: its ring has overwritten older keys")
 
     def update(
         self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -364,17 +376,21 @@ class MultiHeadAttention(nn.Module):
     def _norm_heads(x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
         return x if norm is None else norm(x)
 
+    cross_linear = staticmethod(F.linear)
+    """The product by a slice of `in_proj`'s rows in cross-attention, `(x, weight, bias)` as
+    `F.linear` takes them: `attnlab.accel`'s decoding class puts its own route here."""
+
     def project_query(self, x: torch.Tensor) -> torch.Tensor:
         """Cross-attention's queries `(B, Tq, H·D)` of x `(B, Tq, C)`: the first H·D rows of `in_proj`."""
         c = self.q_dim
         bias = None if self.in_proj.bias is None else self.in_proj.bias[:c]
-        return F.linear(x, self.in_proj.weight[:c], bias)
+        return self.cross_linear(x, self.in_proj.weight[:c], bias)
 
     def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values `(B, Hkv, Tk, D)` of an encoder memory `(B, Tk, C)` for cross-attention."""
         c = self.q_dim
         bias = None if self.in_proj.bias is None else self.in_proj.bias[c:]
-        k, v = F.linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
+        k, v = self.cross_linear(memory, self.in_proj.weight[c:], bias).split(self.kv_dim, dim=-1)
         return self._norm_heads(self._split_heads(k), self.k_norm), self._split_heads(v)
 
     def forward(
