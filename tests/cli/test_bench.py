@@ -1,12 +1,16 @@
 """`attnlab bench`: the structure of its results in --quick mode on CPU, numbers recomputed from
 their definitions (no timing assertions: this machine's speed is not under test)."""
 
+import contextlib
+import io
 import json
 import sys
+import warnings
 
 import pytest
 import torch
 
+from attnlab.cli import main
 from attnlab.models import GPT, GPTConfig
 from attnlab.studies.bench import attention_memory_case, cpu_attention_memory
 from attnlab.studies.bench import run as bench_run
@@ -64,16 +68,34 @@ def model_flops_per_token(shape: str, block: int) -> float:
     return 6 * n + 12 * n_layers * block * d_model
 
 
-def bench_json(capsys, *extra: str) -> dict:
-    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--json", *extra)
-    assert code == 0, err
-    return json.loads(out)
-
-
-def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """One `attnlab bench --quick` with its defaults, shared by the tests that read its table, its
+    JSON file and its progress (each run takes a while): (exit code, stdout, stderr, the --out
+    file's object, calls of the kernels' block, warnings)."""
     pytest.importorskip("transformers")
-    out_file = tmp_path / "bench.json"
-    result = bench_json(capsys, "--out", out_file)
+    from attnlab.accel import kernels
+
+    out_file = tmp_path_factory.mktemp("bench") / "bench.json"
+    calls = []
+    apply = kernels._PreNormBlock.apply
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        warnings.catch_warnings(record=True) as caught,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        warnings.simplefilter("always")
+        patch.setattr(kernels._PreNormBlock, "apply", lambda *a: calls.append(1) or apply(*a))
+        code = main(["bench", "--quick", "--device", "cpu", "--out", str(out_file)])
+    return code, out.getvalue(), err.getvalue(), out_file, calls, caught
+
+
+def test_quick_json_has_every_field_and_consistent_numbers(quick_bench):
+    code, _, err, out_file, _, _ = quick_bench
+    assert code == 0, err
+    result = json.loads(out_file.read_text(encoding="utf-8"))
     assert TOP_KEYS <= result.keys()
     assert result["device"] == "cpu" and result["quick"] is True and result["repeats"] >= 1
     # The defaults' paths: attnlab's C++ kernels exactly where they are built (make builds them).
@@ -83,7 +105,6 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
     assert result["torch"] == torch.__version__
     peak = result["matmul_peak_flops"]
     assert peak > 0
-    assert json.loads(out_file.read_text(encoding="utf-8")) == result  # --out writes the same object
 
     assert [r["shape"] for r in result["train"]] == ["4x4x128", "6x6x384"]
     for row in result["train"]:
@@ -127,9 +148,8 @@ def test_quick_json_has_every_field_and_consistent_numbers(capsys, tmp_path):
     assert explicit_longest["peak_mib"] > weights_mib
 
 
-def test_quick_table_prints_the_header_and_one_line_per_case(capsys):
-    pytest.importorskip("transformers")
-    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu")
+def test_quick_table_prints_the_header_and_one_line_per_case(quick_bench):
+    code, out, err, *_ = quick_bench
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("attnlab bench on cpu") and "torch" in lines[0] and "matmul peak" in lines[0]
@@ -142,38 +162,34 @@ def test_quick_table_prints_the_header_and_one_line_per_case(capsys):
     assert "bench: train 4x4x128" in err  # progress on stderr, one line per case
 
 
-def test_without_transformers_the_attnlab_columns_still_run(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize("before, after, as_json", [(1e9, 3e9, True), (3e9, 1e9, False)])
+def test_without_transformers_attnlab_columns_run_and_the_peak_is_the_better_of_before_and_after(
+    capsys, monkeypatch, tmp_path, before, after, as_json
+):
+    """Without transformers the attnlab columns still run (the peer's are None, the table says so
+    once); the matmul peak is measured before the training cases and after them, and the better
+    one is kept; --json prints the object --out writes."""
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    peaks = iter([before, after])
+    monkeypatch.setattr(bench_run, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
     out_file = tmp_path / "bench.json"
-    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file)
+    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file, *["--json"] * as_json)
     assert code == 0, err
-    assert out.count("transformers not installed") == 1
+    assert next(peaks, None) is None  # measured twice
     result = json.loads(out_file.read_text(encoding="utf-8"))
+    if as_json:
+        assert json.loads(out) == result
+    else:
+        assert out.count("transformers not installed") == 1
+    assert result["matmul_peak_flops"] == 3e9
     for row in result["train"]:
-        assert row["attnlab_tokens_per_sec"] > 0 and row["attnlab_mfu"] > 0
-        assert row["transformers_tokens_per_sec"] is None and row["ratio"] is None
-        assert row["transformers_mfu"] is None
+        assert row["attnlab_tokens_per_sec"] > 0 and row["transformers_tokens_per_sec"] is None
+        assert row["ratio"] is None and row["transformers_mfu"] is None
+        assert row["attnlab_mfu"] == pytest.approx(row["attnlab_tokens_per_sec"] * row["flops_per_token"] / 3e9)
     for row in result["generate"]:
         assert row["attnlab_tokens_per_sec"] > 0
         assert row["transformers_tokens_per_sec"] is None and row["ratio"] is None
     assert {r["path"] for r in result["attention_memory"]} == {"explicit", "fused"}
-
-
-@pytest.mark.parametrize("before, after", [(1e9, 3e9), (3e9, 1e9)])
-def test_the_peak_is_the_better_of_one_measurement_before_the_training_cases_and_one_after(
-    capsys, monkeypatch, tmp_path, before, after
-):
-    monkeypatch.setitem(sys.modules, "transformers", None)  # attnlab's columns alone: quicker
-    peaks = iter([before, after])
-    monkeypatch.setattr(bench_run, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
-    out_file = tmp_path / "bench.json"
-    code, out, err = cli(capsys, "bench", "--quick", "--device", "cpu", "--out", out_file)
-    assert code == 0, err
-    assert next(peaks, None) is None  # measured twice
-    result = json.loads(out_file.read_text(encoding="utf-8"))
-    assert result["matmul_peak_flops"] == 3e9
-    for row in result["train"]:
-        assert row["attnlab_mfu"] == pytest.approx(row["attnlab_tokens_per_sec"] * row["flops_per_token"] / 3e9)
     assert f"matmul peak after the training cases: {after / 1e9:.1f} GFLOP/s (kept: 3.0 GFLOP/s)" in err
 
 
@@ -202,15 +218,17 @@ def test_an_unknown_attention_path_is_refused():
         attention_memory_case("flash", 8)
 
 
-def test_quick_fused_trains_with_the_kernels_and_decodes_with_the_fused_step(capsys, recwarn, monkeypatch):
-    pytest.importorskip("transformers")
-    from attnlab.accel import kernels
+def test_quick_fused_trains_with_the_kernels_and_decodes_with_the_fused_step(quick_bench):
+    """Where the kernels are built (make builds them), bench's defaults take them: the training
+    rows through attnlab's kernels, the decoding rows through the fused step, no fallback."""
+    from attnlab.accel import fused, kernels
 
-    calls = []
-    apply = kernels._PreNormBlock.apply
-    monkeypatch.setattr(kernels._PreNormBlock, "apply", lambda *a: calls.append(1) or apply(*a))
-    result = bench_json(capsys, "--fused")
-    assert not [w for w in recwarn if "decoding eagerly" in str(w.message)]  # no fallback to the model
+    if not (kernels.is_built() and fused.is_built()):
+        pytest.skip("the C++ kernels are not built here (attnlab kernels build)")
+    code, _, err, out_file, calls, caught = quick_bench
+    assert code == 0, err
+    result = json.loads(out_file.read_text(encoding="utf-8"))
+    assert not [w for w in caught if "decoding eagerly" in str(w.message)]  # no fallback to the model
     assert result["fused"] is True and result["compiled"] is False
     assert all(row["attnlab_tokens_per_sec"] > 0 for row in result["generate"] + result["train"])
     if kernels.extension() is not None:
