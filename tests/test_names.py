@@ -28,6 +28,7 @@ FORMAT2 = Path(__file__).parent / "fixtures" / "run-format2"  # a run of each fa
 # rather than read from attnlab.names, so that a wrong entry there fails.
 RENAMED = {
     ("lm", None): ("language-model", None),
+    ("chat", None): ("chat", None),
     ("translation", "transformer"): ("translation", "seq2seq-transformer"),
     ("translation", "rnn"): ("translation", "gru"),
     ("translation", "rnn-attention"): ("translation", "gru-attention"),
@@ -50,6 +51,7 @@ RENAMED = {
 # What a model needs besides its kind to be built without data (the tokenizer or graph sets these).
 SIZES = {
     "language-model": {"vocab_size": 11, "n_layers": 1, "d_model": 16, "n_heads": 2},
+    "chat": {"vocab_size": 11, "n_layers": 1, "d_model": 16, "n_heads": 2},
     "translation": {"vocab_size": 11},
     "node-classification": {"n_features": 5, "n_classes": 3},
     "image-density": {},

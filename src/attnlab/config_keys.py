@@ -24,8 +24,8 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
     "data": frozenset(
         "block_size column condition_on_speaker data_dir dataset eval_beam eval_clips eval_images flip "
         "init_from label_column lowercase mask_prob max_len max_samples max_shift max_tokens path seed "
-        "segment src_lang text_column tgt_lang token_dropout tokenizer tokenizer_file train_size unknown_word "
-        "val_fraction val_size vocab_size word_pooling".split()
+        "segment src_lang text_column tgt_lang token_dropout tokenizer tokenizer_file too_long train_size "
+        "unknown_word val_fraction val_path val_size vocab_size word_pooling".split()
     ),
     "train": frozenset(
         "batch_size beta1 beta2 checkpoint_interval compile decay_lr device dtype eval_interval eval_iters "

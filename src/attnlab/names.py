@@ -18,6 +18,7 @@ from attnlab.errors import ConfigError
 
 TASK_KINDS: dict[str, tuple[str, ...]] = {
     "language-model": (),  # always a GPT: its model section has no kind
+    "chat": (),  # a GPT fine-tuned on conversations: no kind either
     "translation": ("seq2seq-transformer", "gru", "gru-attention"),
     "masked-lm": ("bert",),
     "text-classification": ("bert", "bilstm"),

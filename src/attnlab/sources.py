@@ -39,6 +39,7 @@ GGUF_MAGIC = b"GGUF"
 # command not named here takes run folders only (translate, classify, tag, plot, report, export).
 TAKES: dict[str, tuple[str, ...]] = {
     "sample": (CAUSAL_LM,),
+    "chat": (CAUSAL_LM,),
     "eval": (CAUSAL_LM,),
     "attention": (CAUSAL_LM, ENCODER),
     "embed": (ENCODER,),

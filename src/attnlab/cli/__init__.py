@@ -13,6 +13,7 @@ from attnlab.errors import ConfigError, UserError
 SUBCOMMANDS = (
     "train",
     "sample",
+    "chat",
     "translate",
     "classify",
     "tag",

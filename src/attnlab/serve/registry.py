@@ -67,7 +67,10 @@ def load_runs(specs: Sequence[str], *, device: str = "cpu", checkpoint: str = "b
         if name in runs:
             raise UserError(f"two models are named {name!r}; tell them apart with NAME=PATH")
         loaded = load_any(path, command="serve", device=device, checkpoint=checkpoint)
-        run = loaded.run if loaded.run is not None else _published(path, loaded)
+        if loaded.run is None or loaded.chat_template is not None:  # a chat run is served as a folder is
+            run = _published(path, loaded)
+        else:
+            run = loaded.run
         if run.config.task not in ENDPOINTS:
             raise UserError(
                 f"{path} is a {run.config.task!r} run; attnlab serve serves runs of the text tasks "

@@ -15,6 +15,7 @@ encoder in there); `uses_tokenizer = False` for a task whose run folder has no t
 """
 
 from attnlab.tasks.audio import AudioDataConfig, SpeechDensity
+from attnlab.tasks.chat import Chat, ChatDataConfig
 from attnlab.tasks.classification import Classification, ClassificationDataConfig
 from attnlab.tasks.digits import DigitClassification, DigitsDataConfig
 from attnlab.tasks.images import ImageDensity, ImagesDataConfig
@@ -29,6 +30,7 @@ TASKS = {
     task.name: task
     for task in (
         LanguageModeling,
+        Chat,
         Translation,
         MaskedLM,
         Classification,
@@ -51,6 +53,8 @@ def open_task(run):
 __all__ = [
     "TASKS",
     "AudioDataConfig",
+    "Chat",
+    "ChatDataConfig",
     "DigitClassification",
     "DigitsDataConfig",
     "ImageClassification",

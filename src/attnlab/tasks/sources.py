@@ -49,9 +49,9 @@ class Loaded:
     """In eval mode, on the device and in the dtype asked for."""
     tokenizer: Tokenizer | None
     chat_template: str | None
-    """The Jinja chat template the checkpoint carries: a GGUF file's `tokenizer.chat_template`. None
-    elsewhere: a Hugging Face folder's is read with its special tokens from its files by
-    `attnlab.serve.chat_template.read_chat_template`, and runs were never taught one."""
+    """The Jinja chat template the checkpoint carries: a GGUF file's `tokenizer.chat_template`, a chat
+    run's (its chat_template.jinja). None elsewhere: a Hugging Face folder's is read with its special
+    tokens from its files by `attnlab.serve.chat_template.read_chat_template`."""
     family: Family | None
     """The row of `attnlab.families`; None for a run folder."""
     kind: str | None
@@ -107,20 +107,22 @@ def load_trained_run(path: Path) -> LoadedRun:
 
 def _run(source: SourceKind, run_loader: RunLoader) -> Loaded:
     from attnlab.checkpoints import TOKENIZER
+    from attnlab.tasks.chat import saved_chat_template
     from attnlab.tasks.trained import saved_model_config
 
     task, _ = saved_model_config(source.path)
     run = run_loader(source.path)
+    template = saved_chat_template(source.path)  # a chat run's (attnlab.tasks.chat)
     return Loaded(
         source=source,
         model=run.model,
         tokenizer=run.tokenizer,
-        chat_template=None,
+        chat_template=template,
         family=None,
         kind=None,
         model_origin=f"{source.path} (step {run.step})",
         tokenizer_origin=str(source.path / TOKENIZER) if run.tokenizer is not None else None,
-        chat_template_origin=None,
+        chat_template_origin=str(source.path / "chat_template.jinja") if template is not None else None,
         task=task,
         run=run,
     )

@@ -25,7 +25,7 @@ from attnlab.nn.lora import add_lora, lora_layers
 from attnlab.nn.positions import LearnedPositions
 from attnlab.train.config import LoRAConfig, RunConfig
 
-LORA_TASKS = ("language-model", "text-classification", "token-classification")
+LORA_TASKS = ("language-model", "chat", "text-classification", "token-classification")
 """The tasks `train.lora` applies to."""
 
 

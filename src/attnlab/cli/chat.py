@@ -1,0 +1,165 @@
+"""attnlab chat RUN|HF_FOLDER|GGUF [--system TEXT] [-n/--max-new-tokens N --temperature T --top-k K
+--top-p P --seed S] [--device D]
+
+A conversation in the terminal, as `ollama run` holds one: the reply streams as it is generated,
+the whole history is the next prompt (rendered by the model's chat template: a chat run's, a
+Hugging Face folder's, a GGUF file's). `/reset` forgets the history, `/save FILE` writes it as one
+line of OpenAI's fine-tuning JSONL (what `task = "chat"` trains on), Ctrl-C stops a reply and
+keeps what was said, Ctrl-D or `/bye` leaves."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnlab.cli import non_negative_int, positive_int
+from attnlab.cli.arguments import add_device_argument, add_seed_argument
+from attnlab.errors import UserError
+from attnlab.families import CAUSAL_LM
+from attnlab.sources import takes_words
+
+HELP = "/reset forgets the conversation, /save FILE writes it as JSONL, /bye or Ctrl-D leaves, Ctrl-C stops a reply"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="talk to a chat model in the terminal",
+        description="A conversation with a model that has a chat template (a run trained with task chat, "
+        f"or a chat model's folder or GGUF file): streaming replies and history. {HELP}.",
+    )
+    p.add_argument("run_dir", metavar="MODEL", help=takes_words((CAUSAL_LM,)) + " with a chat template")
+    p.add_argument("--system", metavar="TEXT", help="a system prompt, the first message of every conversation")
+    p.add_argument(
+        "-n", "--max-new-tokens", type=non_negative_int, default=512, help="the longest reply in tokens (default 512)"
+    )
+    p.add_argument("--temperature", type=float, default=0.7, help="softmax temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with probability >= p")
+    add_seed_argument(p)
+    add_device_argument(p)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    if args.temperature < 0:
+        raise UserError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.decode import sampling_picker
+    from attnlab.device import resolve_device
+    from attnlab.train.load import load_any
+
+    device = resolve_device(args.device)
+    loaded = load_any(args.run_dir, command="chat", device=device)
+    template = chat_template(Path(args.run_dir), loaded)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
+    session = ChatSession(loaded.model, loaded.tokenizer, template, pick, args.max_new_tokens, args.system)
+    sys.stdout.write(f"{HELP}.\n")
+    session.loop()
+    return 0
+
+
+def chat_template(path: Path, loaded):
+    """The model's `ChatTemplate`: the one its checkpoint carries (a chat run's, a GGUF file's),
+    else its folder's; a `UserError` naming the fix where it has none."""
+    from attnlab.serve.chat_template import read_chat_template
+    from attnlab.serve.registry import carried_chat_template
+
+    if loaded.chat_template is not None:
+        return carried_chat_template(loaded.chat_template, loaded.tokenizer)
+    template = read_chat_template(path, loaded.tokenizer.decode) if path.is_dir() and loaded.run is None else None
+    if template is None:
+        raise UserError(
+            f"{path} has no chat template; fine-tune it on conversations first: "
+            f"attnlab train chat-sft --init-from {path} --set data.path=CONVERSATIONS.jsonl"
+        )
+    return template
+
+
+class ChatSession:
+    """One conversation: the history, and a reply streamed to stdout for each user line."""
+
+    def __init__(self, model, tokenizer, template, pick, max_new_tokens: int, system: str | None) -> None:
+        self.model, self.tokenizer, self.template, self.pick = model, tokenizer, template, pick
+        self.max_new_tokens, self.system = max_new_tokens, system
+        self.context = getattr(model.config, "block_size", None)
+        self.messages: list[dict[str, str]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def loop(self) -> None:
+        """Read lines until Ctrl-D or /bye; Ctrl-C at the prompt says how to leave."""
+        while True:
+            try:
+                line = input(">>> ")
+            except EOFError:
+                sys.stdout.write("\n")
+                return
+            except KeyboardInterrupt:
+                sys.stdout.write("\nUse Ctrl-D or /bye to leave.\n")
+                continue
+            if not self.command(line.strip()):
+                return
+
+    def command(self, line: str) -> bool:
+        """Act on one line; False to leave."""
+        if line in ("/bye", "/exit"):
+            return False
+        if line == "/reset":
+            self.reset()
+            sys.stdout.write("(the conversation is forgotten)\n")
+        elif line.startswith("/save"):
+            self.save(line[len("/save") :].strip())
+        elif line.startswith("/"):
+            sys.stdout.write(f"unknown command {line.split()[0]!r}; {HELP}\n")
+        elif line:
+            self.reply(line)
+        return True
+
+    def save(self, name: str) -> None:
+        if not name:
+            sys.stdout.write("/save needs a file name: /save FILE.jsonl\n")
+            return
+        try:
+            Path(name).write_text(json.dumps({"messages": self.messages}, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            sys.stdout.write(f"cannot write {name}: {e.strerror}\n")
+            return
+        sys.stdout.write(f"(saved {len(self.messages)} messages to {name})\n")
+
+    def reply(self, text: str) -> None:
+        """Stream the model's answer to `text`; Ctrl-C stops it, keeping what was said."""
+        import torch
+
+        from attnlab.decode import stream_text
+
+        self.messages.append({"role": "user", "content": text})
+        ids = self.template.encode(self.tokenizer, self.messages)
+        if self.context is not None and len(ids) >= self.context:
+            self.messages.pop()
+            sys.stdout.write(f"(the conversation is {len(ids)} tokens, past the context of {self.context}; /reset)\n")
+            return
+        budget = self.max_new_tokens if self.context is None else min(self.max_new_tokens, self.context - len(ids))
+        device = next(self.model.parameters()).device
+        prompt = torch.tensor([ids], dtype=torch.long, device=device)
+        said = []
+        try:
+            for piece in stream_text(
+                self.model, self.tokenizer, prompt, budget, self.pick, stop=self.template.end_of_turn
+            ):
+                said.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            sys.stdout.write(" (stopped)")
+        sys.stdout.write("\n")
+        self.messages.append({"role": "assistant", "content": "".join(said)})
