@@ -7,9 +7,11 @@ and without speculation, on a trained character GPT.
 - `lookup`: prompt lookup (`attnlab.decode.PromptLookup`, no second model) on a text-editing
   prompt: a passage, then the instruction to write it again with one change, and its first words.
 
-The baselines decode the same prompts without speculation: PyTorch's step (the path speculation
-checks its drafts with) and the fused C++ step where it is built (`attnlab kernels build`). Greedy
-speculative text is checked to be the baseline's, character for character. Tokens/s: the median of
+Each drafter's rows come twice where the fused C++ step is built (`attnlab kernels build`): the
+target checking the drafts with PyTorch's forward, and "on fused target", in one fused call
+(`FusedStep.extend`). The baselines decode the same prompts without speculation: PyTorch's step
+and the fused step; `speedup` is over the first, `vs_fused` over the second. Greedy speculative
+text is checked to be the baseline's, character for character. Tokens/s: the median of
 `--repeats` rounds of generations of `--tokens` tokens each (every way once a round, in turn), one
 torch threads as OMP_NUM_THREADS says (run with 1 or 2).
 
@@ -74,7 +76,8 @@ def generator_of(model, prompt_ids, n: int, way: dict):
         pick = sampling_picker(way["temperature"], generator=torch.Generator().manual_seed(1234))
         if spec is None:
             return [int(t) for t in generate_tokens(model, prompt_ids, n, pick, fused=way.get("fused", False))]
-        return [int(t) for t in speculative_generate(model, prompt_ids, n, pick, spec)]
+        fused = way.get("fused_target", False)
+        return [int(t) for t in speculative_generate(model, prompt_ids, n, pick, spec, fused=fused)]
 
     return generate, spec
 
@@ -93,7 +96,7 @@ def measure(model, prompt_ids, n: int, ways: list[dict], repeats: int) -> list[d
             spent.append(time.perf_counter() - start)
     rows = []
     for way, (_, spec), spent, toks in zip(ways, made, times, tokens, strict=True):
-        row = {k: v for k, v in way.items() if k != "drafter"}
+        row = {k: v for k, v in way.items() if k not in ("drafter", "fused_target")}
         row |= {"tokens_per_s": round(len(toks) / statistics.median(spent), 1), "tokens": toks}
         if spec is not None:
             stats = spec.stats
@@ -103,25 +106,37 @@ def measure(model, prompt_ids, n: int, ways: list[dict], repeats: int) -> list[d
 
 
 def ways(draft_model, fused: bool) -> list[dict]:
-    base = [{"way": "plain PyTorch", "temperature": 0.0}]
-    base += [{"way": "plain fused C++", "temperature": 0.0, "fused": True}] if fused else []
+    plain = [{"way": "plain PyTorch", "temperature": t} for t in (0.0, 0.8)]
+    plain += [{"way": "plain fused C++", "temperature": t, "fused": True} for t in (0.0, 0.8)] if fused else []
+    targets = (False, True) if fused else (False,)
+
+    def on(way: dict, fused_target: bool) -> dict:
+        suffix = " on fused target" if fused_target else ""
+        return way | {"way": way["way"] + suffix, "fused_target": fused_target}
+
     drafted = [
-        {"way": f"draft k={k}", "temperature": t, "drafter": ModelDrafter(draft_model, fused=fused), "k": k}
+        on({"way": f"draft k={k}", "temperature": t, "drafter": ModelDrafter(draft_model, fused=fused), "k": k}, f)
+        for f in targets
         for t in (0.0, 0.8)
         for k in (2, 4, 8)
     ]
-    sampled = [{"way": "plain PyTorch", "temperature": 0.8}]
     lookup = [
-        {"way": f"lookup k={k}", "temperature": 0.0, "drafter": PromptLookup(max_ngram=3), "k": k} for k in (4, 8)
+        on({"way": f"lookup k={k}", "temperature": 0.0, "drafter": PromptLookup(max_ngram=3), "k": k}, f)
+        for f in targets
+        for k in (4, 8)
     ]
-    return base + sampled + drafted, base + lookup
+    return plain + drafted, [w for w in plain if w["temperature"] == 0] + lookup
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """Speed-ups over the plain PyTorch step at the same temperature; greedy texts checked equal."""
+    """Speed-ups over the plain PyTorch step (`speedup`) and the plain fused step (`vs_fused`) at the
+    same temperature; greedy texts checked equal."""
     for r in rows:
         plain = next(p for p in rows if p["way"] == "plain PyTorch" and p["temperature"] == r["temperature"])
         r["speedup"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 2)
+        fused = [p for p in rows if p["way"] == "plain fused C++" and p["temperature"] == r["temperature"]]
+        if fused:
+            r["vs_fused"] = round(r["tokens_per_s"] / fused[0]["tokens_per_s"], 2)
         if r["temperature"] == 0:
             r["same_text"] = r["tokens"] == plain["tokens"]
     return rows
@@ -163,7 +178,8 @@ def main() -> None:
 
 
 def report(results: list[dict]) -> None:
-    cols = ("case", "way", "temperature", "tokens_per_s", "speedup", "tokens_per_step", "acceptance", "same_text")
+    cols = ("case", "way", "temperature", "tokens_per_s", "speedup", "vs_fused", "tokens_per_step", "acceptance")
+    cols += ("same_text",)
     print(" | ".join(cols))
     for r in results:
         print(" | ".join(str(r.get(c, "")) for c in cols))

@@ -1,6 +1,7 @@
 """Speculative decoding is exact: greedy output equals plain greedy decoding token for token (trained
-runs, both drafters, k 1 … 8, prompts short and past the block), and sampled output has the target's
-law, checked with a chi-square test that rejects a wrong rule (always accepting the draft)."""
+runs, both drafters, k 1 … 8, prompts short and past the block; the target checking the drafts on
+PyTorch's step or in one call of the fused C++ step), and sampled output has the target's law,
+checked with a chi-square test that rejects a wrong rule (always accepting the draft)."""
 
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from attnlab.accel.fused import FusedStep, extension
 from attnlab.data.text import bundled_shakespeare
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decode import (
@@ -57,8 +59,28 @@ def _ids(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)])
 
 
-def _speculated(model, idx, n, pick, speculation) -> list[int]:
-    return [int(t) for t in speculative_generate(model, idx, n, pick, speculation)]
+def _speculated(model, idx, n, pick, speculation, **target) -> list[int]:
+    return [int(t) for t in speculative_generate(model, idx, n, pick, speculation, **target)]
+
+
+needs_fused = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+
+
+@pytest.fixture
+def extend_calls(monkeypatch) -> list[int]:
+    """The number of tokens of each `FusedStep.extend` call that returns every token's logits (the
+    real call, counted; the prompts and the drafter's contexts are read with last_only): shows
+    that the fused target checked the drafts in one call each."""
+    calls: list[int] = []
+    real = FusedStep.extend
+
+    def counted(self, tokens, position, row=0, *, last_only=False):
+        if not last_only:
+            calls.append(tokens.numel())
+        return real(self, tokens, position, row, last_only=last_only)
+
+    monkeypatch.setattr(FusedStep, "extend", counted)
+    return calls
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
@@ -75,6 +97,40 @@ def test_greedy_output_is_the_targets_token_for_token(runs, drafter, k):
             assert _speculated(target.model, idx, n, greedy_picker(), spec) == want, (prompt, n)
     assert spec.stats.drafted > 0 and spec.stats.accepted > 0  # the drafts were used, and some kept
     assert spec.stats.emitted == spec.stats.steps + spec.stats.accepted
+
+
+@needs_fused
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("drafter", ["fused model", "lookup"])
+def test_greedy_on_the_fused_target_is_plain_greedy_token_for_token(runs, drafter, k, extend_calls):
+    """The target checks [pending, drafts] in one fused call (`FusedStep.extend`) and takes back
+    the rejected drafts' keys: the output is plain greedy decoding's (PyTorch's and the fused
+    step's), within the block and past it (the windows slide)."""
+    target, draft = runs
+    spec = Speculation(ModelDrafter(draft.model, fused=True) if drafter == "fused model" else PromptLookup(), k)
+    for prompt in PROMPTS:
+        for n in (1, 7, 90):
+            idx = _ids(target.tokenizer, prompt)
+            want = greedy(target.model, idx, n)[0, idx.size(1) :].tolist()
+            assert greedy(target.model, idx, n, fused=True)[0, idx.size(1) :].tolist() == want
+            assert _speculated(target.model, idx, n, greedy_picker(), spec, fused=True) == want, (prompt, n)
+    assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+    # drafts checked in one call with the pending token (a draft model always drafts k here)
+    assert max(extend_calls) == k + 1 if drafter == "fused model" else max(extend_calls) >= 2
+
+
+@needs_fused
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_greedy_on_a_fused_target_with_stored_weights_is_its_plain_greedy(runs, weights):
+    """bf16 and int8 weights: the target's verification reads the same stored weights as plain
+    fused decoding with them, within the block and past it (each window read by the fused step)."""
+    target, draft = runs
+    spec = Speculation(ModelDrafter(draft.model, fused=True), 4)
+    for prompt in PROMPTS:
+        idx = _ids(target.tokenizer, prompt)
+        want = greedy(target.model, idx, 90, fused=True, weights=weights)[0, idx.size(1) :].tolist()
+        assert _speculated(target.model, idx, 90, greedy_picker(), spec, fused=True, weights=weights) == want
+    assert spec.stats.accepted > 0
 
 
 def test_the_fused_drafter_drafts_what_pytorchs_drafts(runs):
@@ -180,25 +236,27 @@ def _exact_law(model, prompt: list[int], pick, length: int) -> dict[tuple[int, .
 
 
 @pytest.mark.parametrize(
-    ("drafter", "settings", "repeats"),
+    ("drafter", "settings", "repeats", "fused"),
     [
-        ("model", dict(temperature=1.0), 1),
-        ("model", dict(temperature=0.7, top_k=3), 1),
-        ("lookup", dict(top_p=0.9), 1),
-        ("model", dict(temperature=1.0), 8),  # a prompt of 19, past the block of 16: the windows slide
+        ("model", dict(temperature=1.0), 1, False),
+        ("model", dict(temperature=0.7, top_k=3), 1, False),
+        ("lookup", dict(top_p=0.9), 1, False),
+        ("model", dict(temperature=1.0), 8, False),  # a prompt of 19, past the block of 16: the windows slide
+        pytest.param("model", dict(temperature=1.0), 1, True, marks=needs_fused),
+        pytest.param("lookup", dict(temperature=0.7, top_k=3), 1, True, marks=needs_fused),
     ],
 )
-def test_sampling_with_speculation_keeps_the_targets_law(drafter, settings, repeats):
+def test_sampling_with_speculation_keeps_the_targets_law(drafter, settings, repeats, fused):
     """Tiny random models over five tokens: the first token and the first two tokens drawn with
     speculation follow the target's probabilities (temperature, top-k and top-p applied to p and
-    q as plain sampling applies them)."""
+    q as plain sampling applies them), the target on PyTorch's step or the fused one."""
     target = tiny_gpt(vocab_size=5, seed=3, weight_std=0.3)
     prompt = [4, 0] * (repeats - 1) + [1, 2, 3, 1, 2]  # lookup drafts [3, 1, 2] after it
     g = torch.Generator().manual_seed(1)
     pick = sampling_picker(generator=g, **settings)
     made = ModelDrafter(tiny_gpt(vocab_size=5, seed=4, n_layers=1, weight_std=0.3)) if drafter == "model" else None
     spec = Speculation(made or PromptLookup(max_ngram=2), k=3)
-    pairs = [tuple(_speculated(target, torch.tensor([prompt]), 2, pick, spec)) for _ in range(1000)]
+    pairs = [tuple(_speculated(target, torch.tensor([prompt]), 2, pick, spec, fused=fused)) for _ in range(1000)]
     assert _p_value([pair[:1] for pair in pairs], _exact_law(target, prompt, pick, 1)) > 1e-3
     assert _p_value(pairs, _exact_law(target, prompt, pick, 2)) > 1e-3
     assert spec.stats.drafted > 0 and 0 < spec.stats.accepted < spec.stats.drafted

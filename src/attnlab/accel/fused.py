@@ -217,8 +217,9 @@ class FusedStep:
     `step(token (B, 1), cache, position)` -> logits `(B, 1, V)`, the new keys and values written
     at `position` of the cache (the same cache, whose buffers the C++ side holds).
 
-    `rows` steps sequences at their own positions (continuous batching), and `prefill` writes whole
-    prompts, each into a row of its own, in one call.
+    `rows` steps sequences at their own positions (continuous batching), `prefill` writes whole
+    prompts, each into a row of its own, in one call, and `extend` adds several tokens to one row
+    in one call (speculative decoding's verification), `truncate` taking back what was rejected.
 
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
@@ -307,6 +308,26 @@ class FusedStep:
         its key and value at positions[r] and attends to its slots 0..positions[r]; the caches'
         `length` is left alone (the caller knows each row's)."""
         return self.step.step_rows(tokens, positions, self._packed(tokens.size(0)))
+
+    def extend(self, tokens: torch.Tensor, position: int, row: int = 0, *, last_only: bool = False) -> torch.Tensor:
+        """The next T ≥ 1 tokens of the sequence in cache row `row`, at positions position …
+        position + T − 1, in one call: tokens `(T,)` long -> the logits after each `(T, V)`, or
+        after the last alone `(1, V)` with `last_only` (a context read into the cache). Token t
+        writes its key and value at its slot and attends to the row's slots up to its own (the
+        cache, then the tokens before it: causal). The products read each weight once for the T
+        tokens. The caches' `length` becomes position + T (the growing path's count, shared by
+        every row); `truncate` sets it back, after rejected drafts for instance."""
+        logits = self.step.extend(tokens.view(-1), row, position, last_only, self._packed(tokens.numel()))
+        for layer in self.cache:
+            layer.length = position + tokens.numel()
+        return logits
+
+    def truncate(self, length: int) -> None:
+        """Forget the cache's slots from `length` on (`KVCache.truncate`): the next token is
+        written at `length` and nothing attends past it. The C++ step keeps no count of its own
+        (each call is told its positions), so the caches' `length` is the one to set back."""
+        for layer in self.cache:
+            layer.truncate(length)
 
     def prefill(self, prompts: list[list[int]], first_row: int) -> torch.Tensor:
         """Prefill prompts into cache rows first_row, first_row + 1, … in one call, prompt i's

@@ -7,7 +7,8 @@
 //   model has it), attention over the cache, the output product and residual, a norm, the
 //   feed-forward layer and residual; then the final norm and the language-model head. The same
 //   blocks prefill whole prompts, each into a cache row of its own (continuous batching's new
-//   sequences, and its sliding windows). The parts are GPT-2's and today's: LayerNorm or RMSNorm;
+//   sequences, and its sliding windows), and extend one row by several tokens at once (`extend`:
+//   speculative decoding's verification of its drafts). The parts are GPT-2's and today's: LayerNorm or RMSNorm;
 //   learned, fixed or no positions at the input, or rotary ones; grouped-query attention (fewer
 //   key/value heads than query heads); a dense, gated (SwiGLU, GeGLU, ...) or mixture-of-experts
 //   feed-forward layer (Mixtral's top-k routing); biases or none; a tied or untied head.
@@ -473,7 +474,8 @@ void embed(const at::Tensor& tokens, const at::Tensor& positions, const int64_t*
 // at different times): row r attends to slots 0..pos[r] of its own cache row. Made once per step
 // for all its layers. A row behind the furthest one masks the slots past its own, which another
 // sequence may have written before it took the row; when every row is at the same position there
-// is nothing to mask and no mask is made.
+// is nothing to mask and no mask is made. Consecutive positions of one row (`GPTStep::extend`)
+// make the masks causal.
 struct RowPositions {
   const int64_t* pos;
   int64_t n = 0;                 // the slots the step reads: the furthest position + 1
@@ -490,14 +492,18 @@ struct RowPositions {
   const bool* keep_of(int64_t r) const { return pos[r] + 1 == n ? nullptr : keep.get() + r * n; }
 };
 
-// Self-attention of one step with rows at their own positions: row r writes its key and value at
-// position rows.pos[r] of cache row r, then attends from its query to its slots. Caches of layout `lay`.
+// Self-attention of R tokens at their own positions: token r (row r of qkv) writes its key and
+// value at position rows.pos[r] of cache row cache_row(r), then attends from its query to that
+// row's slots 0..rows.pos[r]. A step's rows each have a cache row of their own (cache_row(r) = r);
+// the T new tokens of one sequence (`GPTStep::extend`) share one, where the positions pos..pos+T-1
+// make RowPositions' masks causal. Caches of layout `lay`.
+template <class CacheRow>
 void attend_rows(const float* qkv, float* k_cache, float* v_cache, Layout lay, const RowPositions& rows, float* out,
-                 int64_t R, Heads heads) {
-  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, r, rows.pos[r], heads);
-  auto own_row = [](int64_t r, int64_t) { return r; };
+                 int64_t R, Heads heads, CacheRow cache_row) {
+  for (int64_t r = 0; r < R; ++r) write_key_value(qkv, k_cache, v_cache, lay, r, cache_row(r), rows.pos[r], heads);
+  auto row_of = [&](int64_t r, int64_t) { return cache_row(r); };
   auto keep_of = [&](int64_t r) { return rows.keep_of(r); };
-  attend(qkv, heads.width(), k_cache, v_cache, lay, rows.n, own_row, keep_of, out, R, heads.H, heads.D, heads.group());
+  attend(qkv, heads.width(), k_cache, v_cache, lay, rows.n, row_of, keep_of, out, R, heads.H, heads.D, heads.group());
 }
 
 // Self-attention of a prefill: the prompts' tokens are the rows of qkv in order, prompt g's
@@ -704,6 +710,32 @@ class GPTStep {
     return run(tokens.contiguous(), pos, tokens.size(0), packed);
   }
 
+  // tokens (T,) int64, T >= 1: the next T tokens of the sequence in cache row `row`, at positions
+  // pos .. pos + T - 1 (its slots 0 .. pos - 1 already filled). Each token writes its key and value
+  // at its slot and attends to the row's slots up to its own: the cache and the tokens before it
+  // (causal). The T tokens go through each product together, which reads every weight once for
+  // all of them. packed as for `step`, for T rows. Returns the logits after each token (T, V):
+  // speculative decoding's verification of T - 1 drafts; with last_only, the last token's alone
+  // (1, V): a prompt, or a drafter's context, read into the cache.
+  at::Tensor extend(const at::Tensor& tokens, int64_t row, int64_t pos, bool last_only,
+                    const std::vector<at::Tensor>& packed) {
+    TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) >= 1 && tokens.scalar_type() == at::kLong,
+                "tokens must be (T,) int64 with T >= 1");
+    const int64_t T = tokens.size(0), slots = std::min(L_, positions_.size(0));
+    TORCH_CHECK(row >= 0 && row < B_, "row ", row, " is outside the cache's ", B_, " rows");
+    TORCH_CHECK(pos >= 0 && pos + T <= slots, "positions ", pos, " .. ", pos + T - 1, " are outside the cache's ",
+                slots, " slots");
+    std::vector<int64_t> at_pos(T);
+    for (int64_t t = 0; t < T; ++t) at_pos[t] = pos + t;
+    const RowPositions rows(at_pos.data(), T);
+    auto attention = [&](int64_t l, const float* qkv, float* out) {
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, T, heads_,
+                  [row](int64_t) { return row; });
+    };
+    const int64_t last = T - 1;
+    return run(tokens.contiguous(), at_pos.data(), T, last_only ? &last : nullptr, 1, packed, attention);
+  }
+
   // tokens (N,) int64: G prompts one after another, prompt g's lengths[g] tokens (at least one)
   // prefilled into cache row first_row + g at positions 0 .. lengths[g] - 1, each token attending
   // to the prompt's tokens up to its own. packed as for `step`, for N rows. Returns the logits
@@ -791,7 +823,8 @@ class GPTStep {
   at::Tensor run(const at::Tensor& token_ids, const int64_t* pos, int64_t R, const std::vector<at::Tensor>& packed) {
     const RowPositions rows(pos, R);
     auto attention = [&](int64_t l, const float* qkv, float* out) {
-      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, R, heads_);
+      attend_rows(qkv, k_[l].data_ptr<float>(), v_[l].data_ptr<float>(), cache_layout(), rows, out, R, heads_,
+                  [](int64_t r) { return r; });
     };
     return run(token_ids, pos, R, nullptr, 0, packed, attention);
   }
@@ -1026,6 +1059,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "One pre-norm GPT decoding step (CPU; fp32, bf16 or int8 weights): tokens (B,), pos, packed -> logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")
+      .def("extend", &GPTStep::extend, without_gil(),
+           "The next T tokens of the sequence in cache row `row`, at positions pos .. pos + T - 1, causal among "
+           "themselves: tokens (T,), row, pos, last_only, packed -> logits after each (T, V), or the last (1, V)")
       .def("prefill", &GPTStep::prefill, without_gil(),
            "Prompts prefilled into rows first_row, first_row + 1, ...: tokens (N,), lengths, first_row, packed -> "
            "logits after each prompt (G, V)");

@@ -91,7 +91,7 @@ def _add_speculation_arguments(p: argparse.ArgumentParser) -> None:
         "--draft",
         metavar="RUN_OR_FOLDER",
         help="a smaller language model with the same tokenizer drafts (a run folder, Hugging Face folder or GGUF "
-        "file); --fused/--no-fused then choose its step, the target checking the drafts on PyTorch's",
+        "file); --fused/--no-fused choose its step and the target's, which checks the drafts in one call",
     )
     spec.add_argument(
         "--prompt-lookup",
@@ -211,10 +211,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = loaded.model, loaded.tokenizer
     args.weights = decoding_weights(model, args.weights, "sample")
     speculation = _speculation(args, loaded, device)
-    if speculation is not None:
-        args.fused = False
-    elif args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model
-        from attnlab.accel.fused import by_default
+    if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model;
+        from attnlab.accel.fused import by_default  # with speculation, the target checks the drafts on it
 
         args.fused = not args.compile and by_default(model, args.weights)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
@@ -237,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
 def _speculation(args: argparse.Namespace, target, device):
     """The drafter the options ask for (`attnlab.decode.Speculation`), or None. A draft model is
     loaded by the one loader and must share the target's tokenizer; one not smaller is warned of.
-    --fused/--no-fused choose the draft model's step (the target checks drafts on PyTorch's)."""
+    --fused/--no-fused choose the draft model's step (by default the fused one where it covers the
+    model and is built), as they choose the target's."""
     from attnlab.decode import ModelDrafter, PromptLookup, Speculation
 
     k = DRAFT_K if args.draft_k is None else args.draft_k

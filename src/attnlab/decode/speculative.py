@@ -20,15 +20,17 @@ Saxena 2023; llama.cpp's and vLLM's n-gram drafts): no second model.
 
 The target's KV cache holds every token but the newest ("pending"); one verification reads
 [pending, d1 … dk] and gives k + 1 rows of logits, row j predicting the token after d_j. The keys of
-rejected drafts are then cut off (`KVCache.truncate`). Past block_size the window slides as in
-`generate_tokens` (the last block_size tokens recomputed for each token): each of the k + 1
-positions then has a window of its own, and the k + 1 windows are read as one batch. Batch 1; full
-KV caches only (a window model's ring cannot be rolled back).
+rejected drafts are then cut off (`KVCache.truncate`). With `fused=True` the verification is one
+call of the fused C++ step (`FusedStep.extend`, where it covers the model), whose products read
+each weight once for the k + 1 tokens: a step then costs little more than one plain fused step.
+Past block_size the window slides as in `generate_tokens` (the last block_size tokens recomputed
+for each token): each of the k + 1 positions then has a window of its own, and the k + 1 windows
+are read as one batch. Batch 1; full KV caches only (a window model's ring cannot be rolled back).
 """
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -38,6 +40,9 @@ from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.sampling import Picker, Sampler, _eval_mode, top_k_filter, top_p_filter
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache, RollingKVCache
+
+if TYPE_CHECKING:
+    from attnlab.accel.fused import FusedStep
 
 MAX_DRAFT_TOKENS = 16
 """The most tokens a drafter proposes per step (`--draft-k`): llama.cpp's default --draft-max."""
@@ -173,8 +178,8 @@ class ModelDrafter:
     """A smaller model with the same tokenizer drafts, decoding k tokens with its own KV cache. The
     cache is kept between steps: a new draft reuses the keys of the context it already holds and
     cuts off the rest. Past its block_size it restarts from the context's last tokens. `fused`:
-    its one-token steps run as the fused C++ step (`attnlab.accel.fused`, where it covers the
-    model; the context it reads anew goes through PyTorch's forward, as `generate_tokens`' prompt)."""
+    its steps run as the fused C++ step (`attnlab.accel.fused`, where it covers the model), the
+    context it reads anew in one call (`FusedStep.extend`)."""
 
     def __init__(self, model: nn.Module, *, fused: bool = False) -> None:
         for_decoding(model)
@@ -220,12 +225,11 @@ class ModelDrafter:
 
     def draft(self, context: list[int], k: int, pick: Picker) -> Draft:
         k = min(k, self.block - 1)
-        fresh = self._resume(context, k)
-        if self.fused_step is not None and len(fresh) <= k + 1:  # the tokens kept since the last draft
-            for token in fresh:
-                logits = self._next(token)
-        else:  # a prompt, or a window restarted: one forward
-            logits = _forward(self.model, fresh, self.device, cache=self.cache, last_only=True)  # (1, V)
+        fresh = self._resume(context, k)  # the tokens kept since the last draft, a prompt, or a new window
+        if self.fused_step is not None:
+            logits = self.fused_step.extend(torch.tensor(fresh), self.cache[0].length, last_only=True)  # (1, V)
+        else:
+            logits = _forward(self.model, fresh, self.device, cache=self.cache, last_only=True)
         tokens, probs = [], []
         for i in range(k):
             if isinstance(pick, Sampler):
@@ -305,6 +309,51 @@ def _tokenizer_identity(tokenizer: Tokenizer) -> tuple:
     return type(tokenizer).__name__, tokenizer.eos_id, pieces
 
 
+@dataclass
+class _Target:
+    """The model that checks the drafts, with its KV cache (batch 1) and, where it runs on the
+    fused C++ step, that step (bound to the cache)."""
+
+    model: nn.Module
+    cache: list[KVCache]
+    device: torch.device
+    fused_step: "FusedStep | None" = None
+
+    @property
+    def filled(self) -> int:
+        return self.cache[0].length
+
+    def read(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
+        """Logits `(T, V)` after each of tokens (`(1, V)` after the last with `last_only`), their
+        keys and values appended to the cache: one forward, or one fused call."""
+        if self.fused_step is None:
+            return _forward(self.model, tokens, self.device, cache=self.cache, last_only=last_only)
+        return self.fused_step.extend(torch.tensor(tokens), self.filled, last_only=last_only)
+
+    def truncate(self, length: int) -> None:
+        """Forget the cache's slots from `length` on (the rejected drafts' keys)."""
+        if self.fused_step is not None:
+            self.fused_step.truncate(length)
+        else:
+            for layer in self.cache:
+                layer.truncate(length)
+
+
+def _target(model: nn.Module, device: torch.device, fused: bool, weights: str) -> _Target:
+    """The target with a fresh cache of block_size slots, on the fused step where `fused` asks
+    for it and it covers the model (`attnlab.accel.fused.gpt_step` warns where it does not)."""
+    if weights != "fp32" and not fused:
+        raise ValueError(f"{weights} weights are the fused step's (fused=True)")
+    cache = model.new_cache(1, model.config.block_size)
+    _require_full_caches(cache, "the model")
+    step = None
+    if fused:
+        from attnlab.accel.fused import gpt_step  # a build only where asked for
+
+        step = gpt_step(model, cache, weights)
+    return _Target(model, cache, device, step)
+
+
 def speculative_generate(
     model: nn.Module,
     idx: torch.Tensor,
@@ -313,25 +362,28 @@ def speculative_generate(
     speculation: Speculation,
     *,
     eos_id: int | None = None,
+    fused: bool = False,
+    weights: str = "fp32",
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(1,)` after the prompt idx `(1, T)` (long), as `generate_tokens`
     does with the same picker, drafting with `speculation.drafter` (`speculation.stats` counts what
-    it kept). Greedy output is the target's token for token; sampled output has the target's law."""
+    it kept). Greedy output is the target's token for token; sampled output has the target's law.
+    `fused`: the target reads its prompt and checks the drafts on the fused C++ step
+    (`attnlab.accel.fused`; a model it does not cover runs on PyTorch's, with a warning), its
+    products' weights stored as `weights` says (`WEIGHT_FORMATS`, as for `generate_tokens`)."""
     if idx.dim() != 2 or idx.size(0) != 1 or idx.size(1) == 0:
         raise ValueError(f"speculative decoding takes one prompt (1, T) with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     for_decoding(model)
-    block = model.config.block_size
+    target = _target(model, idx.device, fused, weights)
     tokens = idx[0].tolist()
-    cache = model.new_cache(1, block)
-    _require_full_caches(cache, "the model")
-    window = tokens[-block:]  # what generate_tokens prefills
+    window = tokens[-model.config.block_size :]  # what generate_tokens prefills
     if len(window) > 1:  # all but the pending token, whose logits the first verification computes
-        _forward(model, window[:-1], idx.device, cache=cache, last_only=True)
+        target.read(window[:-1], last_only=True)
     emitted = 0
     while emitted < max_new_tokens:
-        new = _step(model, cache, tokens, pick, speculation, idx.device)
+        new = _step(target, tokens, pick, speculation)
         for token in new[: max_new_tokens - emitted]:
             yield torch.tensor([token], device=idx.device)
             emitted += 1
@@ -340,36 +392,38 @@ def speculative_generate(
         tokens.extend(new)
 
 
-def _step(
-    model: nn.Module, cache: list[KVCache], tokens: list[int], pick: Picker, speculation: Speculation, device
-) -> list[int]:
+def _step(target: _Target, tokens: list[int], pick: Picker, speculation: Speculation) -> list[int]:
     """One speculative step: draft, score the drafts in one target forward, keep what the rule
     keeps. Within the block, [pending, drafts] go through the cache, which is then cut back to the
     tokens kept (the new pending token excluded); past it, each position's own window."""
-    block = model.config.block_size
-    filled = cache[0].length
+    block = target.model.config.block_size
+    filled = target.filled
     sliding = filled >= block
     room = speculation.k if sliding else min(speculation.k, block - filled - 1)  # the drafts' keys must fit
     draft = speculation.drafter.draft(tokens, room, pick) if room > 0 else Draft([])
     draft = Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
     if sliding:
-        logits = _score_windows(model, tokens, draft.tokens, device)
+        logits = _score_windows(target, tokens, draft.tokens)
     else:
-        logits = _forward(model, [tokens[-1], *draft.tokens], device, cache=cache)  # (n + 1, V)
+        logits = target.read([tokens[-1], *draft.tokens])  # (n + 1, V)
     new = _accept(logits, draft, pick)
     if not sliding:
-        for layer in cache:
-            layer.truncate(filled + len(new))
+        target.truncate(filled + len(new))
     speculation.stats.add(len(draft.tokens), len(new))
     return new
 
 
-def _score_windows(model: nn.Module, tokens: list[int], drafts: list[int], device) -> torch.Tensor:
+def _score_windows(target: _Target, tokens: list[int], drafts: list[int]) -> torch.Tensor:
     """Logits `(n + 1, V)` past block_size: row j from the block_size tokens before the j-th
     draft's successor (what `generate_tokens` recomputes for each token as its window slides), the
-    n + 1 windows read as one batch."""
+    n + 1 windows read as one batch. A fused step with bf16 or int8 weights reads each window
+    itself, as `generate_tokens` does there (into the cache's row, which nothing reads any more)."""
+    model = target.model
     block, end = model.config.block_size, len(tokens)
     grown = [*tokens, *drafts]
     windows = [grown[end + j - block : end + j] for j in range(len(drafts) + 1)]
+    step = target.fused_step
+    if step is not None and step.format != "fp32":
+        return torch.cat([step.prefill([window], 0) for window in windows])
     with _eval_mode(model):
-        return model(torch.tensor(windows, dtype=torch.long, device=device), last_only=True)[:, -1]
+        return model(torch.tensor(windows, dtype=torch.long, device=target.device), last_only=True)[:, -1]

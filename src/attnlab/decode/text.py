@@ -93,14 +93,15 @@ def stream_text(
 ) -> Iterator[str]:
     """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come (see
     `TextPieces`). `compile`, `fused` and `weights` choose how the decoding step runs (see
-    `generate_tokens`); `speculation` drafts tokens for PyTorch's step to check
-    (`attnlab.decode.speculative`), with those three left at their defaults.
+    `generate_tokens`); `speculation` drafts tokens for the step to check
+    (`attnlab.decode.speculative`: PyTorch's or, with `fused`, the fused one; not compiled).
     """
     pieces = TextPieces(tokenizer, stop)
     if speculation is not None:
-        if compile or fused or weights != "fp32":
-            raise ValueError("speculation checks drafts with PyTorch's step: leave compile, fused and weights alone")
-        tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, eos_id=tokenizer.eos_id)
+        if compile:
+            raise ValueError("speculation checks drafts with PyTorch's step or the fused one: leave compile alone")
+        options = dict(eos_id=tokenizer.eos_id, fused=fused, weights=weights)
+        tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, **options)
     else:
         options = dict(eos_id=tokenizer.eos_id, compile=compile, fused=fused, weights=weights)
         tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, **options)
