@@ -83,3 +83,18 @@ def test_a_refused_run_keeps_the_folders_that_were_there(bert_folder, capsys, co
     result = cli(capsys, "train", "finetune-lm", "--init-from", bert_folder, f"--set=data.path={corpus}", *SHAPE)
     assert_user_error(result, "--init-from")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["other.txt"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [("no-such-run", "no-such-run does not exist"), ("input.txt", "input.txt is a file but not a checkpoint")],
+)
+def test_an_init_from_that_is_no_checkpoint_is_refused_before_torch_is_imported(path, fragment, tmp_path):
+    from cli.test_early_errors import attnlab
+
+    (tmp_path / "input.txt").write_text("hello\n")
+    done = attnlab("train", "finetune-lm", "--init-from", path, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout.strip() == "torch not imported", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnlab train: error: ") and fragment in lines[0], lines
+    assert not (tmp_path / "runs").exists()  # a refused command writes nothing

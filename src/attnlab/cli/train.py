@@ -119,6 +119,19 @@ def check(args: argparse.Namespace) -> None:
     check_run_keys(doc)
     check_section_keys(doc)
     check_overrides(args.overrides)
+    if args.init_from:
+        _check_init_from(args.init_from)
+
+
+def _check_init_from(path: str) -> None:
+    """A --init-from that is no checkpoint at all (missing, or a file or folder of another kind),
+    refused before PyTorch is imported; which families the run's task takes is checked once the
+    task is known."""
+    from attnlab import sources
+
+    source = sources.what_is(path)
+    if source.form in (sources.MISSING, sources.OTHER_FILE, sources.OTHER_FOLDER):
+        sources.refuse(path, "train --init-from")
 
 
 def _default_out(config: str, name: str) -> Path:
