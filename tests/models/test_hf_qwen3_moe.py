@@ -10,6 +10,7 @@ among the mixtures (`mlp_only_layers`), the other puts a mixture in every second
 heads are sized apart from the width, and the query heads are odd in one and grouped in both.
 """
 
+import copy
 import json
 import warnings
 
@@ -216,3 +217,21 @@ def test_a_published_config_without_head_dim_or_local_experts_reads_the_same(tmp
     idx = tokens(1, 17, seed=6)
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), theirs(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_attention_lora_adapters_equal_peft_and_feedforward_ones_are_refused(pair, tmp_path, monkeypatch):
+    """tests/models/test_hf_families.py's LoRA check on this family with attention targets: peft's
+    logits on transformers' model. Feed-forward targets are refused by name: peft moves them onto
+    the fused experts (the dense block's too), which attnlab's adapters are not."""
+    import models.test_hf_families as families
+    from attnlab.errors import ExportError
+    from attnlab.models.hf.peft import peft_adapter
+    from attnlab.nn.lora import add_lora
+
+    monkeypatch.setattr(families, "LORA_TARGETS", ("query", "key", "value", "output"))
+    families.test_lora_adapters_equal_peft_on_the_family(pair, tmp_path)
+    _, _, ours = pair
+    dense = copy.deepcopy(ours)
+    add_lora(dense, ("query", "ff-out"), rank=2, alpha=4.0)
+    with pytest.raises(ExportError, match="ff-out of a mixture-of-experts model have no peft form"):
+        peft_adapter(dense)

@@ -91,6 +91,7 @@ BERT_PARTS = {
     "ff-out": "output.dense",
 }
 TASK_TYPES = {"lm": "CAUSAL_LM", "sequence": "SEQ_CLS", "token": "TOKEN_CLS"}
+FEEDFORWARD_PARTS = ("gate", "ff-in", "ff-out")
 
 
 def peft_adapter(
@@ -105,6 +106,7 @@ def peft_adapter(
     first = next(iter(layers.values()))
     rank, alpha = first.rank, first.alpha
     family, task = _family(model)
+    _refuse_moe_feedforward(model, layers)
     tensors: dict[str, torch.Tensor] = {}
     rank_pattern, alpha_pattern = {}, {}
     for name, layer in layers.items():
@@ -148,6 +150,21 @@ def peft_adapter(
         "use_dora": False,
     }
     return config, {k: v.contiguous() for k, v in tensors.items()}
+
+
+def _refuse_moe_feedforward(model: nn.Module, layers: dict[str, LoRALinear]) -> None:
+    """peft (for transformers 5) retargets a mixture-of-experts model's gate/up/down adapters onto
+    the fused experts' tensors, even those of its dense blocks: no peft adapter computes attnlab's
+    adapters on a dense block's feed-forward there (attention adapters map one to one)."""
+    if not isinstance(model, GPT) or model.config.experts == 0:
+        return
+    feedforward = sorted({part for layer in layers.values() for part in layer.slices if part in FEEDFORWARD_PARTS})
+    if feedforward:
+        raise ExportError(
+            f"LoRA adapters on {', '.join(feedforward)} of a mixture-of-experts model have no peft form "
+            "(peft maps those targets onto the fused experts); train with attention targets alone "
+            "(query, key, value, output) to export a peft adapter"
+        )
 
 
 def _saved_module(name: str) -> str:
