@@ -71,6 +71,7 @@ def test_the_openapi_page_documents_every_endpoint(client):
         "/v1/models/{name}",
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/v1/translations",
         "/v1/classifications",
         "/v1/tags",

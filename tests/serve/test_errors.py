@@ -223,6 +223,7 @@ FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n",
 FIELDS += ["beam", "kind", "stream_options", "include_usage", "echo", "", "モデル", "encoding_format", "dimensions"]
 FIELDS += ["logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "best_of", "user", "suffix"]
 FIELDS += ["response_format", "type", "json_schema", "schema", "top_logprobs"]
+FIELDS += ["tools", "tool_choice", "parallel_tool_calls", "tool_calls", "tool_call_id", "function", "parameters"]
 
 
 def random_value(rng: random.Random, depth: int = 0):
@@ -273,6 +274,14 @@ PLAUSIBLE = {
         {"type": "json_schema"},
         None,
     ],
+    "tools": [
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        [{"type": "function", "function": {}}],
+        [],
+        None,
+    ],
+    "tool_choice": ["auto", "none", "required", {"type": "function", "function": {"name": "f"}}, "x", None],
+    "parallel_tool_calls": [True, False, None, "yes"],
 }
 # The embeddings' token-id inputs and the completions' token-id prompts, good and bad.
 PLAUSIBLE["input"] += [[5, 6, 7], [[5], [6, 7]], [[]], [-1], [True]]

@@ -1,11 +1,13 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
 [--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]
-[--weights fp32|bf16|int8] [--threads N]
+[--weights fp32|bf16|int8] [--threads N] [--cache-memory SIZE]
 
 Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 
 import argparse
+import dataclasses
 import os
+import re
 
 from attnlab.cli import positive_int
 from attnlab.cli.arguments import (
@@ -65,6 +67,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_weights_argument(p)
     p.add_argument(
+        "--cache-memory",
+        type=memory_size,
+        metavar="SIZE",
+        help="keys and values of recent prompts each language model keeps, so that a prompt beginning "
+        "as an earlier one (a system prompt, a conversation's earlier turns) prefills only the rest: "
+        "512MB, 2GB, 1.5GiB; 0 turns prefix caching off (default 1GiB, taken as prompts fill it)",
+    )
+    p.add_argument(
         "--threads",
         type=positive_int,
         help="torch threads for the models (default: the cores less one, at least one; the other core "
@@ -94,6 +104,16 @@ def check(args: argparse.Namespace) -> None:
     check_weights_options(args)
 
 
+def memory_size(text: str) -> int:
+    """Bytes of a size such as "512MB", "1.5GiB", "64k" or "0": decimal units (k, M, G, T), binary
+    ones with an i (KiB, MiB, GiB, TiB), a trailing B optional."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)b?\s*", text, re.IGNORECASE)
+    if match is None or (match[3] and not match[2]):
+        raise argparse.ArgumentTypeError(f"expected a size such as 512MB, 2GB or 0, got {text!r}")
+    power = " kmgt".index(match[2].lower() or " ")  # 0: bytes
+    return int(float(match[1]) * (1024 if match[3] else 1000) ** power)
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -118,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         fused=args.fused,
         weights=args.weights,
     )
+    if args.cache_memory is not None:
+        limits = dataclasses.replace(limits, cache_memory=args.cache_memory)
     runs = load_runs(args.runs, device=resolve_device(args.device), checkpoint=args.checkpoint)
     for name, run in runs.items():  # the models that decode with fp32 weights instead say so
         if run.config.task == "language-model" and args.weights != "fp32":

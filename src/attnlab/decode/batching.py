@@ -29,11 +29,18 @@ with the fused step, their windows are prefilled afresh at each step into the ro
 holds). A window-attention model whose positions are offsets inside attention (rope, alibi) needs
 no recomputation: its cache rows are rings of the window's keys (`attnlab.nn.RollingKVCache`),
 its whole prompts are prefilled, and its sequences stay in their rows however long they grow.
+
+With `prefix_memory`, the keys and values that rows wrote are kept in blocks found again by their
+token prefix (`attnlab.decode.prefix_cache`, vLLM's automatic prefix caching): a prompt that begins
+as an earlier one (or as an earlier prompt and its reply) copies those blocks into its row and
+prefills only the rest (`Runner.prefill_after`), with the logits of a cold prefill up to float32
+rounding. Rolling caches take none.
 """
 
 import torch
 from torch import nn
 
+from attnlab.decode.prefix_cache import BLOCK_TOKENS, block_keys, for_cache
 from attnlab.decode.runner import Runner, takes_row_positions
 from attnlab.decode.sampling import Picker, mask_rows, penalize, pick_rows, prompt_scores, token_scores
 from attnlab.decode.scheduler import Scheduler, Sequence
@@ -50,13 +57,31 @@ class Batcher:
     PyTorch's path where it does not), its weights fp32, bf16 or int8 (`weights`). Not
     thread-safe: one thread drives it.
 
+    `prefix_memory`: bytes of cached prompt prefixes (`prefix`, a `PrefixCache` in blocks of
+    `prefix_block` tokens; None where 0 or where the cache rolls); each sequence's `cached_tokens`
+    says how many of its prompt's tokens it reused.
+
     `scheduler` (who holds which row) and `runner` (the model's steps over those rows) are its two
     halves; the attributes below read through to them.
     """
 
-    def __init__(self, model: nn.Module, max_batch: int = 32, *, fused: bool = False, weights: str = "fp32") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        max_batch: int = 32,
+        *,
+        fused: bool = False,
+        weights: str = "fp32",
+        prefix_memory: int = 0,
+        prefix_block: int = BLOCK_TOKENS,
+    ) -> None:
         self.runner = Runner(model, max_batch, fused=fused, weights=weights)
-        self.scheduler = Scheduler(max_batch, model.config.block_size, self._move_row, rolls=self.runner.rolls)
+        # the prompts' cached prefixes (`attnlab.decode.prefix_cache`), at most prefix_memory bytes; None: off
+        self.prefix = for_cache(self.runner.cache, prefix_memory, prefix_block)
+        on_leave = self._keep_prefix if self.prefix is not None else None
+        self.scheduler = Scheduler(
+            max_batch, model.config.block_size, self._move_row, rolls=self.runner.rolls, on_leave=on_leave
+        )
 
     def _move_row(self, from_row: int, to_row: int, slots: int) -> None:
         self.runner.move_row(from_row, to_row, slots)
@@ -113,12 +138,57 @@ class Batcher:
                 if len(seq.prompt) > self.scheduler.block:
                     raise ValueError(f"a prompt scored whole holds at most {self.scheduler.block} tokens")
                 seq.prompt_scores = prompt_scores(self.runner.score(seq.prompt), seq.prompt, seq.logprobs or 0)
-        starting = self.scheduler.admit(seqs)
-        for group in self.scheduler.prefill_groups(starting, self.runner.prefill_mode):
-            logits = self.runner.prefill([self.scheduler.window(s) for s in group], self.scheduler.free_row)
-            self.scheduler.place(group)
-            self._advance(group, logits)
+        pending = self.scheduler.admit(seqs)
+        while pending:  # one round, or more where a prompt waits for blocks another one writes
+            now, pending = self._next_round(pending)
+            cold = [s for s in now if s.cached_tokens == 0]
+            for group in self.scheduler.prefill_groups(cold, self.runner.prefill_mode):
+                logits = self.runner.prefill([self.scheduler.window(s) for s in group], self.scheduler.free_row)
+                self._placed(group, logits)
+            for seq, blocks in ((s, now[s]) for s in now if s.cached_tokens):
+                row = self.scheduler.free_row
+                self.prefix.load(blocks, row, seq.cached_tokens)
+                self._placed([seq], self.runner.prefill_after(self.scheduler.window(seq), row, seq.cached_tokens))
         return seqs
+
+    def _next_round(self, seqs: list[Sequence]) -> tuple[dict[Sequence, list], list[Sequence]]:
+        """The sequences to prefill now, each with its cached blocks (its `cached_tokens` set:
+        those blocks' tokens, all but the window's last at most), and those to prefill after them:
+        a prompt that shares more full blocks with one prefilled now than the cache holds waits
+        for that one's blocks (two requests with the same long system prompt: one prefill of it)."""
+        if self.prefix is None:
+            return dict.fromkeys(seqs, []), []
+        now: dict[Sequence, list] = {}
+        keys: list[list[bytes]] = []
+        later = []
+        for seq in seqs:
+            window = self.scheduler.window(seq)
+            mine = block_keys(window, self.prefix.block_tokens)
+            shared = max((_common(mine, theirs) for theirs in keys), default=0)
+            blocks = self.prefix.lookup(window)
+            if shared > len(blocks):
+                later.append(seq)
+                continue
+            seq.cached_tokens = min(len(blocks) * self.prefix.block_tokens, len(window) - 1)
+            now[seq] = blocks
+            keys.append(mine)
+        return now, later
+
+    def _placed(self, group: list[Sequence], logits: torch.Tensor) -> None:
+        """The prefilled group takes its rows; the prefix cache keeps its prompts' full blocks; each
+        picks its first token."""
+        self.scheduler.place(group)
+        if self.prefix is not None:
+            for seq in group:
+                self.prefix.store(self.scheduler.window(seq), seq.row)
+        self._advance(group, logits)
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Keep the full blocks of what a leaving sequence's row holds (its prompt, then the tokens
+        it was fed): a conversation's next turn begins with them."""
+        tokens = seq.prompt + seq.tokens
+        start = max(0, len(seq.prompt) - self.scheduler.block)  # where its window began when it joined
+        self.prefix.store(tokens[start : start + seq.filled], seq.row)
 
     def step(self) -> list[Sequence]:
         """Feed every sequence its last token and pick the next one. Returns the sequences that
@@ -158,6 +228,14 @@ class Batcher:
                 seq.mask.accept(token)
         scores = token_scores(logits, tokens, [q.logprobs for q in seqs])
         self.scheduler.record(seqs, tokens, scores)
+
+
+def _common(a: list[bytes], b: list[bytes]) -> int:
+    """How many keys two chains share from their start."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 __all__ = ["Batcher", "Sequence", "takes_row_positions"]

@@ -10,6 +10,8 @@ whose positions cannot differ by row) and returns next-token logits, a row per s
 - `step`: the cached rows 0 … A−1, each writing its key and value at its own position
   (`KVCache.update` with per-row positions) and attending to its own filled slots; with the fused
   step, one C++ call (`FusedStep.rows`) instead of ~100 PyTorch operators;
+- `prefill_after`: the rest of one prompt whose first keys and values its row already holds (a
+  cached prefix, `attnlab.decode.prefix_cache`), at their positions after them;
 - `recompute`: sliding windows read in full (with the fused step, prefilled afresh into the rows
   no sequence holds).
 
@@ -83,6 +85,20 @@ class Runner:
             if self.fused is not None:
                 return self.fused.prefill(windows, first_row)
             return self._prefill_eager(windows, first_row)
+
+    def prefill_after(self, window: list[int], row: int, start: int) -> torch.Tensor:
+        """Write window[start:] into cache row `row` at positions start … len − 1, its slots 0 …
+        start − 1 already holding window[:start]'s keys and values (a cached prefix). Returns the
+        next-token logits after the window's last token `(1, V)`."""
+        with _eval_mode(self.model):
+            if self.fused is not None:  # one C++ call for the rest of the prompt
+                rest = torch.tensor(window[start:], dtype=torch.long)
+                return self.fused.extend(rest, start, row)[-1:]
+            views = [layer.view_rows(slice(row, row + 1)) for layer in self.cache]
+            for view in views:
+                view.length = start  # the growing path: the new tokens continue after the prefix
+            idx = torch.tensor([window[start:]], dtype=torch.long, device=self.device)
+            return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
 
     def _prefill_eager(self, windows: list[list[int]], first: int) -> torch.Tensor:
         """The model's forward over windows (longest first) into rows first, first + 1, …

@@ -28,6 +28,9 @@ call ("equal": a rolling cache, where a pad would take a prompt key's slot), or 
 RowMove = Callable[[int, int, int], None]
 """move_row(from_row, to_row, slots): copy the first `slots` cache slots of one row into another."""
 
+RowLeaving = Callable[["Sequence"], None]
+"""on_leave(seq): seq is about to give up its cache row, which still holds what it wrote."""
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -47,6 +50,7 @@ class Sequence:
     scores: list[TokenScore] = field(default_factory=list)  # tokens[i]'s score, when logprobs is set
     prompt_scores: list[TokenScore | None] = field(default_factory=list)  # prompt[0]'s is None
     mask: TokenMask | None = None  # the tokens allowed at each step (a grammar): applied before the pick
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache, not a prefill
 
     @property
     def done(self) -> bool:
@@ -60,15 +64,19 @@ class Scheduler:
     them the next free rows; before each step `slide_full` moves the sequences with no slot left
     to the sliding windows, after it `stepped` counts the slot each cached row wrote and `record`
     gives each sequence its token, finished ones leaving (`leave`). `move_row` is called whenever
-    a sequence changes rows.
+    a sequence changes rows; `on_leave`, where given, just before a sequence gives up its row (the
+    prefix cache keeps what the row wrote).
     """
 
-    def __init__(self, max_batch: int, block: int, move_row: RowMove, *, rolls: bool = False) -> None:
+    def __init__(
+        self, max_batch: int, block: int, move_row: RowMove, *, rolls: bool = False, on_leave: RowLeaving | None = None
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.block = block
         self.move_row = move_row
+        self.on_leave = on_leave
         self.rolls = rolls  # the cache rolls: whole prompts are read and no window slides
         self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
         self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
@@ -167,6 +175,8 @@ class Scheduler:
         """Take seq out of the batch (finished, or no longer wanted); its row goes to the last
         row's sequence, whose cache row moves there (`move_row`)."""
         if seq.row >= 0:
+            if self.on_leave is not None:
+                self.on_leave(seq)
             last = self.cached.pop()
             if last is not seq:
                 self.move_row(last.row, seq.row, last.filled)  # the slots written so far, all the row holds
@@ -177,4 +187,4 @@ class Scheduler:
             self.windowed.remove(seq)
 
 
-__all__ = ["PAD_SLACK", "PREFILL_MODES", "Scheduler", "Sequence"]
+__all__ = ["PAD_SLACK", "PREFILL_MODES", "RowLeaving", "Scheduler", "Sequence"]

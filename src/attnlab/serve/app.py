@@ -2,7 +2,7 @@
 
 Routes: `GET /` (the page) and `/static/*` (its files, served from this package: the page loads
 nothing from the network), `GET /healthz`, and the API under `/v1` (see /docs): `GET /v1/models`,
-`POST /v1/completions`, `/v1/chat/completions` and `/v1/embeddings` (OpenAI-compatible),
+`POST /v1/completions`, `/v1/chat/completions`, `/v1/responses` and `/v1/embeddings` (OpenAI-compatible),
 `/v1/translations`, `/v1/classifications`, `/v1/tags`, `/v1/attention`.
 
 With an API key, every request under `/v1` needs `Authorization: Bearer KEY` (401 otherwise). The
@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from attnlab import __version__
 from attnlab.errors import UserError
-from attnlab.serve import chat, completions, embeddings
+from attnlab.serve import chat, completions, embeddings, responses
 from attnlab.serve.errors import APIError, error_response, install_error_handlers
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ATTENTION, CHAT, ServedModel, served_models
@@ -40,6 +40,7 @@ from attnlab.serve.schemas import (
     EmbeddingResponse,
     ModelCard,
     ModelList,
+    ResponsesRequest,
     TaggedWord,
     Tagging,
     TaggingResponse,
@@ -67,6 +68,7 @@ def create_app(runs: dict[str, Any], *, api_key: str | None = None, limits: Limi
     limits = limits or Limits()
     options = dict(max_batch=limits.max_batch, max_queue=limits.max_queue, batched=limits.batched, fused=limits.fused)
     options["weights"] = limits.weights
+    options["cache_memory"] = limits.cache_memory
     if limits.max_prompt_tokens is not None:
         options["max_prompt_tokens"] = limits.max_prompt_tokens
     served = served_models(runs, worker_options=options)
@@ -132,6 +134,7 @@ def api_router() -> APIRouter:
         ("/models/{name}", get_model, "GET", ModelCard),
         ("/completions", complete, "POST", Completion),
         (CHAT.removeprefix("/v1"), chat_complete, "POST", ChatCompletion),
+        ("/responses", create_response, "POST", None),
         ("/translations", translate, "POST", TranslationResponse),
         ("/classifications", classify, "POST", ClassificationResponse),
         ("/tags", tag, "POST", TaggingResponse),
@@ -187,15 +190,24 @@ async def chat_complete(body: ChatCompletionRequest, request: Request) -> Any:
     if body.model in served:
         chat.check_chat(served[body.model])  # a language model without a template: say why
     model, limits = find(request, body.model, CHAT), server_limits(request)
-    new_tokens = chat.check_caps(body, limits)
-    ids = chat.encode_chat(model, body, limits)
-    masks = await response_masks(model, body)
-    streams = chat.submit(model, ids, body, new_tokens, limits, masks)
+    ids, streams, use = await chat.start(model, body, limits)
     logprobs = bool(body.logprobs)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return chat.stream_response(model, streams, ids, include_usage=include_usage, logprobs=logprobs)
-    return await chat.complete(model, streams, ids, request, logprobs=logprobs)
+        calls, forced = use.format, bool(use.forced)
+        return chat.stream_response(
+            model, streams, ids, include_usage=include_usage, logprobs=logprobs, calls=calls, forced=forced
+        )
+    return await chat.complete(model, streams, ids, request, logprobs=logprobs, calls=use.format)
+
+
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    """Reply to an input through the model's chat template (OpenAI's Responses API)."""
+    served: dict[str, ServedModel] = request.app.state.models
+    if body.model in served:
+        chat.check_chat(served[body.model])
+    model, limits = find(request, body.model, CHAT), server_limits(request)
+    return await responses.create(model, body, request, limits)
 
 
 async def response_masks(model: ServedModel, body: CompletionRequest | ChatCompletionRequest):

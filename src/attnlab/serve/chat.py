@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from attnlab.serve import completions
+from attnlab.serve import completions, tools
 from attnlab.serve.chat_template import ChatTemplateError
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
@@ -69,17 +69,20 @@ def check_caps(body: ChatCompletionRequest, limits: Limits) -> int:
 
 def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits) -> list[int]:
     """The conversation's token ids through the model's chat template (with the assistant's turn
-    opened); a 400 for a text past the server's length, a template that refuses the messages, or a
-    prompt longer than the model's context."""
+    opened, and the request's tools); a 400 for a text past the server's length, a tool call or
+    tool message that does not hold together (`tools.template_message`), a template that refuses
+    the messages, or a prompt longer than the model's context."""
     messages = []
     for i, message in enumerate(body.messages):
         text = message.text()
         if len(text) > limits.max_text_chars:
             param = f"messages[{i}].content"
             raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
-        messages.append({"role": message.role, "content": text, "name": message.name})
+        messages.append(tools.template_message(body.messages, i, text))
     try:
-        ids = served.chat.encode(served.run.tokenizer, messages, add_generation_prompt=True)
+        ids = served.chat.encode(
+            served.run.tokenizer, messages, add_generation_prompt=True, tools=tools.template_tools(body)
+        )
     except ChatTemplateError as e:
         raise APIError(400, f"messages: the model's chat template refused them: {e}", param="messages") from None
     if not ids:
@@ -92,6 +95,28 @@ def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits
             param="messages",
         )
     return ids
+
+
+async def start(
+    served: ServedModel, body: ChatCompletionRequest, limits: Limits
+) -> tuple[list[int], list, "tools.ToolUse"]:
+    """A checked chat request's prompt ids, its choices' streams (queued), and what it asks of tools.
+    A forced tool call's or a response_format's grammar is compiled in a worker thread: a large
+    schema over a large vocabulary takes a while, and the event loop serves the other streams
+    meanwhile."""
+    from starlette.concurrency import run_in_threadpool
+
+    from attnlab.serve import structured
+
+    new_tokens = check_caps(body, limits)
+    use = tools.tool_use(served, body)
+    ids = encode_chat(served, body, limits)
+    masks = None
+    if use.forced:
+        masks = await run_in_threadpool(tools.forced_masks, served, use)
+    elif body.response_format is not None and body.response_format.type != "text":
+        masks = await run_in_threadpool(structured.masks_for, served, body.response_format)
+    return ids, submit(served, ids, body, new_tokens, limits, masks), use
 
 
 def submit(
@@ -123,28 +148,48 @@ def submit(
 
 
 async def complete(
-    served: ServedModel, streams: list, ids: list[int], request: Request, *, logprobs: bool = False
+    served: ServedModel,
+    streams: list,
+    ids: list[int],
+    request: Request,
+    *,
+    logprobs: bool = False,
+    calls: tools.ToolFormat | None = None,
 ) -> ChatCompletion:
     """The whole reply of each choice, once every stream has finished (a client gone meanwhile
-    cancels them, as for completions); with `logprobs`, its tokens' scores."""
+    cancels them, as for completions); with `logprobs`, its tokens' scores; with `calls`, the tool
+    calls written in that format, read out of the reply (finish_reason "tool_calls")."""
     found = await completions.finished(streams, request)
     tokenizer = served.run.tokenizer
-    choices = [
-        ChatChoice(
-            index=i,
-            message=ChatReply(content=text),
-            logprobs=chat_logprobs(tokenizer, scores) if logprobs else None,
-            finish_reason=s.finish_reason,
+    choices = []
+    for i, ((text, scores), s) in enumerate(zip(found, streams, strict=True)):
+        content, called = tools.parse(text, calls) if calls is not None else (text, [])
+        choices.append(
+            ChatChoice(
+                index=i,
+                message=ChatReply(content=content, tool_calls=called or None),
+                logprobs=chat_logprobs(tokenizer, scores) if logprobs else None,
+                finish_reason="tool_calls" if called else s.finish_reason,
+            )
         )
-        for i, ((text, scores), s) in enumerate(zip(found, streams, strict=True))
-    ]
     usage, created = _usage(streams, ids), int(time.time())
     return ChatCompletion(id=_chat_id(), created=created, model=served.name, choices=choices, usage=usage)
 
 
-def stream_response(served: ServedModel, streams: list, ids: list[int], *, include_usage: bool, logprobs: bool = False):
+def stream_response(
+    served: ServedModel,
+    streams: list,
+    ids: list[int],
+    *,
+    include_usage: bool,
+    logprobs: bool = False,
+    calls: tools.ToolFormat | None = None,
+    forced: bool = False,
+):
     """The replies as server-sent `chat.completion.chunk` events, as OpenAI's API streams them: a
-    chunk per piece of text, with its tokens' scores where `logprobs` asks for them."""
+    chunk per piece of text, with its tokens' scores where `logprobs` asks for them; with `calls`,
+    the tool calls in that format as `delta.tool_calls` (`tools.ToolStream`; `forced`: a grammar
+    makes the reply calls, whose arguments go out as they come)."""
     head = {"id": _chat_id(), "object": "chat.completion.chunk", "created": int(time.time()), "model": served.name}
     tokenizer = served.run.tokenizer
 
@@ -154,6 +199,22 @@ def stream_response(served: ServedModel, streams: list, ids: list[int], *, inclu
         choices = [] if index is None else [choice]
         return f"data: {json.dumps({**head, 'choices': choices, 'usage': usage}, ensure_ascii=False)}\n\n"
 
+    readers = [tools.ToolStream(calls, forced) if calls is not None else None for _ in streams]
+
+    def pieces(index: int, piece) -> list[str]:
+        """The events of a piece of choice `index` (None: its end)."""
+        reader = readers[index]
+        if piece is None:
+            tail = [event(index, d) for d in reader.finish()] if reader else []
+            finish = "tool_calls" if reader and reader.called else streams[index].finish_reason
+            return [*tail, event(index, {}, finish)]
+        if reader is None:
+            return [event(index, {"content": piece.text}, scores=piece.scores)] if piece.text or piece.scores else []
+        deltas = reader.feed(piece.text)
+        if piece.scores and not deltas:  # the scores go out with the piece they belong to, even held back
+            deltas = [{"content": ""}]
+        return [event(index, d, scores=piece.scores if j == 0 else ()) for j, d in enumerate(deltas)]
+
     async def events() -> AsyncIterator[str]:
         try:
             for i in range(len(streams)):
@@ -162,10 +223,8 @@ def stream_response(served: ServedModel, streams: list, ids: list[int], *, inclu
                 if piece is None and streams[index].error:  # decoding failed: say so, as OpenAI's streams do
                     yield f"data: {json.dumps(error_body(500, streams[index].error))}\n\n"
                     return
-                if piece is None:  # stream `index` has ended
-                    yield event(index, {}, streams[index].finish_reason)
-                elif piece.text or piece.scores:
-                    yield event(index, {"content": piece.text}, scores=piece.scores)
+                for text in pieces(index, piece):
+                    yield text
             if include_usage:
                 yield event(None, usage=_usage(streams, ids).model_dump())
             yield "data: [DONE]\n\n"

@@ -53,15 +53,23 @@ class ChatTemplate:
     special_tokens: Mapping[str, str] = field(default_factory=dict)
     end_of_turn: tuple[str, ...] = ()
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The conversation as the model reads it. Raises `ChatTemplateError` when the template
-        refuses the messages or fails on them (a missing key, a type it did not expect)."""
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The conversation as the model reads it. `tools`: the functions the model may call, as
+        OpenAI's request writes them (`{"type": "function", "function": {...}}`), which is what
+        transformers passes a template; None: no tools. Raises `ChatTemplateError` when the
+        template refuses the messages or fails on them (a missing key, a type it did not expect)."""
         # As transformers: keys whose value is None are dropped (templates test `'key' in message`).
         plain = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
         try:
             return compile_template(self.source).render(
                 messages=plain,
-                tools=None,
+                tools=None if tools is None else [dict(t) for t in tools],
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
@@ -72,12 +80,17 @@ class ChatTemplate:
             raise ChatTemplateError(f"{type(e).__name__}: {e}") from None
 
     def encode(
-        self, tokenizer, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        tokenizer,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """The token ids of the rendered conversation: `tokenizer` (a `BPETokenizer`) reads the
         template's special tokens as such but adds none of its own (Llama's "<s>": the template
         writes `bos_token` where it wants one), as `apply_chat_template` tokenizes."""
-        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
 
 

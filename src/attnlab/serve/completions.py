@@ -24,7 +24,15 @@ from fastapi.responses import StreamingResponse
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
 from attnlab.serve.registry import ServedModel
-from attnlab.serve.schemas import MAX_LOGPROBS, Completion, CompletionChoice, CompletionRequest, Logprobs, Usage
+from attnlab.serve.schemas import (
+    MAX_LOGPROBS,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Logprobs,
+    PromptTokensDetails,
+    Usage,
+)
 
 DISCONNECT_POLL = 0.25  # seconds between checks that the client of a whole (unstreamed) completion is there
 
@@ -385,7 +393,17 @@ def _usage(streams: Sequence, prompts: Sequence[list[int]]) -> Usage:
     """Token counts as OpenAI counts them: each prompt once, every choice's new tokens."""
     prompt = sum(len(ids) for ids in prompts)
     completion = sum(s.completion_tokens for s in streams)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    details = PromptTokensDetails(cached_tokens=cached_tokens(streams, prompts))
+    total = prompt + completion
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, prompt_tokens_details=details)
+
+
+def cached_tokens(streams: Sequence, prompts: Sequence[list[int]]) -> int:
+    """The prompts' tokens the prefix cache held, each prompt counted once (as its tokens are): the
+    most any of its choices found (a request's n choices of one prompt join together, the first
+    prefilling what the others reuse)."""
+    n = len(streams) // len(prompts) if prompts else 0  # prompt i's choices: streams i*n … i*n + n − 1
+    return sum(max((s.cached_tokens for s in streams[i * n : i * n + n]), default=0) for i in range(len(prompts)))
 
 
 def _completion_id() -> str:

@@ -38,6 +38,10 @@ class Limits:
     weights: str = "fp32"
     """How the fused step stores the language models' weights (`attnlab.accel.fused.WEIGHT_FORMATS`);
     a model it does not cover decodes with fp32 weights."""
+    cache_memory: int = 1 << 30
+    """Bytes of recent prompts' keys and values each language model keeps, in blocks found again by
+    their token prefix (`attnlab.decode.prefix_cache`), so that a prompt beginning as an earlier one
+    did prefills only the rest; taken as blocks are stored. 0: no prefix cache."""
     past_context: bool = False
     """False: a completion stops where its prompt and its tokens fill the model's context
     (finish_reason "length"), and a prompt that fills it alone is refused. True: a language model
@@ -48,5 +52,6 @@ class Limits:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name not in ("batched", "fused", "weights", "past_context") and value is not None and value < 1:
-                raise ValueError(f"{f.name} must be >= 1, got {value}")
+            low = 0 if f.name == "cache_memory" else 1
+            if f.name not in ("batched", "fused", "weights", "past_context") and value is not None and value < low:
+                raise ValueError(f"{f.name} must be >= {low}, got {value}")

@@ -151,10 +151,15 @@ class CompletionRequest(Request):
         return isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens read from the prefix cache, not prefilled again")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class Logprobs(BaseModel):
@@ -353,17 +358,72 @@ class TextPart(BaseModel):
     text: Text
 
 
-class ChatMessage(BaseModel):
-    """One turn of a conversation, as OpenAI's chat API writes it. A list of text parts is joined
-    with newlines into one text before the chat template sees it."""
+class FunctionDefinition(BaseModel):
+    """OpenAI's `tools[i].function`: a function the model may call."""
 
     model_config = STRICT
 
-    role: Literal["system", "user", "assistant"]
-    content: Text | list[TextPart]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the function's name (letters, digits, _ and -)")
+    description: str | None = Field(None, description="what it does; the chat template shows it to the model")
+    parameters: dict[str, Any] | None = Field(None, description="its arguments' JSON Schema (absent: no arguments)")
+    strict: bool | None = Field(None, description="accepted; a forced call follows the schema exactly either way")
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` `{"type": "function", "function": {"name": ...}}`: call this function."""
+
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str = Field(description="the arguments as a JSON object's text")
+
+
+class ToolCall(BaseModel):
+    """One call of a function: in an assistant message sent back, and in a reply."""
+
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation, as OpenAI's chat API writes it. A list of text parts is joined
+    with newlines into one text before the chat template sees it. An assistant's turn may hold
+    `tool_calls` (and no content); a `tool` message answers one of them by its `tool_call_id`."""
+
+    model_config = STRICT
+
+    role: Literal["system", "user", "tool", "assistant"]
+    content: Text | list[TextPart] | None = None
     name: str | None = Field(None, description="passed to the chat template; most templates ignore it")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant's: the functions it called")
+    tool_call_id: str | None = Field(None, description="a tool message's: the call it answers")
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
 
@@ -398,6 +458,11 @@ class ChatCompletionRequest(Request):
     )
     user: str | None = Field(None, description="accepted for compatibility, not used")
     response_format: ResponseFormatField = None
+    tools: list[Tool] | None = Field(None, description="functions the model may call (`attnlab.serve.tools`)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (the default with tools), "none", "required", or a function by name'
+    )
+    parallel_tool_calls: bool | None = Field(None, description="whether a reply may call several (default true)")
 
     def new_tokens(self, default: int) -> int:
         """max_completion_tokens, else max_tokens, else `default`."""
@@ -413,7 +478,8 @@ class ChatCompletionRequest(Request):
 
 class ChatReply(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, description="the functions the reply calls, if any")
 
 
 class TopLogprob(BaseModel):
@@ -438,7 +504,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatReply
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletion(BaseModel):
@@ -452,3 +518,114 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+
+
+# -- responses -----------------------------------------------------------------------------------
+
+
+class InputText(BaseModel):
+    """A text part of a Responses input message (`input_text`; an earlier reply's `output_text`)."""
+
+    model_config = STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+    annotations: list | None = Field(None, description="accepted, not used")
+
+
+class InputMessage(BaseModel):
+    model_config = STRICT
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
+
+class FunctionCallItem(BaseModel):
+    """A call an earlier reply made (`function_call`), sent back with its output."""
+
+    model_config = STRICT
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    """A call's result (`function_call_output`), answering the `function_call` of the same `call_id`."""
+
+    model_config = STRICT
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Text
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(BaseModel):
+    """A Responses function tool: the chat API's `function` fields at the top level."""
+
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    """`text.format`: the chat API's response_format, with the json_schema's fields at the top level."""
+
+    model_config = ConfigDict(**STRICT, populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = STRICT
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(Request):
+    """OpenAI's `POST /v1/responses`, served through the chat path (`attnlab.serve.responses`)."""
+
+    input: Text | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutput], Field(min_length=1)] = Field(
+        description="a user message's text, or a list of messages, function calls and their outputs"
+    )
+    instructions: Text | None = Field(None, description="a system message before the input (not carried over)")
+    max_output_tokens: int | None = Field(None, ge=0, description="new tokens (default: the server's --max-tokens)")
+    temperature: float | None = Field(1.0, ge=0, le=2)
+    top_p: float | None = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1, description="an attnlab extension")
+    seed: Seed | None = Field(None, description="an attnlab extension: the same seed gives the same reply")
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool | None = False
+    previous_response_id: str | None = Field(None, description="go on from a stored response's conversation")
+    store: bool | None = Field(True, description="keep the response for previous_response_id (within a bound)")
+    metadata: dict[str, str] | None = None
+    user: str | None = None

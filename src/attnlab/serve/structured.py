@@ -97,15 +97,19 @@ def masks_for(served, fmt: ResponseFormat | None) -> Callable[[int], GrammarMask
 
 def _schema_of(fmt: ResponseFormat) -> dict:
     """The JSON Schema of a json_schema response format, checked against the metaschema."""
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
     if fmt.json_schema is None:
         raise APIError(400, f"{PARAM}.json_schema: required with type json_schema", param=f"{PARAM}.json_schema")
     schema = fmt.json_schema.schema_
     if schema is None:
         return ANY_OBJECT
-    param = f"{PARAM}.json_schema.schema"
+    return check_schema(schema, f"{PARAM}.json_schema.schema")
+
+
+def check_schema(schema: dict, param: str) -> dict:
+    """`schema`, checked against JSON Schema's metaschema: a 400 naming where it is wrong under `param`."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
@@ -123,6 +127,14 @@ def _compile(schema: dict, tokenizer):
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
     except ValueError as e:
         raise APIError(400, f"{param}: cannot be compiled for constrained decoding: {e}", param=param) from None
+    return compile_grammar(grammar, tokenizer, param)
+
+
+def compile_grammar(grammar: str, tokenizer, param: str):
+    """An llguidance grammar (from a JSON schema, or Lark text with `%json` parts: the tool calls'
+    wrappers) as a matcher over the tokenizer; a 400 under `param` saying why it cannot be."""
+    from llguidance import LLMatcher
+
     lexicon = ll_tokenizer(tokenizer)
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, lexicon)
     if failed:

@@ -85,6 +85,7 @@ class Stream:
         self.finish_reason: str | None = None  # "stop" or "length" once finished
         self.error: str | None = None  # set when decoding failed on the server
         self.prompt_scores: list[TokenScore | None] = []  # set when it joins, before its first piece
+        self.cached_tokens = 0  # prompt tokens the prefix cache held, set when it joins (`usage`)
         self.cancelled = False
         self._loop, self._outbox = loop, outbox
         self._pieces: asyncio.Queue[Piece | None] = asyncio.Queue()
@@ -155,6 +156,8 @@ class ModelWorker:
     fused: the decoding step in C++ (`Batcher`'s); None: where it is built and covers the model.
     weights: how the fused step stores the weights (fp32, bf16, int8); with bf16 or int8, None takes
     the fused step wherever it covers the model, and a model it does not cover decodes in fp32.
+    cache_memory: bytes of recent prompts' keys and values kept for the prompts that begin the same
+    way (`attnlab.decode.prefix_cache`); 0: none.
     """
 
     def __init__(
@@ -168,6 +171,7 @@ class ModelWorker:
         max_prompt_tokens: int = 4096,
         fused: bool | None = None,
         weights: str = "fp32",
+        cache_memory: int = 0,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
@@ -175,7 +179,13 @@ class ModelWorker:
         self.tokenizer = tokenizer
         if fused is None:
             fused = by_default(model, weights)
-        self.batcher = Batcher(model, max_batch if batched else 1, fused=fused, weights=weights if fused else "fp32")
+        self.batcher = Batcher(
+            model,
+            max_batch if batched else 1,
+            fused=fused,
+            weights=weights if fused else "fp32",
+            prefix_memory=cache_memory,
+        )
         self.max_queue = max_queue
         self.context = max_prompt_tokens
         self.generated_tokens = 0
@@ -215,6 +225,7 @@ class ModelWorker:
             "max_batch": self.batcher.max_batch,
             "generated_tokens": self.generated_tokens,
             "batched": self.batcher.max_batch > 1,
+            "prefix_cache_bytes": self.batcher.prefix.nbytes if self.batcher.prefix is not None else 0,
         }
 
     # The decoding thread.
@@ -254,7 +265,8 @@ class ModelWorker:
             starting.append(seq)
             self._running[seq] = (stream, TextPieces(self.tokenizer, stream.sampling.stop))
         for seq in self.batcher.join_all(starting):  # the prompts that arrived together: prefilled together
-            self._running[seq][0].prompt_scores = seq.prompt_scores
+            stream = self._running[seq][0]
+            stream.prompt_scores, stream.cached_tokens = seq.prompt_scores, seq.cached_tokens
             self._deliver(seq)
         for seq in self.batcher.step():
             self._deliver(seq)
