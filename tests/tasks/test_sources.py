@@ -157,7 +157,7 @@ def test_a_folder_of_another_kind_names_the_commands_that_take_it(llama, bert, t
     line = (
         f"{folder} is a Hugging Face Llama folder (config.json's model_type is 'llama': a causal language model), "
         f"which attnlab embed does not take; attnlab embed takes {ENCODERS}; use it with attnlab sample, "
-        "attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from"
+        "attnlab chat, attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from"
     )
     assert_user_error(cli(capsys, "embed", folder, "a text"), f"attnlab embed: error: {line}")
 
@@ -264,5 +264,5 @@ def test_attnlab_load_refuses_what_is_no_run_in_the_same_words(llama):
     assert str(e.value) == (
         f"{folder} is a Hugging Face Llama folder (config.json's model_type is 'llama': a causal language model), "
         "which attnlab.load does not take; attnlab.load takes a run folder written by attnlab train; use it with "
-        "attnlab sample, attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from"
+        "attnlab sample, attnlab chat, attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from"
     )
