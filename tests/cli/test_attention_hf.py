@@ -122,5 +122,6 @@ def test_the_commands_for_runs_only_refuse_a_folder_naming_those_that_take_one(c
         f"{causal} is a Hugging Face {family} folder (config.json's model_type is {model_type!r}: a causal language "
         "model), "
         f"which attnlab {name} does not take; attnlab {name} takes a run folder written by attnlab train; "
-        "use it with attnlab sample, attnlab chat, attnlab eval, attnlab attention, attnlab serve, attnlab train --init-from",
+        "use it with attnlab sample, attnlab chat, attnlab eval, attnlab attention, attnlab serve, "
+        "attnlab train --init-from",
     )

@@ -65,6 +65,28 @@ def test_a_conversation_reuses_its_earlier_reply(clients):
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+def test_a_chat_turn_reports_the_conversation_it_shares_with_the_last(clients):
+    """Chat completions count cached tokens as completions do: the second turn of a conversation
+    begins with the first's rendered messages."""
+    warm, cold = clients
+
+    def chat(client, messages: list[dict]) -> dict:
+        body = {"model": "chat", "messages": messages, "max_tokens": 8, "temperature": 0}
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    first = [{"role": "system", "content": SYSTEM * 3}, {"role": "user", "content": QUESTIONS[0]}]
+    reply = chat(warm, first)
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    second = [*first, reply["choices"][0]["message"], {"role": "user", "content": QUESTIONS[1]}]
+    got, want = chat(warm, second), chat(cold, second)
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached % BLOCK_TOKENS == 0 and reply["usage"]["prompt_tokens"] - BLOCK_TOKENS < cached
+    assert cached < got["usage"]["prompt_tokens"] and want["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
 def test_the_stats_show_the_bound_taken(clients):
     warm, cold = clients
     complete(warm, SYSTEM * 2)

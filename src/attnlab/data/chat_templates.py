@@ -115,13 +115,21 @@ def render(
     *,
     add_generation_prompt: bool,
     mark_generation: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The conversation as the template writes it. A `TemplateRenderError` where it refuses them."""
+    """The conversation as the template writes it. `tools`: the functions the model may call, as
+    OpenAI's request writes them (`{"type": "function", "function": {...}}`), which is what
+    transformers passes a template; None: no tools. A `TemplateRenderError` where the template
+    refuses the messages or fails on them (a missing key, a type it did not expect)."""
     plain = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]  # as transformers
     try:
         template = compile_template(source, mark_generation=mark_generation)
         return template.render(
-            messages=plain, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+            messages=plain,
+            tools=None if tools is None else [dict(t) for t in tools],
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
         )
     except jinja2.TemplateError as e:  # raise_exception(...), an undefined name, the sandbox
         raise TemplateRenderError(str(e)) from None
@@ -155,7 +163,7 @@ def read_template(folder: str | Path) -> tuple[str, dict[str, str]] | None:
     `chat_template` (a string, or named templates of which "default"). A `CheckpointError` for a
     file that is not JSON or a template that is not Jinja."""
     folder = Path(folder)
-    config = _read_json(folder / TOKENIZER_CONFIG)
+    config = read_json(folder / TOKENIZER_CONFIG)
     if (folder / TEMPLATE_FILE).is_file():
         source = (folder / TEMPLATE_FILE).read_text(encoding="utf-8")
     else:
@@ -170,7 +178,7 @@ def read_template(folder: str | Path) -> tuple[str, dict[str, str]] | None:
     return source, special
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:

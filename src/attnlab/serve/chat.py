@@ -253,8 +253,9 @@ def chat_logprobs(tokenizer, scores: list) -> ChatLogprobs:
 
 
 def _usage(streams: list, ids: list[int]) -> Usage:
-    completion = sum(s.completion_tokens for s in streams)
-    return Usage(prompt_tokens=len(ids), completion_tokens=completion, total_tokens=len(ids) + completion)
+    """The conversation's tokens once, every choice's new tokens, the prompt's tokens read from the
+    prefix cache."""
+    return completions.usage_of(streams, [ids])
 
 
 def _chat_id() -> str:

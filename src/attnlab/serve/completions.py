@@ -268,7 +268,7 @@ async def complete(
             rows = (list(s.prompt_scores) if body.echo else []) + scores
             logprobs = logprobs_of(served.run.tokenizer, (ids if body.echo else []) + [r.token for r in scores], rows)
         choices.append(CompletionChoice(text=head + text, index=i, logprobs=logprobs, finish_reason=s.finish_reason))
-    usage = _usage(streams, prompts)
+    usage = usage_of(streams, prompts)
     return Completion(id=_completion_id(), created=int(time.time()), model=served.name, choices=choices, usage=usage)
 
 
@@ -307,7 +307,7 @@ def stream_response(
                 elif piece.text or piece.scores:
                     yield chunk(index, piece.text, [r.token for r in piece.scores], list(piece.scores))
             if include_usage:
-                yield event([], _usage(streams, prompts).model_dump())
+                yield event([], usage_of(streams, prompts).model_dump())
             yield "data: [DONE]\n\n"
         finally:
             for s in streams:
@@ -389,7 +389,7 @@ def text_offsets(tokenizer, ids: list[int], tokens: list[str], start: int) -> li
     return [start + len(tokenizer.decode(ids[:k])) for k in range(len(ids))]
 
 
-def _usage(streams: Sequence, prompts: Sequence[list[int]]) -> Usage:
+def usage_of(streams: Sequence, prompts: Sequence[list[int]]) -> Usage:
     """Token counts as OpenAI counts them: each prompt once, every choice's new tokens."""
     prompt = sum(len(ids) for ids in prompts)
     completion = sum(s.completion_tokens for s in streams)
