@@ -95,15 +95,24 @@ WEIGHTS = ("fp32", "bf16", "int8")
 PyTorch (tests/decode/test_fused_int8.py checks that the two agree)."""
 
 
-def add_weights_argument(p: argparse.ArgumentParser) -> None:
-    """--weights: how the fused decoding step stores the products' weights (fp32, bf16 or int8)."""
+def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = True) -> None:
+    """--weights: how the fused decoding step stores the products' weights (fp32, bf16 or int8).
+    by_checkpoint: left out, it is None, for `decoding_weights` to take the checkpoint's own format
+    (a Q8_0 GGUF's int8); False: fp32."""
+    default = (
+        "int8 for a GGUF file whose weight matrices are all Q8_0 (its own blocks) where the fused step covers "
+        "the model, fp32 elsewhere"
+        if by_checkpoint
+        else "fp32"
+    )
     p.add_argument(
         "--weights",
         choices=WEIGHTS,
-        default="fp32",
-        help="the decoding step's weights: fp32 (default); bf16 (rounded to 16 bits) or int8 (blocks of 32 "
+        default=None if by_checkpoint else "fp32",
+        help="the decoding step's weights: fp32; bf16 (rounded to 16 bits) or int8 (blocks of 32 "
         "values with one fp32 scale each, as GGUF's q8_0), both read by the fused step (built first if "
-        "need be), activations in fp32; a model the fused step does not cover decodes with fp32 weights, saying so",
+        "need be), activations in fp32; a model the fused step does not cover decodes with fp32 weights, saying so "
+        f"(default: {default})",
     )
 
 
@@ -111,21 +120,26 @@ def check_weights_options(args: argparse.Namespace) -> None:
     """--weights bf16 or int8 need the fused step: refused beside --no-fused or --compile."""
     from attnlab.errors import UserError
 
-    if args.weights == "fp32":
+    if args.weights in (None, "fp32"):  # None: not given (`decoding_weights` picks)
         return
     if args.fused is False or getattr(args, "compile", False):
         what = "--no-fused" if args.fused is False else "--compile"
         raise UserError(f"--weights {args.weights} is read by the fused decoding step; leave out {what}")
 
 
-def decoding_weights(model, weights: str, command: str) -> str:
+def decoding_weights(model, weights: str | None, command: str, stored: str | None = None, fused: bool = True) -> str:
     """`weights` where the fused step covers `model`; else "fp32", after one line on stderr saying
     why and what runs instead (`attnlab.accel.fused.weights_refusal`). `command` begins the line
-    ("sample", or "serve: NAME" for one of several models)."""
+    ("sample", or "serve: NAME" for one of several models). weights None (--weights not given):
+    `stored`, the checkpoint's own format (`attnlab.tasks.sources.Loaded.stored_weights`), where
+    `fused` (the fused step not turned off) and the step covers the model; else fp32, silently."""
     import sys
 
     from attnlab.accel.fused import weights_refusal
+    from attnlab.tasks.sources import default_weights
 
+    if weights is None:
+        return default_weights(model, stored, fused=fused)
     refusal = weights_refusal(model, weights)
     if refusal is None:
         return weights

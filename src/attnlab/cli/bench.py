@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "for `attnlab train` and `attnlab sample`; --fused builds them first if need be, --no-fused measures "
         "PyTorch's path",
     )
-    add_weights_argument(p)
+    add_weights_argument(p, by_checkpoint=False)
     add_json_argument(p, "the results")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
     p.set_defaults(run=run)

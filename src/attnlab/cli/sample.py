@@ -132,7 +132,7 @@ def check(args: argparse.Namespace) -> None:
         raise UserError("--draft-k sets how many tokens a drafter proposes: add --draft RUN or --prompt-lookup")
     if args.draft_k is not None and not 1 <= args.draft_k <= MAX_DRAFT_TOKENS:
         raise UserError(f"--draft-k must be from 1 to {MAX_DRAFT_TOKENS}, got {args.draft_k}")
-    if speculating and (args.compile or args.weights != "fp32"):
+    if speculating and (args.compile or args.weights not in (None, "fp32")):
         raise UserError("speculative decoding checks the drafts with PyTorch's step: leave out --compile and --weights")
     if args.prompt_lookup is not None and args.fused:
         raise UserError("--fused runs a draft model's steps, and prompt lookup has none: leave out --fused")
@@ -209,7 +209,11 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         loaded = load_any(args.run_dir, command="sample", device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
-    args.weights = decoding_weights(model, args.weights, "sample")
+    # Without --weights: a Q8_0 GGUF's own int8 blocks, where the fused step may run (not beside
+    # --no-fused, --compile, or a drafter, whose drafts PyTorch's step checks).
+    speculating = args.draft is not None or args.prompt_lookup is not None
+    fusable = args.fused is not False and not args.compile and not speculating
+    args.weights = decoding_weights(model, args.weights, "sample", loaded.stored_weights, fusable)
     speculation = _speculation(args, loaded, device)
     if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model;
         from attnlab.accel.fused import by_default  # with speculation, the target checks the drafts on it

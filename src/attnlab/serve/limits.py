@@ -35,9 +35,10 @@ class Limits:
     fused: bool | None = None
     """The language models' decoding step as one C++ call (`attnlab.accel.fused`); None: where it
     is built and covers the model, as `attnlab sample` does."""
-    weights: str = "fp32"
+    weights: str | None = "fp32"
     """How the fused step stores the language models' weights (`attnlab.accel.fused.WEIGHT_FORMATS`);
-    a model it does not cover decodes with fp32 weights."""
+    None: each model's checkpoint decides (a Q8_0 GGUF file's int8, fp32 elsewhere:
+    `attnlab.tasks.sources.default_weights`). A model the step does not cover decodes with fp32."""
     cache_memory: int = 1 << 30
     """Bytes of recent prompts' keys and values each language model keeps, in blocks found again by
     their token prefix (`attnlab.decode.prefix_cache`), so that a prompt beginning as an earlier one

@@ -131,6 +131,9 @@ class HFCausalLM:
     context: int
     chat: Any = None  # ChatTemplate
     step: int = 0
+    stored_weights: str | None = None
+    """The fused step's format of the file's own weights (`attnlab.tasks.sources.Loaded`'s), its
+    weights when the server is given none."""
 
 
 def hf_causal_lm(path: Path, loaded: Any) -> HFCausalLM:
@@ -144,7 +147,9 @@ def hf_causal_lm(path: Path, loaded: Any) -> HFCausalLM:
     else:
         chat = read_chat_template(path, tokenizer.decode) if path.is_dir() else None
     config = FolderConfig("language-model", model.config)
-    return HFCausalLM(path, config, tokenizer, model, model.config.block_size, chat)
+    return HFCausalLM(
+        path, config, tokenizer, model, model.config.block_size, chat, stored_weights=loaded.stored_weights
+    )
 
 
 def carried_chat_template(source: str, tokenizer: Any):
@@ -261,6 +266,11 @@ def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> di
             from attnlab.serve.worker import ModelWorker
 
             options = dict(worker_options)
+            if options.get("weights") is None:  # none asked for: a Q8_0 GGUF's own int8 blocks, else fp32
+                from attnlab.tasks.sources import default_weights
+
+                stored = run.stored_weights if isinstance(run, HFCausalLM) else None
+                options["weights"] = default_weights(run.model, stored, fused=options.get("fused"))
             if isinstance(run, HFCausalLM):  # a published checkpoint's prompts are at most its context
                 options["max_prompt_tokens"] = min(options.get("max_prompt_tokens", run.context), run.context)
             model.worker = ModelWorker(run.model, run.tokenizer, **options)

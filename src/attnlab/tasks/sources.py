@@ -25,7 +25,17 @@ from attnlab.data.tokenizers import Tokenizer
 from attnlab.families import Family
 from attnlab.sources import GGUF, HF_FOLDER, OTHER_FOLDER, RUN, SourceKind, refusal, refuse, what_is
 
-__all__ = ["Loaded", "RunLoader", "SourceKind", "load_checkpoint", "load_trained_run", "refusal", "refuse", "what_is"]
+__all__ = [
+    "Loaded",
+    "RunLoader",
+    "SourceKind",
+    "default_weights",
+    "load_checkpoint",
+    "load_trained_run",
+    "refusal",
+    "refuse",
+    "what_is",
+]
 
 
 class LoadedRun(Protocol):
@@ -67,6 +77,21 @@ class Loaded:
     missing: tuple[str, ...] = ()
     """Parameters the checkpoint has no tensor for, left at their initialisation (the pooler of a
     BertForMaskedLM folder)."""
+    stored_weights: str | None = None
+    """The fused decoding step's weight format (`attnlab.accel.fused.WEIGHT_FORMATS`) that holds the
+    products' weights exactly as the checkpoint stores them: "int8" for a GGUF file whose matrices
+    are all Q8_0 (`attnlab.models.hf.gguf.stored_weights`); None elsewhere (fp32 is the model's own)."""
+
+
+def default_weights(model: nn.Module, stored: str | None, *, fused: bool | None = None) -> str:
+    """The fused step's weight format when none is asked for: `stored` (`Loaded.stored_weights`,
+    the file's own blocks) where the step covers `model` and is not turned off (`fused` False);
+    else fp32, the model's own, without a word (nobody asked for another)."""
+    from attnlab.accel.fused import weights_refusal
+
+    if stored is None or fused is False or weights_refusal(model, stored) is not None:
+        return "fp32"
+    return stored
 
 
 def load_checkpoint(
@@ -174,4 +199,5 @@ def _gguf(source: SourceKind, dtype: torch.dtype) -> Loaded:
         model_origin=str(source.path),
         tokenizer_origin=str(source.path),
         chat_template_origin=f"{source.path} (tokenizer.chat_template)" if lm.chat_template is not None else None,
+        stored_weights=lm.stored_weights,
     )

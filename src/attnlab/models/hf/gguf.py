@@ -527,7 +527,14 @@ def dequantize(tensor: "ReaderTensor", path: Path) -> torch.Tensor:
     """One tensor of the file (a `gguf.ReaderTensor`) as float32 in PyTorch's order (rows, columns):
     F32 as stored, F16 and BF16 widened, blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, ...) decoded by
     gguf's reference dequantizers. The one place the file's storage types are decoded: a fused
-    4-bit path would take the blocks here instead. A type gguf cannot decode is refused by name."""
+    4-bit path would take the blocks here instead. A type gguf cannot decode is refused by name.
+
+    Q8_0 needs no block path: the fused step's int8 format (`attnlab.accel.fused.quantize_q8_0`) of
+    a dequantized Q8_0 row gives back the file's codes and scales bit for bit. ggml stores a block
+    as d (f16) and q = round(x / (max|x| / 127)), so its largest |q| is 127 and its values are d·q;
+    then max|d·q| / 127 = d and d·q / d = q exactly in fp32 (d has 11 significant bits, q 7). An
+    all-zero block is d = 0, q = 0 both ways; a block whose d underflows f16 to 0 reads back q = 0,
+    the same zero weights. tests/models/test_gguf_q8_blocks.py checks it on the converter's files."""
     from gguf import quants
 
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # ggml lists the columns first
@@ -698,7 +705,12 @@ def read_gguf(path: str | Path) -> tuple[HFSource, BPETokenizer, str | None]:
     `CheckpointError` naming the file and the reason for a file that is not GGUF, is truncated or
     corrupt, of an architecture attnlab does not build, with a tensor type it cannot read, or with
     missing metadata."""
-    path = Path(path)
+    source, tokenizer, template, _ = _read(Path(path))
+    return source, tokenizer, template
+
+
+def _read(path: Path) -> tuple[HFSource, BPETokenizer, str | None, str | None]:
+    """`read_gguf`'s three, and the products' stored format (`stored_weights`)."""
     reader = open_gguf(path)
     name, arch = architecture(reader, path)
     config = hf_config(reader, name, arch, path)
@@ -707,13 +719,51 @@ def read_gguf(path: str | Path) -> tuple[HFSource, BPETokenizer, str | None]:
         arch.complete(reader, name, config, tensors, path)
     tokenizer = gguf_tokenizer(reader, name, path)
     template = metadata(reader, "tokenizer.chat_template", path, required=False)
-    return HFSource(path, config, path, tensors), tokenizer, template
+    return HFSource(path, config, path, tensors), tokenizer, template, stored_weights(reader, arch)
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedCausalLM:
+# The fused step's weight format (`attnlab.accel.fused.WEIGHT_FORMATS`) that holds a GGUF type's
+# values exactly, as `dequantize`'s docstring shows for Q8_0.
+STORED_FORMATS = {"Q8_0": "int8"}
+# Matrices no product reads: looked up (the position and token-type embeddings), or a mixture's
+# router, which the fused step keeps in fp32 (llama.cpp's converter keeps them in float too).
+LOOKED_UP = ("position_embd.weight", "token_types.weight")
+ROUTER = "ffn_gate_inp.weight"
+
+
+def stored_weights(reader: "GGUFReader", arch: GGUFArchitecture) -> str | None:
+    """The fused step's format (`STORED_FORMATS`) in which the file stores every matrix the step's
+    products read (attention's, the feed-forward layers' and experts', the head's: the token
+    embedding where no head is stored); None where some of them are of another type (a Q8_0
+    file keeps rows not a multiple of 32 wide in F16) or the type has no such format."""
+    names = {tensor.name for tensor in reader.tensors}
+    tied = arch.head not in names
+    types = {
+        tensor.tensor_type.name
+        for tensor in reader.tensors
+        if len(tensor.shape) >= 2
+        and tensor.name not in LOOKED_UP
+        and not tensor.name.endswith(ROUTER)
+        and (tied or tensor.name != "token_embd.weight")
+    }
+    return STORED_FORMATS.get(types.pop()) if len(types) == 1 else None
+
+
+@dataclasses.dataclass
+class LoadedGGUF(LoadedCausalLM):
+    """A GGUF file's causal LM (`load_gguf`)."""
+
+    stored_weights: str | None = None
+    """`stored_weights`: the fused step's format that holds the products' weights as the file stores
+    them ("int8" for Q8_0), which `attnlab sample` and `serve` decode with by default."""
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedGGUF:
     """The GGUF file at `path` as an attnlab `GPT` (eval mode, parameters in `dtype`) with its
-    tokenizer and chat template (`read_gguf`, then the family's importer). Raises `CheckpointError`."""
-    source, tokenizer, template = read_gguf(path)
+    tokenizer, chat template (`read_gguf`, then the family's importer) and its products' stored
+    format (`stored_weights`). Raises `CheckpointError`."""
+    path = Path(path)
+    source, tokenizer, template, stored = _read(path)
     if ROPE_FREQS in source.tensors:
         model = llama_with_rope_factors(source, dtype=dtype)
     else:
@@ -724,7 +774,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Loaded
             f"{model.config.vocab_size} rows; the vocabulary belongs to another model"
         )
     model_type = source.config["model_type"]
-    return LoadedCausalLM(model, tokenizer, model_type, chat_template=template, origin=str(path))
+    return LoadedGGUF(model, tokenizer, model_type, chat_template=template, origin=str(path), stored_weights=stored)
 
 
 def llama_with_rope_factors(file: HFSource, *, dtype: torch.dtype) -> GPT:
