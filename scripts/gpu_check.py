@@ -44,6 +44,7 @@ MORE = (  # the other presets, run with --all or named with --presets
     ("GPT", "shakespeare-char-cpu", None),
     ("GPT", "demo", None),
     ("GPT", "finetune-lm", None),  # without --init-from: from scratch, the preset's recipe alone
+    ("GPT chat (SFT)", "chat-sft", "conversations"),  # a folder of train.jsonl (and val.jsonl)
     ("BERT tagger", "ud-pos", "ud-english-ewt"),
     ("BERT masked LM", "ud-mlm", "ud-english-ewt"),
     ("BERT classifier", "sst2-minilm", "sst2"),  # without --init-from: the recipe on a BERT from scratch

@@ -111,3 +111,20 @@ def test_the_chat_sft_preset_trains_on_a_jsonl_and_asks_for_one(tmp_path, capsys
     args = [arg for pair in zip(["--set"] * 9, small + steps, strict=True) for arg in pair]
     assert main(["train", "chat-sft", "--out", str(tmp_path / "run"), *args]) == 0
     assert (tmp_path / "run" / "chat_template.jinja").is_file()
+
+
+def test_data_dir_reads_a_folders_train_and_val_files(tmp_path, capsys):
+    lines = open("tests/fixtures/chat/conversations.jsonl", encoding="utf-8").read().splitlines()
+    folder = tmp_path / "conversations"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(lines[:9]) + "\n", encoding="utf-8")
+    (folder / "val.jsonl").write_text("\n".join(lines[9:]) + "\n", encoding="utf-8")
+    small = ["model.block_size=128", "model.n_layers=1", "model.d_model=16", "model.n_heads=2", "data.vocab_size=400"]
+    steps = ["train.max_iters=1", "train.eval_interval=1", "train.eval_iters=1"]
+    args = [arg for pair in zip(["--set"] * 8, small + steps, strict=True) for arg in pair]
+    out = tmp_path / "run"
+    assert main(["train", "chat-sft", "--data-dir", str(folder), "--out", str(out), *args]) == 0
+    import tomllib
+
+    data = tomllib.loads((out / "config.toml").read_text(encoding="utf-8"))["data"]
+    assert data["data_dir"] == str(folder)

@@ -230,7 +230,9 @@ def test_block_size_without_a_checkpoint_is_refused(tiny_toml, tmp_path, capsys)
 
 
 def test_init_from_is_refused_for_a_task_without_it(tmp_path, capsys):
-    result = cli(capsys, "train", "cora-gcn", "--init-from", tmp_path, "--out", tmp_path / "run")
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "config.toml").write_text('task = "language-model"\n')  # a run folder by its look
+    result = cli(capsys, "train", "cora-gcn", "--init-from", tmp_path / "source", "--out", tmp_path / "run")
     assert_user_error(result, "--init-from is for language models and the encoder tasks")
 
 

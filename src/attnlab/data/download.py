@@ -237,6 +237,14 @@ ELSEWHERE = {
         "git clone https://github.com/Jakobovski/free-spoken-digit-dataset and pass its recordings/ "
         "as --data-dir (the shared copy is commit 26eb9aa)",
     ),
+    "conversations": Elsewhere(
+        "conversations",
+        'conversations in OpenAI\'s fine-tuning JSONL, one {"messages": [...]} a line: your own',
+        "yours",
+        ("chat-sft",),
+        "write them into a folder as train.jsonl (and val.jsonl) and pass it as --data-dir, or give one "
+        'file with --set data.path="FILE.jsonl"',
+    ),
 }
 ALIASES = {"cora": "planetoid", "citeseer": "planetoid"}
 DATASETS = {

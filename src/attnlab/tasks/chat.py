@@ -53,10 +53,13 @@ IGNORE = -1  # the GPT's ignore_index: a target that is not trained
 class ChatDataConfig:
     """Which conversations, which model to start from, what to do with one that does not fit."""
 
-    path_fields: ClassVar[tuple[str, ...]] = ("path", "val_path", "init_from")
+    path_fields: ClassVar[tuple[str, ...]] = ("path", "val_path", "init_from", "data_dir")
 
     path: str = ""
     """OpenAI's fine-tuning JSONL: one `{"messages": [...]}` a line."""
+    data_dir: str = ""
+    """A folder of conversations (`--data-dir`): its train.jsonl, and its val.jsonl where there is
+    one, for `path` and `val_path` when those are empty."""
     val_path: str = ""
     """A JSONL of validation conversations; empty: the last val_fraction of `path`'s."""
     val_fraction: float = 0.1
@@ -70,6 +73,16 @@ class ChatDataConfig:
     """From scratch: the BPE's vocabulary size."""
     too_long: str = "skip"
     """A conversation longer than the context: "skip" (counted on stderr) or "refuse" (an error naming its line)."""
+
+    def files(self) -> "ChatDataConfig":
+        """This config with `data_dir`'s files in `path` and `val_path` where those are empty."""
+        if not self.data_dir or self.path:
+            return self
+        folder = Path(self.data_dir)
+        val = folder / "val.jsonl"
+        return dataclasses.replace(
+            self, path=str(folder / "train.jsonl"), val_path=self.val_path or (str(val) if val.is_file() else "")
+        )
 
     def __post_init__(self) -> None:
         if self.too_long not in TOO_LONG:
@@ -120,13 +133,14 @@ class Chat:
     ) -> None:
         """The tokenizer and template (the source's, attnlab's, or the run's own when resuming),
         saved in `run_dir`; the conversations rendered and split (none read where `splits` is empty)."""
+        data = data.files()
         self.data_config, self.batch_size, self.run_dir = data, batch_size, run_dir
         if data.block_size and not data.init_from:
             raise UserError("data.block_size is for a run that starts from a checkpoint (data.init_from)")
         if splits and not data.path:
             raise UserError(
                 "data.path is empty: the chat task trains on OpenAI's fine-tuning JSONL, one "
-                '{"messages": [...]} a line (--set data.path="FILE.jsonl")'
+                '{"messages": [...]} a line (--set data.path="FILE.jsonl", or --data-dir DIR holding train.jsonl)'
             )
         source = load_source(data.init_from) if data.init_from and not resume else None
         self.initial_weights: dict[str, torch.Tensor] | None = None
