@@ -71,11 +71,16 @@ def test_a_conversation_through_a_terminal(chat_run, tmp_path):
                 "100000",
                 "--temperature",
                 "1",
+                "--seed",
+                "0",
             ],
         )
     read_until(fd, b">>> ")
     os.write(fd, b"Say hello.\n")
-    time.sleep(0.05)  # the reply is streaming (up to the context): stop it
+    streamed = read_until(fd, b"Say hello.").partition(b"Say hello.")[2]
+    while not streamed.strip():  # the reply has begun (a loaded machine may take a while): stop it
+        assert select.select([fd], [], [], 60)[0], "no reply streamed within a minute"
+        streamed += os.read(fd, 4096)
     os.write(fd, b"\x03")
     out = read_until(fd, b">>> ")
     # Ctrl-C stops the reply, or (a tiny model's reply may end first) lands at the prompt: either way it stays
