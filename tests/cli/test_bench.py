@@ -14,6 +14,7 @@ from attnlab.cli import main
 from attnlab.models import GPT, GPTConfig
 from attnlab.studies.bench import attention_memory_case, cpu_attention_memory
 from attnlab.studies.bench import run as bench_run
+from attnlab.studies.bench.cases import GenerateCase, TrainCase
 from helpers import assert_user_error, cli
 
 QUICK_LENGTHS = [64, 128, 256]
@@ -170,6 +171,10 @@ def test_without_transformers_attnlab_columns_run_and_the_peak_is_the_better_of_
     once); the matmul peak is measured before the training cases and after them, and the better
     one is kept; --json prints the object --out writes."""
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    # One small case of each kind: what is under test is the columns and the peak, not the shapes.
+    monkeypatch.setattr(bench_run, "train_cases", lambda device, quick: [TrainCase("4x4x128", 32, 2)])
+    monkeypatch.setattr(bench_run, "generate_cases", lambda quick: [GenerateCase("4x4x128", 1, 4)])
+    monkeypatch.setattr(bench_run, "attention_lengths", lambda quick: (64,))  # (a process per length and path)
     peaks = iter([before, after])
     monkeypatch.setattr(bench_run, "matmul_peak_flops", lambda device, quick=False: (next(peaks), "float32"))
     out_file = tmp_path / "bench.json"
