@@ -13,6 +13,7 @@ Schuster & Nakajima 2012 and Wu et al. 2016, §4.1 (WordPiece); Devlin et al. 20
 Liu et al. 2019, §4.4 (RoBERTa's byte-level BPE).
 """
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -495,3 +496,18 @@ def load_tokenizer(path: str | Path) -> CharTokenizer | BPETokenizer | EncoderTo
     if (roles := encoder_special_tokens(doc, tok)) is not None:
         return EncoderTokenizer(tok, source=str(path), special_tokens=roles)
     return BPETokenizer(tok, **_special_ids(path, tok))
+
+
+@functools.cache
+def gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's table from the printable stand-in of each byte back to the byte: the bytes that
+    print as themselves keep their character, the others take 256, 257, ... in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shown, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            shown[chr(b)] = b
+        else:
+            shown[chr(256 + extra)] = b
+            extra += 1
+    return shown

@@ -14,6 +14,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from attnlab.data.tokenizers import gpt2_byte_decoder
+
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -23,21 +25,6 @@ class TokenBytes:
 
     pieces: tuple[bytes, ...]
     special: frozenset[int]
-
-
-@functools.cache
-def gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's table from the printable stand-in of each byte back to the byte: the bytes that
-    print as themselves keep their character, the others take 256, 257, ... in order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    shown, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            shown[chr(b)] = b
-        else:
-            shown[chr(256 + extra)] = b
-            extra += 1
-    return shown
 
 
 def token_bytes(tokenizer) -> TokenBytes:

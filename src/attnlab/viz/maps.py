@@ -16,13 +16,13 @@ References: Bahdanau et al. (2015), Figure 3; Vaswani et al. (2017), Figures 3-5
 Multiscale Visualization of Attention in the Transformer Model" (2019), the layer/head view.
 """
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from attnlab.data.tokenizers import gpt2_byte_decoder
 from attnlab.errors import UserError
 
 KINDS = ("self", "cross")
@@ -164,7 +164,7 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
 
 def _byte_level_text(piece: str) -> str:
     """A byte-level BPE piece as text: "Ġcaf" -> " caf", "Ã" -> "<0xC3>" (half of "é")."""
-    to_byte = _byte_level_alphabet()
+    to_byte = gpt2_byte_decoder()
     if not all(c in to_byte for c in piece):  # an added token spelt in plain text
         return piece
     data = bytes(to_byte[c] for c in piece)
@@ -181,21 +181,6 @@ def _byte_level_text(piece: str) -> str:
             out.append(f"<0x{data[i]:02X}>")
             i += 1
     return "".join(out)
-
-
-@functools.cache
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's stand-in character -> the byte it spells (Radford et al. 2019, `bytes_to_unicode` of
-    openai/gpt-2's encoder.py): printable bytes stand for themselves, the others for 256 + n."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    alphabet, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            alphabet[chr(b)] = b
-        else:
-            alphabet[chr(256 + extra)] = b
-            extra += 1
-    return alphabet
 
 
 def _device(model: torch.nn.Module) -> torch.device:
