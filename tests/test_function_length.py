@@ -1,4 +1,4 @@
-"""Functions fit on a screen (STYLE.md, "minGPT / minbpe"; issue 45's checks).
+"""Functions fit on a screen (docs/development.md, "Conventions"; issue 45's checks).
 
 Every function and method under src/attnlab is at most `LIMIT` lines long, counted from its `def`
 line (decorators not included) to its last line, blank lines and comments included, its docstring

@@ -1,4 +1,4 @@
-"""Figures live in BENCHMARKS.md and docs/, never in source (DESIGN.md, "The layers").
+"""Figures live in BENCHMARKS.md and docs/, never in source (docs/development.md, "Conventions").
 
 Two rules, each checked on the repository as it stands:
 

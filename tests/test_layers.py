@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md hold: no module of attnlab imports from a layer above its own.
+"""The layers of docs/development.md hold: no module of attnlab imports from a layer above its own.
 
 Every `import attnlab...` and `from attnlab... import` counts, at module level or inside a
 function (a function-level import is still a dependency, only a later one), parsed with `ast`
@@ -27,10 +27,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("studies", "export", "viz"),  # measurements, pictures and exports built on the verbs
     ("cli", "serve", "__main__", "__init__"),  # the faces (`attnlab.load` is the public API)
 ]
-"""Bottom to top, as DESIGN.md draws them, with three refinements: the shared helpers at the
-bottom and the studies, exports and pictures (studies, export, viz) under the faces, rows
-DESIGN.md leaves implicit; and decode and eval under the tasks rather than beside train, since a
-task scores with them (perplexity, BLEU by beam search) while they import nothing above models."""
+"""Bottom to top, as docs/development.md ("Layout") draws them: the shared helpers at the bottom,
+the studies, exports and pictures (studies, export, viz) under the faces, and decode and eval
+under the tasks rather than beside train, since a task scores with them (perplexity, BLEU by beam
+search) while they import nothing above models."""
 
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
