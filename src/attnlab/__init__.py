@@ -11,6 +11,17 @@ draft = attnlab.load("runs/small")
 spec = Speculation(ModelDrafter(draft.model), k=4)   # or Speculation(PromptLookup(max_ngram=3), k=8)
 text = complete(run.model, run.tokenizer, "ROMEO:", 200, greedy_picker(), speculation=spec)
 print(spec.stats.summary())   # accepted tokens per step
+
+A chat model's reply, its calculator calls answered while it generates (`attnlab chat --tools`):
+from attnlab.cli.chat import chat_template
+from attnlab.decode.tool_use import TOOLS, ToolResult, reply_with_tools
+from attnlab.train.load import load_any
+chat = load_any("runs/chat-sft", command="chat")     # a chat run, a chat model's folder or GGUF file
+messages = [{"role": "user", "content": "What is 347 * 12?"}]
+for item in reply_with_tools(chat.model, chat.tokenizer, chat_template("runs/chat-sft", chat), messages,
+                             200, greedy_picker(), tools=TOOLS):
+    print(item.summary() if isinstance(item, ToolResult) else item)   # 347 * 12 = 4164, then the text
+# messages now holds the call, the tool's answer and the final answer (OpenAI's chat shape)
 """
 
 from importlib import import_module

@@ -1,11 +1,13 @@
-"""attnlab chat RUN|HF_FOLDER|GGUF [--system TEXT] [-n/--max-new-tokens N --temperature T --top-k K
---top-p P --seed S] [--device D]
+"""attnlab chat RUN|HF_FOLDER|GGUF [--system TEXT] [--tools calculator] [-n/--max-new-tokens N
+--temperature T --top-k K --top-p P --seed S] [--device D]
 
 A conversation in the terminal, as `ollama run` holds one: the reply streams as it is generated,
 the whole history is the next prompt (rendered by the model's chat template: a chat run's, a
 Hugging Face folder's, a GGUF file's). `/reset` forgets the history, `/save FILE` writes it as one
 line of OpenAI's fine-tuning JSONL (what `task = "chat"` trains on), Ctrl-C stops a reply and
-keeps what was said, Ctrl-D or `/bye` leaves."""
+keeps what was said, Ctrl-D or `/bye` leaves. With `--tools calculator`, a reply that ends its turn on
+a calculator call is answered by the calculator and goes on (`attnlab.decode.tool_use`); the call
+and its answer show as a dim line, `[calculator] 347*12 = 4164`."""
 
 import argparse
 import json
@@ -18,6 +20,9 @@ from attnlab.errors import UserError
 from attnlab.families import CAUSAL_LM
 from attnlab.sources import takes_words
 
+TOOL_NAMES = ("calculator",)
+"""The tools `--tools` takes: `attnlab.decode.tool_use.TOOLS`'s names, here without importing PyTorch."""
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 HELP = "/reset forgets the conversation, /save FILE writes it as JSONL, /bye or Ctrl-D leaves, Ctrl-C stops a reply"
 
 
@@ -30,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", metavar="MODEL", help=takes_words((CAUSAL_LM,)) + " with a chat template")
     p.add_argument("--system", metavar="TEXT", help="a system prompt, the first message of every conversation")
+    add_tools_argument(
+        p, "tools the model may call while it replies, answered here and the reply continued (off by default)"
+    )
     p.add_argument(
         "-n", "--max-new-tokens", type=non_negative_int, default=512, help="the longest reply in tokens (default 512)"
     )
@@ -39,6 +47,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_seed_argument(p)
     add_device_argument(p)
     p.set_defaults(run=run, check=check)
+
+
+def add_tools_argument(p: argparse.ArgumentParser, help: str) -> None:
+    names = ", ".join(TOOL_NAMES)
+    p.add_argument("--tools", type=tool_list, default=(), metavar="NAME[,NAME]", help=f"{help}: {names}")
+
+
+def tool_list(text: str) -> tuple[str, ...]:
+    """The tools named in "calculator" or "a,b"; an argparse error naming the tools there are."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in TOOL_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"no tool {(unknown or [text])[0]!r}; the tools are {', '.join(TOOL_NAMES)}")
+    return names
 
 
 def check(args: argparse.Namespace) -> None:
@@ -52,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.decode import sampling_picker
+    from attnlab.decode.tool_use import tools_named
     from attnlab.device import resolve_device
     from attnlab.train.load import load_any
 
@@ -60,18 +83,20 @@ def run(args: argparse.Namespace) -> int:
     template = chat_template(Path(args.run_dir), loaded)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
-    session = ChatSession(loaded.model, loaded.tokenizer, template, pick, args.max_new_tokens, args.system)
+    tools = tools_named(args.tools)
+    session = ChatSession(loaded.model, loaded.tokenizer, template, pick, args.max_new_tokens, args.system, tools)
     sys.stdout.write(f"{HELP}.\n")
     session.loop()
     return 0
 
 
-def chat_template(path: Path, loaded):
+def chat_template(path: str | Path, loaded):
     """The model's `ChatTemplate`: the one its checkpoint carries (a chat run's, a GGUF file's),
-    else its folder's; a `UserError` naming the fix where it has none."""
+    else its folder's; a `UserError` naming the fix where it has none. `loaded`: `load_any`'s."""
     from attnlab.serve.chat_template import read_chat_template
     from attnlab.serve.registry import carried_chat_template
 
+    path = Path(path)
     if loaded.chat_template is not None:
         return carried_chat_template(loaded.chat_template, loaded.tokenizer)
     template = read_chat_template(path, loaded.tokenizer.decode) if path.is_dir() and loaded.run is None else None
@@ -84,11 +109,15 @@ def chat_template(path: Path, loaded):
 
 
 class ChatSession:
-    """One conversation: the history, and a reply streamed to stdout for each user line."""
+    """One conversation: the history (OpenAI's chat messages), and a reply streamed to stdout for
+    each user line, the calls of `tools` (name -> `attnlab.decode.tool_use.Tool`) answered."""
 
-    def __init__(self, model, tokenizer, template, pick, max_new_tokens: int, system: str | None) -> None:
+    def __init__(
+        self, model, tokenizer, template, pick, max_new_tokens: int, system: str | None, tools: dict | None = None
+    ) -> None:
         self.model, self.tokenizer, self.template, self.pick = model, tokenizer, template, pick
         self.max_new_tokens, self.system = max_new_tokens, system
+        self.tools = tools or {}  # the tools the model may call, by name (`attnlab.decode.tool_use.TOOLS`)
         self.context = getattr(model.config, "block_size", None)
         self.messages: list[dict[str, str]] = []
         self.reset()
@@ -137,29 +166,38 @@ class ChatSession:
         sys.stdout.write(f"(saved {len(self.messages)} messages to {name})\n")
 
     def reply(self, text: str) -> None:
-        """Stream the model's answer to `text`; Ctrl-C stops it, keeping what was said."""
-        import torch
-
-        from attnlab.decode import stream_text
+        """Stream the model's answer to `text`, its tools' calls answered (`self.tools`); Ctrl-C
+        stops it, keeping what was said."""
+        from attnlab.decode.tool_use import ToolResult, definitions, for_template, reply_with_tools
 
         self.messages.append({"role": "user", "content": text})
-        ids = self.template.encode(self.tokenizer, self.messages)
+        ids = self.template.encode(self.tokenizer, for_template(self.messages), tools=definitions(self.tools))
         if self.context is not None and len(ids) >= self.context:
             self.messages.pop()
             sys.stdout.write(f"(the conversation is {len(ids)} tokens, past the context of {self.context}; /reset)\n")
             return
-        budget = self.max_new_tokens if self.context is None else min(self.max_new_tokens, self.context - len(ids))
-        device = next(self.model.parameters()).device
-        prompt = torch.tensor([ids], dtype=torch.long, device=device)
-        said = []
+        options = dict(tools=self.tools, context=self.context)
+        items = reply_with_tools(
+            self.model, self.tokenizer, self.template, self.messages, self.max_new_tokens, self.pick, **options
+        )
+        at_start = True  # of a line
         try:
-            for piece in stream_text(
-                self.model, self.tokenizer, prompt, budget, self.pick, stop=self.template.end_of_turn
-            ):
-                said.append(piece)
-                sys.stdout.write(piece)
+            for item in items:
+                if isinstance(item, ToolResult):
+                    self.show(item, at_start)
+                    at_start = True
+                    continue
+                sys.stdout.write(item)
                 sys.stdout.flush()
+                at_start = item.endswith("\n")
         except KeyboardInterrupt:
+            items.close()  # the reply so far joins the history
             sys.stdout.write(" (stopped)")
         sys.stdout.write("\n")
-        self.messages.append({"role": "assistant", "content": "".join(said)})
+
+    def show(self, result, at_start: bool) -> None:
+        """A call and its answer on a line of their own, dim on a terminal."""
+        dim, plain = (DIM, PLAIN) if sys.stdout.isatty() else ("", "")
+        lead = "" if at_start else "\n"
+        sys.stdout.write(f"{lead}{dim}[{result.name}] {result.summary()}{plain}\n")
+        sys.stdout.flush()

@@ -1,6 +1,6 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
 [--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]
-[--weights fp32|bf16|int8] [--threads N] [--cache-memory SIZE]
+[--weights fp32|bf16|int8|int4] [--threads N] [--cache-memory SIZE]
 
 Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 
@@ -17,10 +17,15 @@ from attnlab.cli.arguments import (
     check_weights_options,
     decoding_weights,
 )
+from attnlab.cli.chat import add_tools_argument
 from attnlab.families import names
 from attnlab.sources import TAKES, takes_words
 
 ENV_KEY = "ATTNLAB_API_KEY"
+TOOLS_HELP = (
+    "tools the server runs itself in chat replies: a reply that calls one is answered and continued, the client "
+    "getting the final answer (off by default; a request's own tools turn them off for it)"
+)
 INSTALL = "attnlab serve needs fastapi and uvicorn: run `make serve` or `pip install 'attnlab[serve]'`"
 
 
@@ -65,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "build` has built it and it covers the model; --fused builds it first if need be, --no-fused "
         "keeps PyTorch's path",
     )
+    add_tools_argument(p, TOOLS_HELP)
     add_weights_argument(p)
     p.add_argument(
         "--cache-memory",
@@ -137,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         batched=not args.no_batching,
         fused=args.fused,
         weights=args.weights,
+        tools=args.tools,
     )
     if args.cache_memory is not None:
         limits = dataclasses.replace(limits, cache_memory=args.cache_memory)

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from attnlab.serve import completions, tools
+from attnlab.serve import completions, server_tools, tools
 from attnlab.serve.chat_template import ChatTemplateError
 from attnlab.serve.errors import APIError, error_body
 from attnlab.serve.limits import Limits
@@ -67,22 +67,18 @@ def check_caps(body: ChatCompletionRequest, limits: Limits) -> int:
     return new
 
 
-def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits) -> list[int]:
+def encode_chat(
+    served: ServedModel, body: ChatCompletionRequest, limits: Limits, messages: list[dict] | None = None, answered=None
+) -> list[int]:
     """The conversation's token ids through the model's chat template (with the assistant's turn
-    opened, and the request's tools); a 400 for a text past the server's length, a tool call or
-    tool message that does not hold together (`tools.template_message`), a template that refuses
-    the messages, or a prompt longer than the model's context."""
-    messages = []
-    for i, message in enumerate(body.messages):
-        text = message.text()
-        if len(text) > limits.max_text_chars:
-            param = f"messages[{i}].content"
-            raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
-        messages.append(tools.template_message(body.messages, i, text))
+    opened, and the request's tools, or the server's `answered` tools); a 400 for a text past the
+    server's length, a tool call or tool message that does not hold together
+    (`tools.template_message`), a template that refuses the messages, or a prompt longer than the
+    model's context. `messages`: `template_messages`' (made here when None)."""
+    messages = template_messages(body, limits) if messages is None else messages
+    listed = tools.template_tools(body) or server_tools.definitions(answered or {})
     try:
-        ids = served.chat.encode(
-            served.run.tokenizer, messages, add_generation_prompt=True, tools=tools.template_tools(body)
-        )
+        ids = served.chat.encode(served.run.tokenizer, messages, add_generation_prompt=True, tools=listed)
     except ChatTemplateError as e:
         raise APIError(400, f"messages: the model's chat template refused them: {e}", param="messages") from None
     if not ids:
@@ -97,26 +93,45 @@ def encode_chat(served: ServedModel, body: ChatCompletionRequest, limits: Limits
     return ids
 
 
+def template_messages(body: ChatCompletionRequest, limits: Limits) -> list[dict]:
+    """The request's messages as the chat template takes them; a 400 for a text past the server's
+    length or a tool call or tool message that does not hold together (`tools.template_message`)."""
+    messages = []
+    for i, message in enumerate(body.messages):
+        text = message.text()
+        if len(text) > limits.max_text_chars:
+            param = f"messages[{i}].content"
+            raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
+        messages.append(tools.template_message(body.messages, i, text))
+    return messages
+
+
 async def start(
     served: ServedModel, body: ChatCompletionRequest, limits: Limits
 ) -> tuple[list[int], list, "tools.ToolUse"]:
     """A checked chat request's prompt ids, its choices' streams (queued), and what it asks of tools.
     A forced tool call's or a response_format's grammar is compiled in a worker thread: a large
     schema over a large vocabulary takes a while, and the event loop serves the other streams
-    meanwhile."""
+    meanwhile. Where the server answers tools itself (`limits.tools`: `server_tools`), each choice's
+    stream is a `server_tools.ToolLoop`, which continues the reply past the calls it answers."""
     from starlette.concurrency import run_in_threadpool
 
     from attnlab.serve import structured
 
     new_tokens = check_caps(body, limits)
     use = tools.tool_use(served, body)
-    ids = encode_chat(served, body, limits)
+    answered = server_tools.answered(served, body, limits.tools)
+    messages = template_messages(body, limits)
+    ids = encode_chat(served, body, limits, messages, answered)
     masks = None
     if use.forced:
         masks = await run_in_threadpool(tools.forced_masks, served, use)
     elif body.response_format is not None and body.response_format.type != "text":
         masks = await run_in_threadpool(structured.masks_for, served, body.response_format)
-    return ids, submit(served, ids, body, new_tokens, limits, masks), use
+    streams = submit(served, ids, body, new_tokens, limits, masks)
+    if answered:
+        streams = [server_tools.ToolLoop(served, s, messages, answered) for s in streams]
+    return ids, streams, use
 
 
 def submit(

@@ -43,6 +43,9 @@ class Limits:
     """Bytes of recent prompts' keys and values each language model keeps, in blocks found again by
     their token prefix (`attnlab.decode.prefix_cache`), so that a prompt beginning as an earlier one
     did prefills only the rest; taken as blocks are stored. 0: no prefix cache."""
+    tools: tuple[str, ...] = ()
+    """The tools the server answers itself in chat replies (`attnlab.serve.server_tools`: the
+    calculator), by name; () none."""
     past_context: bool = False
     """False: a completion stops where its prompt and its tokens fill the model's context
     (finish_reason "length"), and a prompt that fills it alone is refused. True: a language model
@@ -54,5 +57,5 @@ class Limits:
         for f in fields(self):
             value = getattr(self, f.name)
             low = 0 if f.name == "cache_memory" else 1
-            if f.name not in ("batched", "fused", "weights", "past_context") and value is not None and value < low:
+            if isinstance(value, int) and not isinstance(value, bool) and value < low:
                 raise ValueError(f"{f.name} must be >= {low}, got {value}")
