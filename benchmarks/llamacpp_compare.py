@@ -139,8 +139,9 @@ def hf_config(shape: str):
     )
 
 
-def hf_folder(work: Path, shape: str) -> Path:
-    """`work`/`shape`: the random-weight (seed 0) model and its tokenizer, written once."""
+def hf_folder(work: Path, shape: str, tokenizer_vocab: int = TOKENIZER_VOCAB) -> Path:
+    """`work`/`shape`: the random-weight (seed 0) model and its tokenizer (of at most
+    `tokenizer_vocab` tokens), written once."""
     import torch
     import transformers
 
@@ -148,7 +149,7 @@ def hf_folder(work: Path, shape: str) -> Path:
     if (folder / "model.safetensors").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(folder)
+    write_tokenizer(folder, tokenizer_vocab)
     torch.manual_seed(0)
     config = hf_config(shape)
     model_class = transformers.GPT2LMHeadModel if shape == "gpt2" else transformers.LlamaForCausalLM
@@ -156,10 +157,10 @@ def hf_folder(work: Path, shape: str) -> Path:
     return folder
 
 
-def write_tokenizer(folder: Path) -> None:
-    """A byte-level BPE (GPT-2's pre-tokenizer) of TOKENIZER_VOCAB tokens, "<s>" and "</s>" first,
-    trained on the bundled Tiny Shakespeare; tokenizer_config.json tells `AutoTokenizer` (the
-    converter's reader) to take it as it is."""
+def write_tokenizer(folder: Path, vocab_size: int = TOKENIZER_VOCAB) -> None:
+    """A byte-level BPE (GPT-2's pre-tokenizer) of `vocab_size` tokens (fewer where the text has no
+    more pairs to merge), "<s>" and "</s>" first, trained on the bundled Tiny Shakespeare;
+    tokenizer_config.json tells `AutoTokenizer` (the converter's reader) to take it as it is."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from attnlab.data.text import bundled_shakespeare
@@ -168,7 +169,7 @@ def write_tokenizer(folder: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
+        vocab_size=vocab_size,
         special_tokens=["<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

@@ -296,7 +296,7 @@ class Page(HTMLParser):
         if tag == "script" and a.get("type") == "application/json":
             self._script_id = a["id"]
         if tag == "select":
-            self._select = a["class"]
+            self._select = a.get("class") or a.get("id")
             self.selects[self._select] = []
         if tag == "option":
             self._option = (a["value"], "selected" in a)

@@ -33,6 +33,7 @@ RENAMED = {
     ("translation", "rnn"): ("translation", "gru"),
     ("translation", "rnn-attention"): ("translation", "gru-attention"),
     ("mlm", "bert"): ("masked-lm", "bert"),
+    ("replaced-token-detection", "electra"): ("replaced-token-detection", "electra"),
     ("classification", "bert"): ("text-classification", "bert"),
     ("classification", "bilstm"): ("text-classification", "bilstm"),
     ("tagging", "bert"): ("token-classification", "bert"),

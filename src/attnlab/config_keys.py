@@ -9,23 +9,24 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
         "capacity_factor channels classifier_head conv_channels conv_kernel d_embed d_ff d_model dense_blocks "
         "dilation_channels dropout emb_dim embed embedding_dim expert_every expert_hidden expert_renormalize "
         "expert_top_k experts feature_dropout ffn_hidden ffn_mult first_kernel funnel_decoder_layers "
-        "funnel_stages global_blocks head head_channels head_size hidden hidden_size hop image_size "
-        "input_embedding kernel kind layer_attention layer_norm_eps layers_per_block linformer_k "
-        "logit_softcap max_len memory_every memory_heads memory_keys memory_top_k mos_components n_blocks "
-        "n_classes n_decoder_layers n_digits n_encoder_layers n_features n_fft n_heads n_kv_heads n_labels "
-        "n_layers n_output_heads negative_slope nope_layers norm norm_first_block normalization pad_id "
-        "patch_size per_head_dropout pooling position_ids position_init positions qk_norm qkv_bias "
-        "random_blocks readout_size relative_distance residual_channels rope_attention_factor rope_beta_fast "
-        "rope_beta_slow rope_factor rope_high_freq_factor rope_long_factor rope_low_freq_factor "
-        "rope_original_context rope_scaling rope_short_factor rope_theta rotary_dims router_aux_weight "
-        "router_z_weight scale_embeddings score_bias skip_channels softmax speakers stem_channels "
-        "tie_embeddings tie_weights transparent_attention type_vocab_size vocab_size window_rope_theta".split()
+        "funnel_stages generator_layers generator_size global_blocks head head_channels head_size hidden "
+        "hidden_size hop image_size input_embedding kernel kind layer_attention layer_norm_eps "
+        "layers_per_block linformer_k logit_softcap max_len memory_every memory_heads memory_keys "
+        "memory_top_k mos_components n_blocks n_classes n_decoder_layers n_digits n_encoder_layers n_features "
+        "n_fft n_heads n_kv_heads n_labels n_layers n_output_heads negative_slope nope_layers norm "
+        "norm_first_block normalization pad_id patch_size per_head_dropout pooling position_ids position_init "
+        "positions qk_norm qkv_bias random_blocks readout_size relative_distance residual_channels "
+        "rope_attention_factor rope_beta_fast rope_beta_slow rope_factor rope_high_freq_factor "
+        "rope_long_factor rope_low_freq_factor rope_original_context rope_scaling rope_short_factor "
+        "rope_theta rotary_dims router_aux_weight router_z_weight scale_embeddings score_bias skip_channels "
+        "softmax speakers stem_channels tie_embeddings tie_weights transparent_attention type_vocab_size "
+        "vocab_size window_rope_theta".split()
     ),
     "data": frozenset(
-        "block_size column condition_on_speaker data_dir dataset eval_beam eval_clips eval_images flip "
-        "init_from label_column lowercase mask_prob max_len max_samples max_shift max_tokens path seed "
-        "segment src_lang text_column tgt_lang token_dropout tokenizer tokenizer_file too_long train_size "
-        "unknown_word val_fraction val_path val_size vocab_size word_pooling".split()
+        "block_size column condition_on_speaker data_dir dataset discriminator_weight eval_beam eval_clips "
+        "eval_images flip init_from label_column lowercase mask_prob max_len max_samples max_shift max_tokens "
+        "path seed segment src_lang text_column tgt_lang token_dropout tokenizer tokenizer_file too_long "
+        "train_size unknown_word val_fraction val_path val_size vocab_size word_pooling".split()
     ),
     "train": frozenset(
         "batch_size beta1 beta2 checkpoint_interval compile decay_lr device dtype eval_interval eval_iters "

@@ -1,4 +1,6 @@
-"""The names of tasks and model kinds, and the older names that saved configs still use.
+"""The names of tasks and model kinds, and the older names that saved configs still use; the one
+table of tasks (`TASKS`: each task's kinds, class, commands and endpoint), the server's paths
+(`API`) and the position schemes (`POSITION_SCHEMES`).
 
 A task is named after what it learns: `image-density` (a probability for every image),
 `text-classification` (a label for every text). A model kind names one model class, the same in
@@ -11,24 +13,140 @@ has the table). It imports neither PyTorch nor the tasks, so a command can check
 """
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from attnlab.config import close_matches
 from attnlab.errors import ConfigError
 
-TASK_KINDS: dict[str, tuple[str, ...]] = {
-    "language-model": (),  # always a GPT: its model section has no kind
-    "chat": (),  # a GPT fine-tuned on conversations: no kind either
-    "translation": ("seq2seq-transformer", "gru", "gru-attention"),
-    "masked-lm": ("bert",),
-    "text-classification": ("bert", "bilstm"),
-    "token-classification": ("bert", "bilstm"),
-    "node-classification": ("gat", "gcn", "node-transformer"),
-    "image-density": ("pixelcnn", "gated-pixelcnn", "pixel-gpt"),
-    "image-classification": ("vit", "cnn"),
-    "audio-density": ("wavenet",),
-    "audio-classification": ("spectrogram-cnn",),
+
+@dataclass(frozen=True)
+class Api:
+    """The server's paths (`attnlab serve`), each written once: the router serves these, the page
+    is handed them (`/static/api.js`), the task table below and the error messages name them."""
+
+    models: str = "/v1/models"
+    completions: str = "/v1/completions"
+    chat: str = "/v1/chat/completions"
+    responses: str = "/v1/responses"
+    embeddings: str = "/v1/embeddings"
+    translations: str = "/v1/translations"
+    classifications: str = "/v1/classifications"
+    tags: str = "/v1/tags"
+    attention: str = "/v1/attention"
+
+
+API = Api()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task, every fact the layers above need of it in one record.
+
+    kinds: the model kinds it trains (`model.kind`), the default first; none for a GPT-only task.
+    task_class: its class, "module:Class" under `attnlab.tasks` (which imports it into `TASKS`).
+    commands: the commands that apply a trained run of it (every run also fits plot and report).
+    needed_as: what its own command (`commands[0]`) asks for, in that command's refusal
+        ("translation model"); None where the first command is not its own.
+    described: how a refusal names a run of it, where that says more than the task's name.
+    endpoint: the server's path of its own (`API`); None for one served without one.
+    served_as: what the server calls a model of it ("classifier"); None: the server refuses its runs.
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    task_class: str
+    commands: tuple[str, ...] = ("eval",)
+    needed_as: str | None = None
+    described: str | None = None
+    endpoint: str | None = None
+    served_as: str | None = None
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        # always a GPT: its model section has no kind
+        Task(
+            "language-model",
+            (),
+            "lm:LanguageModeling",
+            ("sample", "eval", "attention"),
+            needed_as="language model",
+            endpoint=API.completions,
+            served_as="language model",
+        ),
+        Task("chat", (), "chat:Chat"),  # a GPT fine-tuned on conversations: no kind either
+        Task(
+            "translation",
+            ("seq2seq-transformer", "gru", "gru-attention"),
+            "translation:Translation",
+            ("translate", "eval", "attention"),
+            needed_as="translation model",
+            endpoint=API.translations,
+            served_as="translation model",
+        ),
+        Task(
+            "masked-lm",
+            ("bert",),
+            "mlm:MaskedLM",
+            ("embed", "eval", "attention", "train --init-from"),
+            described="masked-lm (BERT pre-training)",
+            served_as="masked language model",  # it embeds and shows its attention
+        ),
+        Task(
+            "replaced-token-detection",
+            ("electra",),
+            "rtd:ReplacedTokenDetection",
+            ("embed", "eval", "train --init-from"),  # its discriminator: embedded and fine-tuned
+            described="replaced-token-detection (ELECTRA pre-training)",
+        ),
+        Task(
+            "text-classification",
+            ("bert", "bilstm"),
+            "classification:Classification",
+            ("classify", "eval", "embed", "attention"),
+            needed_as="classification model",
+            endpoint=API.classifications,
+            served_as="classifier",
+        ),
+        Task(
+            "token-classification",
+            ("bert", "bilstm"),
+            "tagging:Tagging",
+            ("tag", "eval", "embed", "attention"),
+            needed_as="tagging model",
+            endpoint=API.tags,
+            served_as="tagger",
+        ),
+        Task(
+            "node-classification",
+            ("gat", "gcn", "node-transformer"),
+            "nodes:NodeClassification",
+            ("eval", "attention --node"),
+        ),
+        Task("image-density", ("pixelcnn", "gated-pixelcnn", "pixel-gpt"), "images:ImageDensity", ("sample", "eval")),
+        Task("image-classification", ("vit", "cnn"), "vision:ImageClassification", ("eval", "attention --image")),
+        Task(
+            "audio-density",
+            ("wavenet",),
+            "audio:SpeechDensity",
+            ("sample", "eval"),
+            described="audio-density (WaveNet)",
+        ),
+        Task(
+            "audio-classification",
+            ("spectrogram-cnn",),
+            "digits:DigitClassification",
+            described="audio-classification (spoken digits)",
+        ),
+    )
 }
+"""Every task by its name: the one table of tasks. `attnlab.tasks.TASKS` (the classes),
+`attnlab.cli.kinds` (which commands take which runs) and `attnlab.serve.registry` (what the server
+answers) are read from it."""
+
+TASK_KINDS: dict[str, tuple[str, ...]] = {name: task.kinds for name, task in TASKS.items()}
 """Every task by its name, with the model kinds it trains (`model.kind`), the default first."""
 
 OLD_TASKS: dict[str, str] = {
@@ -63,6 +181,38 @@ vocabulary of their own (nanoGPT's), where every other family said n_layers, n_h
 
 DEFAULT_TASK = "language-model"
 """The task of a config that names none."""
+
+
+@dataclass(frozen=True)
+class PositionScheme:
+    """A position scheme (`model.positions`): where it acts, at the input (vectors added to the
+    token embeddings) or inside attention, and whether `attnlab positions` draws it (a learned table
+    or no positions have no formula to draw)."""
+
+    name: str
+    inside_attention: bool
+    drawn: bool = True
+
+
+POSITION_SCHEMES: dict[str, PositionScheme] = {
+    scheme.name: scheme
+    for scheme in (
+        PositionScheme("learned", inside_attention=False, drawn=False),
+        PositionScheme("sinusoidal", inside_attention=False),
+        PositionScheme("fourier", inside_attention=False),
+        PositionScheme("none", inside_attention=False, drawn=False),
+        PositionScheme("rope", inside_attention=True),
+        PositionScheme("alibi", inside_attention=True),
+        PositionScheme("relative", inside_attention=True),
+    )
+}
+"""Every position scheme by name: the one list of them, here where the command line reads it before
+PyTorch is imported. Their classes are `attnlab.nn.positions`' (`INPUT_POSITIONS`,
+`ATTENTION_POSITIONS`: tests/nn/test_position_registry.py checks they match this table), and
+`attnlab.viz.positions` draws those marked `drawn`."""
+
+DRAWN_SCHEMES: tuple[str, ...] = tuple(name for name, scheme in POSITION_SCHEMES.items() if scheme.drawn)
+"""The schemes `attnlab positions --kind` takes."""
 
 
 def _old_names(table: dict[str, str]) -> str:

@@ -1,6 +1,6 @@
 """A run given to a command that cannot use it: the error says what the run is and which commands
-fit it, from the one table in attnlab.cli.kinds (issue 32: embed GPT_RUN spoke of --init-from,
-translate CLASSIFIER_RUN suggested `attnlab sample`)."""
+fit it, from the one table of tasks (attnlab.names.TASKS, read by attnlab.cli.kinds) (issue 32:
+embed GPT_RUN spoke of --init-from, translate CLASSIFIER_RUN suggested `attnlab sample`)."""
 
 import pytest
 

@@ -85,10 +85,35 @@ def open_page(driver, url: str, n_models: int) -> None:
     wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) == n_models)
 
 
-def pick_model(driver, name: str) -> None:
+def pick_option(driver, select_id: str, value: str) -> None:
     from selenium.webdriver.support.ui import Select
 
-    Select(by_id(driver, "model")).select_by_value(name)
+    Select(by_id(driver, select_id)).select_by_value(value)
+
+
+def pick_model(driver, name: str) -> None:
+    pick_option(driver, "model", name)
+
+
+# What the page sends: a wrapper of window.fetch, put in by the test after the page has loaded
+# (WebDriver's scripts are not the page's own: the Content-Security-Policy does not apply to them).
+RECORD = """
+const sent = (window.sentBodies = []), fetch0 = window.fetch;
+window.fetch = (url, options) => {
+  if (options && options.body) sent.push([String(url), JSON.parse(options.body)]);
+  return fetch0(url, options);
+};
+"""
+
+
+def record_requests(driver) -> None:
+    """From now on, keep the JSON body of every request the page sends (read back by `sent`)."""
+    driver.execute_script(RECORD)
+
+
+def sent(driver, path: str) -> list[dict]:
+    """The JSON bodies the page has sent to `path` since `record_requests`, oldest first."""
+    return [body for url, body in driver.execute_script("return window.sentBodies") if url == path]
 
 
 def completion(driver) -> tuple[str, str, int]:

@@ -95,7 +95,7 @@ def test_the_page_and_its_assets_come_from_the_server_alone(client):
     assert page.errors == [] and page.doctype.lower() == "doctype html"
     # What the page loads: scripts, style sheets, its icon (links to /docs are not loaded).
     links = re.findall(r"<(?:script|link)\b[^>]*\b(?:src|href)=\"([^\"]*)\"", response.text)
-    assert len(links) == 5, links
+    assert len(links) == 6, links  # with /static/api.js, the API's paths (attnlab.names.API)
     assert all(link.startswith("/") and not link.startswith("//") for link in links), links
     for link in links:
         asset = client.get(link)

@@ -6,21 +6,20 @@ import argparse
 from pathlib import Path
 
 from attnlab.cli import positive_int
-
-KINDS = ("sinusoidal", "fourier", "rope", "alibi", "relative")
+from attnlab.names import DRAWN_SCHEMES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "positions",
-        help="draw a position scheme: sinusoidal, fourier, rope, alibi or relative",
+        help=f"draw a position scheme: {', '.join(DRAWN_SCHEMES[:-1])} or {DRAWN_SCHEMES[-1]}",
         description="Draw a position scheme as two panels: what it is, and what attention sees of it against the "
         "offset between a query and a key. sinusoidal: the §3.5 table and PE[p] · PE[p + k] (one curve, whatever p); "
         "fourier: the lecture's basis and the scores of a query whose W_Q is the shift matrix R(d); rope: the "
         "rotation angles and the rotated dot products; alibi: each head's linear bias; relative: which of Shaw et "
         "al.'s clipped offset vectors each (query, key) pair reads.",
     )
-    p.add_argument("--kind", default="sinusoidal", help=f"one of {', '.join(KINDS)} (default sinusoidal)")
+    p.add_argument("--kind", default="sinusoidal", help=f"one of {', '.join(DRAWN_SCHEMES)} (default sinusoidal)")
     p.add_argument("--d-model", type=positive_int, default=None, help="width (default 128; 64 for fourier and rope)")
     p.add_argument("--n", type=positive_int, default=None, help="positions drawn (default 100; 64 but sinusoidal)")
     p.add_argument("--heads", type=positive_int, default=8, help="alibi: the number of heads (default 8)")

@@ -3,8 +3,9 @@
 Every family is a `torch.nn.Module` built from one frozen config dataclass, which it keeps as
 `.config` (what a run folder saves):
 
-- text: `GPT` (and `PixelGPTConfig`, a GPT over pixels), `Seq2SeqTransformer`, `Bert`, and the
-  recurrent baselines `GRUSeq2Seq` and `AttentionGRUSeq2Seq` (`RNNConfig`) and `BiLSTM`;
+- text: `GPT` (and `PixelGPTConfig`, a GPT over pixels), `Seq2SeqTransformer`, `Bert` (and `Electra`,
+  a BERT generator and discriminator pre-trained together), and the recurrent baselines
+  `GRUSeq2Seq` and `AttentionGRUSeq2Seq` (`RNNConfig`) and `BiLSTM`;
 - images: `ViT` and the `CNN` it is measured against, `PixelCNN` and `GatedPixelCNN`;
 - audio: `WaveNet`, and `SpectrogramCNN`, the spoken-digit classifier that judges its samples;
 - graphs: `GAT` (`GraphAttention` its layer), `GCN` (`GraphConvolution`), `NodeTransformer`.
@@ -13,6 +14,7 @@ Every family is a `torch.nn.Module` built from one frozen config dataclass, whic
 from attnlab.models.audio_cnn import SpectrogramCNN, SpectrogramCNNConfig
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.models.bilstm import BiLSTM, BiLSTMConfig
+from attnlab.models.electra import Electra, ElectraConfig
 from attnlab.models.gat import GAT, GATConfig, GraphAttention
 from attnlab.models.gated_pixelcnn import GatedPixelCNN, GatedPixelCNNConfig
 from attnlab.models.gcn import GCN, GCNConfig, GraphConvolution
@@ -36,6 +38,8 @@ __all__ = [
     "BiLSTM",
     "BiLSTMConfig",
     "CNNConfig",
+    "Electra",
+    "ElectraConfig",
     "GATConfig",
     "GCNConfig",
     "GPTConfig",

@@ -280,11 +280,12 @@ class MaskedLMHead(nn.Module):
     """Masked-LM output (§3.1, Task #1): a dense layer, the activation and a LayerNorm, then a
     decoder whose weight is the token embedding matrix (tied) plus an output bias of its own.
     x `(B, T, C)` -> logits `(B, T, V)`. With factorized embeddings the dense layer maps to their
-    width E (ALBERT)."""
+    width E (ALBERT). E is read from `token_embedding`: ELECTRA's small generator decodes with the
+    discriminator's wider embeddings (`attnlab.models.electra`)."""
 
     def __init__(self, config: BertConfig, token_embedding: nn.Embedding) -> None:
         super().__init__()
-        e = config.embedding_size
+        e = token_embedding.embedding_dim
         self.dense, self.act, self.norm = transform_layers(config, e)
         self.decoder = nn.Linear(e, config.vocab_size)
         self.decoder.weight = token_embedding.weight

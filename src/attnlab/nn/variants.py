@@ -14,6 +14,7 @@ from torch import nn
 
 from attnlab.nn.conv_attention import CONVOLUTIONS
 from attnlab.nn.positions import (
+    ATTENTION_POSITIONS,
     ROPE_SCALINGS,
     AttentionPositions,
     RopeScaling,
@@ -30,10 +31,19 @@ PATTERN_NAMES = (*PATTERNS, *SYNTHESIZERS, *CONVOLUTIONS)
 convolutions (`attnlab.nn.conv_attention`), which replace the attention (`BlockParts`)."""
 
 FIXED_LENGTH = ("linformer", *SYNTHESIZERS)
+"""Patterns with parameters for each of `max_len` positions: no sequence may be longer."""
+
+INSIDE_ATTENTION = tuple(ATTENTION_POSITIONS)
+"""The position schemes that act on the keys (`attnlab.nn.positions.ATTENTION_POSITIONS`): a
+convolution in place of attention has none for them to act on."""
+ON_THE_SCORES = tuple(
+    name for name, cls in ATTENTION_POSITIONS.items() if cls.score_bias is not AttentionPositions.score_bias
+)
+"""The schemes that add a term to each score by its key's offset (those with a `score_bias` of their
+own): Linformer's keys, projected along the sequence, have no offsets for them."""
 
 QK_NORMS = ("none", "rmsnorm", "offset-rmsnorm")
 """The norms over each head's queries and keys (`AttentionOptions.qk_norm`)."""
-"""Patterns with parameters for each of `max_len` positions: no sequence may be longer."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +230,7 @@ class AttentionOptions:
             )
         if positions == "fourier" and d_model % 2:
             raise ValueError(f"positions 'fourier' comes in (cos, sin) pairs: the width must be even, got {d_model}")
-        if self.attention in CONVOLUTIONS and positions in ("rope", "alibi", "relative"):
+        if self.attention in CONVOLUTIONS and positions in INSIDE_ATTENTION:
             raise ValueError(
                 f"attention {self.attention!r} is a convolution: it has no keys for {positions!r} positions to "
                 "act on; use learned, sinusoidal or none"
@@ -231,7 +241,7 @@ class AttentionOptions:
                     "attention 'linformer' mixes every position into k rows, so a causal model (GPT, the "
                     "decoder) would see the future; use 'window' or 'bigbird', or linformer in BERT"
                 )
-            if positions in ("alibi", "relative"):
+            if positions in ON_THE_SCORES:
                 raise ValueError(
                     f"attention 'linformer' projects the keys along the sequence, so they have no positions "
                     f"for {positions!r} to compare; use rope or a scheme at the input"

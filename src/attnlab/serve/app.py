@@ -10,7 +10,7 @@ page itself, its assets and /healthz hold no secret and stay open: the page asks
 sends it with its API calls (it keeps it in the browser's localStorage).
 """
 
-import functools
+import dataclasses
 import hmac
 import json
 from contextlib import asynccontextmanager
@@ -18,21 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from attnlab import __version__
-from attnlab.errors import UserError
+from attnlab.names import API
 from attnlab.serve import chat, completions, embeddings, responses
+from attnlab.serve.attention import attention
 from attnlab.serve.errors import APIError, error_response, install_error_handlers
 from attnlab.serve.limits import Limits
-from attnlab.serve.registry import ATTENTION, CHAT, ServedModel, served_models
+from attnlab.serve.registry import ServedModel, served_models
+from attnlab.serve.requests import find, server_limits
 from attnlab.serve.schemas import (
-    AttentionRequest,
     AttentionResponse,
     ChatCompletion,
     ChatCompletionRequest,
-    Classification,
     ClassificationResponse,
     Completion,
     CompletionRequest,
@@ -41,16 +41,12 @@ from attnlab.serve.schemas import (
     ModelCard,
     ModelList,
     ResponsesRequest,
-    TaggedWord,
-    Tagging,
     TaggingResponse,
-    TextsRequest,
-    TranslationRequest,
     TranslationResponse,
 )
+from attnlab.serve.tasks import classify, tag, translate
 
 STATIC = Path(__file__).parent / "static"
-DEFAULT_BEAM = 5  # as `attnlab translate`
 # The page runs only its own scripts and talks only to its own server.
 PAGE_POLICY = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 
@@ -116,6 +112,11 @@ def page_router() -> APIRouter:
     async def attention_style() -> Response:
         return Response(ATTENTION_CSS, media_type="text/css")
 
+    # The API's paths, as `attnlab.names.API` writes them: the page names no path of its own.
+    @router.get("/static/api.js")
+    async def api_paths() -> Response:
+        return Response(f"window.attnlabApi = {json.dumps(dataclasses.asdict(API))};\n", media_type="text/javascript")
+
     @router.get("/healthz")
     async def healthz() -> dict:
         return {"status": "ok"}
@@ -128,36 +129,23 @@ def api_router() -> APIRouter:
     application's state (`create_app` puts them there). Every path also answers with a trailing
     slash (`/v1/completions/`): a redirect would answer a POST with an empty 307 that not every
     client follows, and one that does may drop the body."""
-    router = APIRouter(prefix="/v1", redirect_slashes=False)
-    routes = [
-        ("/models", list_models, "GET", ModelList),
-        ("/models/{name}", get_model, "GET", ModelCard),
-        ("/completions", complete, "POST", Completion),
-        (CHAT.removeprefix("/v1"), chat_complete, "POST", ChatCompletion),
-        ("/responses", create_response, "POST", None),
-        ("/translations", translate, "POST", TranslationResponse),
-        ("/classifications", classify, "POST", ClassificationResponse),
-        ("/tags", tag, "POST", TaggingResponse),
-        ("/embeddings", embed, "POST", EmbeddingResponse),
-        (ATTENTION.removeprefix("/v1"), attention, "POST", AttentionResponse),
+    router = APIRouter(redirect_slashes=False)
+    routes = [  # every path of `attnlab.names.API`, each once
+        (API.models, list_models, "GET", ModelList),
+        (API.models + "/{name}", get_model, "GET", ModelCard),
+        (API.completions, complete, "POST", Completion),
+        (API.chat, chat_complete, "POST", ChatCompletion),
+        (API.responses, create_response, "POST", None),
+        (API.translations, translate, "POST", TranslationResponse),
+        (API.classifications, classify, "POST", ClassificationResponse),
+        (API.tags, tag, "POST", TaggingResponse),
+        (API.embeddings, embed, "POST", EmbeddingResponse),
+        (API.attention, attention, "POST", AttentionResponse),
     ]
     for path, handler, method, answer in routes:
         router.add_api_route(path, handler, methods=[method], response_model=answer)
         router.add_api_route(path + "/", handler, methods=[method], response_model=answer, include_in_schema=False)
     return router
-
-
-def find(request: Request, name: str, endpoint: str) -> ServedModel:
-    """The served model `name`, checked to answer `endpoint`; a 400 naming the models there are."""
-    served: dict[str, ServedModel] = request.app.state.models
-    if name not in served:  # OpenAI answers an unknown model with 404 (model_not_found)
-        raise APIError(404, f"model: no model {name!r} here; this server has {', '.join(served)}", param="model")
-    served[name].require(endpoint)
-    return served[name]
-
-
-def server_limits(request: Request) -> Limits:
-    return request.app.state.limits
 
 
 async def list_models(request: Request) -> ModelList:
@@ -173,7 +161,7 @@ async def get_model(name: str, request: Request) -> ModelCard:
 
 async def complete(body: CompletionRequest, request: Request) -> Any:
     """Continue each prompt with a language model (OpenAI's legacy completions API)."""
-    model, limits = find(request, body.model, "/v1/completions"), server_limits(request)
+    model, limits = find(request, body.model, API.completions), server_limits(request)
     completions.check_caps(body, limits)
     completions.check_fields(model, body)
     prompts = completions.encode_prompts(model, body, limits)
@@ -189,7 +177,7 @@ async def chat_complete(body: ChatCompletionRequest, request: Request) -> Any:
     served: dict[str, ServedModel] = request.app.state.models
     if body.model in served:
         chat.check_chat(served[body.model])  # a language model without a template: say why
-    model, limits = find(request, body.model, CHAT), server_limits(request)
+    model, limits = find(request, body.model, API.chat), server_limits(request)
     ids, streams, use = await chat.start(model, body, limits)
     logprobs = bool(body.logprobs)
     if body.stream:
@@ -206,7 +194,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     served: dict[str, ServedModel] = request.app.state.models
     if body.model in served:
         chat.check_chat(served[body.model])
-    model, limits = find(request, body.model, CHAT), server_limits(request)
+    model, limits = find(request, body.model, API.chat), server_limits(request)
     return await responses.create(model, body, request, limits)
 
 
@@ -223,82 +211,12 @@ async def response_masks(model: ServedModel, body: CompletionRequest | ChatCompl
     return await run_in_threadpool(structured.masks_for, model, body.response_format)
 
 
-async def translate(body: TranslationRequest, request: Request) -> TranslationResponse:
-    """Translate a sentence by beam search; with the decoder's cross-attention over it."""
-    from attnlab.viz.attention import display_token
-
-    model, limits = find(request, body.model, "/v1/translations"), server_limits(request)
-    beam = check_beam(body.beam, limits)
-    text = check_text(body.input, "input", limits)
-    ids = encode(model.helper.tokenizer, text.strip(), "input")  # as `attnlab translate` reads a line
-    limit = model.helper.data_config.max_len
-    if len(ids) > limit:
-        raise APIError(400, f"input: {len(ids)} tokens, but this model takes at most {limit}", param="input")
-    align = functools.partial(model.helper.align, model.run.model, ids, model.device, beam=beam)
-    found = await model.call(limits.max_queue, align)
-    return TranslationResponse(
-        model=model.name,
-        input=body.input,
-        translation=found.translation,
-        source_tokens=found.source_tokens,
-        target_tokens=found.target_tokens,
-        source_labels=[display_token(t) for t in found.source_tokens],
-        target_labels=[display_token(t) for t in found.target_tokens],
-        attention=found.weights.tolist(),
-    )
-
-
-async def classify(body: TextsRequest, request: Request) -> ClassificationResponse:
-    """The label of each text, with every label's probability."""
-    model, limits = find(request, body.model, "/v1/classifications"), server_limits(request)
-    texts = check_texts(body, limits)
-    found = await model.call(limits.max_queue, model.helper.classify, model.run.model, texts, model.device)
-    data = [
-        Classification(index=i, input=t, label=r["label"], probabilities=by_probability(r["probabilities"]))
-        for i, (t, r) in enumerate(zip(texts, found, strict=True))
-    ]
-    return ClassificationResponse(model=model.name, data=data)
-
-
-async def tag(body: TextsRequest, request: Request) -> TaggingResponse:
-    """Each word's tag (words split off as in UD English), with every tag's probability."""
-    model, limits = find(request, body.model, "/v1/tags"), server_limits(request)
-    texts = check_texts(body, limits)
-    found = await model.call(limits.max_queue, model.helper.tag_probabilities, model.run.model, texts, model.device)
-    data = [
-        Tagging(index=i, input=t, words=[tagged_word(w, p) for w, p in words])
-        for i, (t, words) in enumerate(zip(texts, found, strict=True))
-    ]
-    return TaggingResponse(model=model.name, data=data)
-
-
 async def embed(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     """One vector per text from a BERT encoder (OpenAI's embeddings API)."""
-    model, limits = find(request, body.model, embeddings.ENDPOINT), server_limits(request)
+    model, limits = find(request, body.model, API.embeddings), server_limits(request)
     rows = embeddings.token_rows(model, body, limits)
     vectors = await model.call(limits.max_queue, model.embedder.embed, rows)
     return embeddings.response(model, body, rows, vectors)
-
-
-async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
-    """Every layer's and head's attention weights for a text, as `attnlab attention` draws them."""
-    from attnlab.viz.html import attention_data
-    from attnlab.viz.maps import attention_maps
-
-    model, limits = find(request, body.model, ATTENTION), server_limits(request)
-    beam = check_beam(body.beam, limits)
-    text = check_text(body.input, "input", limits)
-    n = len(encode(model.run.tokenizer, text, "input"))
-    if n > limits.max_attention_tokens:
-        raise APIError(
-            400,
-            f"input: {n} tokens; this server shows attention for at most {limits.max_attention_tokens}",
-            param="input",
-        )
-    maps = await model.call(
-        limits.max_queue, functools.partial(attention_maps, model.run, text, kind=body.kind, beam=beam)
-    )
-    return JSONResponse({"object": "attention", "model": model.name, **attention_data(maps)})
 
 
 def model_card(model: ServedModel) -> ModelCard:
@@ -317,51 +235,6 @@ def model_card(model: ServedModel) -> ModelCard:
         context=context,
         max_prompt_tokens=longest,
     )
-
-
-def check_text(text: str, param: str, limits: Limits) -> str:
-    """`text`, or a 400 when it is blank or longer than the server takes."""
-    if len(text) > limits.max_text_chars:
-        raise APIError(400, f"{param}: longer than this server's {limits.max_text_chars} characters", param=param)
-    if not text.strip():
-        raise APIError(400, f"{param}: the text is empty", param=param)
-    return text
-
-
-def check_texts(body: TextsRequest, limits: Limits) -> list[str]:
-    texts = body.texts()
-    if len(texts) > limits.max_inputs:
-        raise APIError(400, f"input: {len(texts)} texts; at most {limits.max_inputs} per request", param="input")
-    single = isinstance(body.input, str)
-    return [check_text(t, "input" if single else f"input[{i}]", limits) for i, t in enumerate(texts)]
-
-
-def check_beam(beam: int | None, limits: Limits) -> int:
-    """The beam size asked for, or the default (5, or the server's cap when lower); a 400 past the cap."""
-    if beam is None:
-        return min(DEFAULT_BEAM, limits.max_beam)
-    if beam > limits.max_beam:
-        raise APIError(400, f"beam: at most {limits.max_beam} on this server", param="beam")
-    return beam
-
-
-def encode(tokenizer, text: str, param: str) -> list[int]:
-    """The token ids of `text`; a 400 naming the characters a character tokenizer never saw."""
-    try:
-        return tokenizer.encode(text)
-    except UserError as e:
-        raise APIError(400, f"{param}: {e}", param=param) from None
-
-
-def by_probability(probabilities: dict[str, float]) -> dict[str, float]:
-    return dict(sorted(probabilities.items(), key=lambda item: -item[1]))
-
-
-def tagged_word(word: str, probabilities: dict[str, float]) -> TaggedWord:
-    """A word and its most likely tag; "?" with probability 0 for a word the model never read."""
-    ranked = by_probability(probabilities)
-    tag = next(iter(ranked), "?")
-    return TaggedWord(word=word, tag=tag, probability=ranked.get(tag, 0.0), probabilities=ranked)
 
 
 class BearerAuth:

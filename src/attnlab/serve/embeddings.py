@@ -15,8 +15,6 @@ from attnlab.serve.errors import APIError
 from attnlab.serve.limits import Limits
 from attnlab.serve.schemas import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 
-ENDPOINT = "/v1/embeddings"
-
 
 def sentence_encoder(run: Any):
     """The `SentenceEncoder` of a served run: a BERT folder's own (with its pooling), a run's BERT

@@ -22,26 +22,18 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from attnlab.errors import UserError
+from attnlab.names import API, TASKS
 from attnlab.serve.errors import APIError
 
-ENDPOINTS = {
-    "language-model": "/v1/completions",
-    "translation": "/v1/translations",
-    "text-classification": "/v1/classifications",
-    "token-classification": "/v1/tags",
-    "masked-lm": None,  # a masked language model embeds and shows its attention
-    "sentence-embedding": None,  # a Hugging Face BERT folder: the same
-}
-ATTENTION = "/v1/attention"
-CHAT = "/v1/chat/completions"
-KINDS = {
-    "language-model": "language model",
-    "translation": "translation model",
-    "text-classification": "classifier",
-    "token-classification": "tagger",
-    "masked-lm": "masked language model",
-    "sentence-embedding": "sentence encoder",
-}
+SENTENCE_EMBEDDING = "sentence-embedding"
+"""A Hugging Face BERT folder's task, as the server holds it: no task of training, so not in the
+table of tasks; it embeds and shows its attention."""
+SERVED = {name: task for name, task in TASKS.items() if task.served_as is not None}
+"""The tasks whose runs the server takes, read from the one table of tasks."""
+ENDPOINTS = {name: task.endpoint for name, task in SERVED.items()} | {SENTENCE_EMBEDDING: None}
+"""Each served task's endpoint of its own (`attnlab.names.API`); None: it embeds and shows attention."""
+KINDS = {name: task.served_as for name, task in SERVED.items()} | {SENTENCE_EMBEDDING: "sentence encoder"}
+"""What the server's messages call a model of each task."""
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -107,7 +99,7 @@ class BertFolder:
 
     path: Path
     encoder: Any  # SentenceEncoder
-    config: FolderConfig = FolderConfig("sentence-embedding")
+    config: FolderConfig = FolderConfig(SENTENCE_EMBEDDING)
 
     @property
     def model(self):
@@ -205,9 +197,9 @@ class ServedModel:
         from attnlab.viz.maps import has_attention
 
         own = [ENDPOINTS[self.task]] if ENDPOINTS[self.task] else []
-        own += ["/v1/embeddings"] if self.embedder is not None else []
-        chat = [CHAT] if self.chat is not None else []
-        return own + chat + ([ATTENTION] if has_attention(self.run.model) else [])
+        own += [API.embeddings] if self.embedder is not None else []
+        chat = [API.chat] if self.chat is not None else []
+        return own + chat + ([API.attention] if has_attention(self.run.model) else [])
 
     @property
     def chat(self):
@@ -234,7 +226,7 @@ class ServedModel:
         if endpoint not in self.endpoints:
             has = " and ".join(f"POST {e}" for e in self.endpoints) or "nothing"
             why = f"model {self.name!r} is a {KINDS[self.task]}: it answers {has}, not POST {endpoint}"
-            if endpoint == "/v1/embeddings":
+            if endpoint == API.embeddings:
                 why += " (sentence vectors come from a BERT encoder: a Hugging Face BERT folder or an encoder run)"
             raise APIError(400, why, param="model")
 
@@ -274,7 +266,7 @@ def served_models(runs: dict[str, Any], *, worker_options: dict[str, Any]) -> di
             if isinstance(run, HFCausalLM):  # a published checkpoint's prompts are at most its context
                 options["max_prompt_tokens"] = min(options.get("max_prompt_tokens", run.context), run.context)
             model.worker = ModelWorker(run.model, run.tokenizer, **options)
-        elif model.task not in ("masked-lm", "sentence-embedding"):
+        elif ENDPOINTS[model.task] is not None:  # translation, classification, tagging
             model.helper = open_task(run)
         served[name] = model
     return served

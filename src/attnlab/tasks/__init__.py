@@ -14,6 +14,9 @@ encoder in there); `uses_tokenizer = False` for a task whose run folder has no t
 (node classification); `report_split`, the split `attnlab train --seeds` evaluates each run on.
 """
 
+import importlib
+
+from attnlab.names import TASKS as TASK_TABLE
 from attnlab.tasks.audio import AudioDataConfig, SpeechDensity
 from attnlab.tasks.chat import Chat, ChatDataConfig
 from attnlab.tasks.classification import Classification, ClassificationDataConfig
@@ -26,22 +29,17 @@ from attnlab.tasks.tagging import Tagging, TaggingDataConfig
 from attnlab.tasks.translation import Translation, TranslationDataConfig
 from attnlab.tasks.vision import ImageClassification
 
-TASKS = {
-    task.name: task
-    for task in (
-        LanguageModeling,
-        Chat,
-        Translation,
-        MaskedLM,
-        Classification,
-        Tagging,
-        NodeClassification,
-        ImageDensity,
-        ImageClassification,
-        SpeechDensity,
-        DigitClassification,
-    )
-}
+
+def task_class(path: str) -> type:
+    """The class of a task-table entry's `task_class`: "lm:LanguageModeling" -> `LanguageModeling`
+    of `attnlab.tasks.lm`."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(f"attnlab.tasks.{module}"), name)
+
+
+TASKS: dict[str, type] = {name: task_class(task.task_class) for name, task in TASK_TABLE.items()}
+"""Every task's class by its name, read from the one table of tasks
+(`attnlab.names.TASKS`, where a new task is registered)."""
 
 
 def open_task(run):

@@ -27,6 +27,7 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.fileio import atomic_write_text
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.models.bilstm import BiLSTM, BiLSTMConfig
+from attnlab.models.electra import Electra
 
 MODEL_KINDS: dict[str, type] = {"bert": BertConfig, "bilstm": BiLSTMConfig}
 LABELS_FILE = "labels.json"
@@ -57,8 +58,9 @@ class Pretrained:
 
 
 def load_pretrained(folder: str | Path) -> Pretrained:
-    """An attnlab run folder (its best weights) or a Hugging Face encoder folder (config.json), read
-    by `attnlab.tasks.sources.load_checkpoint`; a `UserError` naming what else `folder` is."""
+    """An attnlab run folder (its best weights; an ELECTRA run's discriminator) or a Hugging Face
+    encoder folder (config.json), read by `attnlab.tasks.sources.load_checkpoint`; a `UserError`
+    naming what else `folder` is."""
     from attnlab.families import ENCODER
     from attnlab.sources import refusal, what_is
     from attnlab.tasks.sources import load_checkpoint
@@ -68,6 +70,8 @@ def load_pretrained(folder: str | Path) -> Pretrained:
         raise UserError(f"--init-from {line}")  # which of the command's arguments is wrong
     loaded = load_checkpoint(path, command="train --init-from", kinds=(ENCODER,))
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    if isinstance(model, Electra):
+        model = model.discriminator  # ELECTRA fine-tunes its discriminator alone (Clark et al. 2020, §3)
     if not isinstance(model, Bert):
         raise UserError(
             f"--init-from {path}: holds a {type(model).__name__}, but only a BERT encoder can be fine-tuned"

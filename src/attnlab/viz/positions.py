@@ -10,11 +10,13 @@ References: Vaswani et al. (2017) §3.5; Kazemnejad, "Transformer Architecture: 
 Encoding" (2019), the dot-product-versus-offset picture.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.names import DRAWN_SCHEMES
 from attnlab.viz.figure import check_png_path, new_figure, png_size, save_png
 
 WIDTH_IN, HEIGHT_IN = 11.0, 4.2  # saved at exactly this size (no tight cropping): 1650 × 630 px at 150 dpi
@@ -185,7 +187,26 @@ def _relative(max_distance: int, n: int) -> _Panels:
     )
 
 
-SCHEMES_DRAWN = ("sinusoidal", "fourier", "rope", "alibi", "relative")
+@dataclass(frozen=True)
+class _Settings:
+    d_model: int
+    n_positions: int
+    n_heads: int
+    shift: int
+    max_distance: int
+
+
+PANELS: dict[str, Callable[[_Settings], _Panels]] = {
+    "fourier": lambda s: _fourier(s.d_model, s.n_positions, s.shift),
+    "alibi": lambda s: _alibi(s.n_heads, s.n_positions),
+    "rope": lambda s: _rope(s.d_model, s.n_positions),
+    "relative": lambda s: _relative(s.max_distance, s.n_positions),
+}
+"""The two panels of each scheme `plot_scheme` draws: every drawn scheme of `attnlab.names.POSITION_SCHEMES`
+but sinusoidal, which `plot_positions` draws."""
+
+SCHEMES_DRAWN = DRAWN_SCHEMES
+"""What `attnlab positions --kind` takes, from the one list of position schemes."""
 
 
 def plot_scheme(
@@ -201,15 +222,9 @@ def plot_scheme(
     """Draw position scheme `kind` (one of SCHEMES_DRAWN but sinusoidal, which `plot_positions`
     draws) as a two-panel PNG at `path`; return what was drawn."""
     path = check_png_path(path)
-    makers = {
-        "fourier": lambda: _fourier(d_model, n_positions, shift),
-        "alibi": lambda: _alibi(n_heads, n_positions),
-        "rope": lambda: _rope(d_model, n_positions),
-        "relative": lambda: _relative(max_distance, n_positions),
-    }
-    if kind not in makers:
-        raise ValueError(f"kind must be one of {sorted(makers)}, got {kind!r}")
-    panels = makers[kind]()
+    if kind not in PANELS:
+        raise ValueError(f"kind must be one of {sorted(PANELS)}, got {kind!r}")
+    panels = PANELS[kind](_Settings(d_model, n_positions, n_heads, shift, max_distance))
     fig = new_figure(WIDTH_IN, HEIGHT_IN)
     left, right = fig.subplots(1, 2, width_ratios=[1.15, 1])
     bound = float(np.nanmax(np.abs(panels.heatmap)))

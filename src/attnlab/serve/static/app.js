@@ -7,9 +7,10 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const KEY = "attnlab-api-key", MODEL = "attnlab-model";
-  const CHAT = "/v1/chat/completions";
+  const API = window.attnlabApi, CHAT = API.chat;  // the server's paths (/static/api.js)
   const state = {
     models: [], key: localStorage.getItem(KEY) || "", controller: null, views: 0, mode: "chat", conversation: [],
+    pending: [], results: [],  // the last reply's tool calls, and the results typed for them so far
   };
 
   // -- talking to the server -----------------------------------------------------------------
@@ -41,7 +42,7 @@
 
   // -- models ----------------------------------------------------------------------------------
   async function loadModels() {
-    const response = await api("/v1/models");
+    const response = await api(API.models);
     state.models = (await response.json()).data;
     const picker = $("model");
     picker.replaceChildren(...state.models.map((m) => new Option(m.id + "  ·  " + m.task, m.id)));
@@ -66,29 +67,29 @@
     showError("");
     // The model's own context (a language model reads a longer prompt's last `context` tokens).
     $("model-info").textContent = model.task + (model.context ? " · context " + model.context + " tokens" : "");
-    $("mode").hidden = !(has(model, CHAT) && has(model, "/v1/completions"));
+    $("mode").hidden = !(has(model, CHAT) && has(model, API.completions));
     clearChat();
     showMode();
-    $("mt-view").hidden = !has(model, "/v1/translations");
+    $("mt-view").hidden = !has(model, API.translations);
     // An encoder's text box; a model that only shows its attention (a masked LM) gets the box alone.
-    const tags = has(model, "/v1/tags"), classify = has(model, "/v1/classifications");
-    const attentionOnly = !tags && !classify && has(model, "/v1/attention") && !has(model, "/v1/completions") && !has(model, "/v1/translations");
+    const tags = has(model, API.tags), classify = has(model, API.classifications);
+    const attentionOnly = !tags && !classify && has(model, API.attention) && !has(model, API.completions) && !has(model, API.translations);
     $("enc-view").hidden = !(tags || classify || attentionOnly);
     $("enc-title").textContent = tags ? "Tag each word" : classify ? "Classify" : "A text to look at";
     $("enc-run").textContent = tags ? "Tag" : "Classify";
     $("enc-run").hidden = attentionOnly;
     $("enc-result").hidden = true;
     $("mt-result").hidden = true;
-    $("attn-section").hidden = !has(model, "/v1/attention");
+    $("attn-section").hidden = !has(model, API.attention);
     $("attention-box").replaceChildren();
     $("attn-status").textContent = "";
   }
 
   // A language model with a chat template: Chat or Complete a text (the tabs); without one, completion only.
   function showMode() {
-    const model = current(), chat = has(model, CHAT) && (state.mode === "chat" || !has(model, "/v1/completions"));
+    const model = current(), chat = has(model, CHAT) && (state.mode === "chat" || !has(model, API.completions));
     $("chat-view").hidden = !chat;
-    $("lm-view").hidden = chat || !has(model, "/v1/completions");
+    $("lm-view").hidden = chat || !has(model, API.completions);
     $("mode-chat").setAttribute("aria-selected", String(chat));
     $("mode-complete").setAttribute("aria-selected", String(!chat));
   }
@@ -100,6 +101,10 @@
   }
 
   // -- chat ------------------------------------------------------------------------------------
+  // A reply may call tools (`tool_calls`, streamed as OpenAI streams them: the first delta of a
+  // call names it, the next ones carry its arguments in pieces). Each call is shown as an item of
+  // its own; the user types each call's result in the message box, sent as a `tool` message with
+  // the call's id, and once every call has its result the model is asked again.
   function addTurn(role, text) {
     const turn = element("div", "turn " + role, text);
     $("conversation").querySelector(".placeholder").hidden = true;
@@ -107,12 +112,21 @@
     return turn;
   }
 
+  function addToolTurn(kind, label, text) {
+    const turn = addTurn(kind, undefined);
+    turn.append(element("span", "label", label), element("code", "body", text));
+    return turn;
+  }
+
   function clearChat() {
     if (state.controller) state.controller.abort();
     state.conversation = [];
+    state.pending = [];
+    state.results = [];
     $("conversation").querySelectorAll(".turn").forEach((t) => t.remove());
     $("conversation").querySelector(".placeholder").hidden = false;
     $("chat-status").textContent = "";
+    askForResult();
   }
 
   function setChatRunning(running) {
@@ -121,21 +135,114 @@
     $("conversation").dataset.state = running ? "running" : "idle";
   }
 
-  async function send() {
-    const text = $("message").value, system = $("system").value.trim();
-    if (!text.trim() || state.controller) return;
+  // The tools typed on the page: an array, or null when the box is empty (a message naming what is wrong).
+  function typedTools() {
+    const text = $("tools").value.trim();
+    if (!text) return null;
+    let tools;
+    try { tools = JSON.parse(text); } catch (e) { throw new Error("Tools: not JSON (" + e.message + ")"); }
+    if (!Array.isArray(tools)) throw new Error("Tools: a JSON array of tools, as OpenAI's `tools`");
+    return tools;
+  }
+
+  // tool choice: auto, none, required, or one of the typed tools by name.
+  function listToolChoices() {
+    let names = [];
+    try { names = (typedTools() || []).map((t) => t && t.function && t.function.name).filter(Boolean); } catch (e) { /* not yet JSON */ }
+    const picker = $("tool-choice"), chosen = picker.value;
+    picker.replaceChildren(...["auto", "required", "none"].map((c) => new Option(c, c)),
+      ...names.map((n) => new Option("call " + n, "function:" + n)));
+    if ([...picker.options].some((o) => o.value === chosen)) picker.value = chosen;
+  }
+
+  function addTools(body, answeringTools) {
+    const tools = typedTools();
+    if (!tools) return;
+    const choice = $("tool-choice").value || "auto";
+    body.tools = tools;
+    if (answeringTools) body.tool_choice = choice === "none" ? "none" : "auto";  // a forced call again would loop
+    else body.tool_choice = choice.startsWith("function:") ? { type: "function", function: { name: choice.slice(9) } } : choice;
+  }
+
+  // The message box asks for the next call's result while calls wait for theirs.
+  function askForResult() {
+    const call = state.pending[state.results.length];
+    $("message").placeholder = call ? "The result of " + call.function.name + " (call " + call.id + "); Ctrl+Enter sends it."
+      : "Write a message; Ctrl+Enter sends it.";
+    $("send").textContent = call ? "Send result" : "Send";
+    $("conversation").dataset.waiting = call ? call.id : "";
+  }
+
+  function send() {
+    const text = $("message").value;
+    if (state.controller || !text.trim()) return;
     showError("");
-    const history = state.conversation.concat([{ role: "user", content: text }]);
+    const call = state.pending[state.results.length];
+    if (!call) {
+      reply([{ role: "user", content: text }], [addTurn("user", text)]);
+      return;
+    }
+    const message = { role: "tool", tool_call_id: call.id, content: text };
+    state.results.push({ message: message, turn: addToolTurn("tool", call.function.name + " returned", text) });
+    $("message").value = "";
+    if (state.results.length < state.pending.length) return askForResult();
+    const results = state.results;
+    reply(results.map((r) => r.message), results.map((r) => r.turn), true);
+  }
+
+  function chatRequest(messages, answeringTools) {
+    const system = $("system").value.trim();
     const body = {
       model: current().id,
-      messages: (system ? [{ role: "system", content: system }] : []).concat(history),
+      messages: (system ? [{ role: "system", content: system }] : []).concat(messages),
       max_tokens: numberOr("chat-max-tokens", 200),
       temperature: Number($("chat-temperature").value),
       stream: true,
       stream_options: { include_usage: true },
     };
-    const asked = addTurn("user", text), reply = addTurn("assistant", "");
-    const controller = new AbortController(), started = performance.now();
+    if ($("json-mode").checked) body.response_format = { type: "json_object" };
+    addTools(body, answeringTools);
+    return body;
+  }
+
+  // One streamed reply: its text into `reply`, its tool calls into items of their own.
+  function replyView() {
+    const view = { text: addTurn("assistant", ""), calls: [] };
+    view.take = (delta) => {
+      if (delta.content) view.text.append(delta.content);
+      for (const d of delta.tool_calls || []) {
+        let call = view.calls[d.index];
+        if (!call) {
+          const fn = d.function || {};
+          call = view.calls[d.index] = { id: d.id, type: "function", function: { name: fn.name, arguments: "" } };
+          call.turn = addToolTurn("tool-call", "calls " + fn.name, "");
+          call.turn.dataset.callId = d.id;
+          if (!view.text.textContent) view.text.remove();  // the reply is the calls alone
+        }
+        call.function.arguments += (d.function && d.function.arguments) || "";
+        call.turn.querySelector(".body").textContent = call.function.arguments;
+      }
+    };
+    view.message = (complete) => {  // the assistant's turn for the conversation (calls only when complete)
+      const calls = complete ? view.calls.map((c) => ({ id: c.id, type: c.type, function: c.function })) : [];
+      const message = { role: "assistant", content: view.text.textContent };
+      if (calls.length) {
+        message.tool_calls = calls;
+        if (!message.content) delete message.content;
+      }
+      return message;
+    };
+    return view;
+  }
+
+  async function reply(added, shown, answeringTools) {
+    let body;
+    try {
+      body = chatRequest(state.conversation.concat(added), answeringTools);
+    } catch (e) {  // the tools box is not a list of tools: nothing was sent
+      return refused(shown, e.message);
+    }
+    const view = replyView(), controller = new AbortController(), started = performance.now();
     state.controller = controller;
     setChatRunning(true);
     let finish = null, usage = null;
@@ -145,34 +252,54 @@
       for await (const chunk of events(response)) {
         if (chunk.usage) usage = chunk.usage;
         for (const choice of chunk.choices) {
-          if (choice.delta && choice.delta.content) reply.append(choice.delta.content);
+          if (choice.delta) view.take(choice.delta);
           if (choice.finish_reason) finish = choice.finish_reason;
         }
       }
       const seconds = (performance.now() - started) / 1000, tokens = usage ? usage.completion_tokens : 0;
-      $("chat-status").textContent = tokens + " tokens in " + seconds.toFixed(1) + " s · " +
-        (finish === "length" ? "reached max tokens" : "end of the model's turn");
+      $("chat-status").textContent = tokens + " tokens in " + seconds.toFixed(1) + " s · " + finished(finish, view.calls);
       $("conversation").dataset.finish = finish || "";
-      state.conversation = history.concat([{ role: "assistant", content: reply.textContent }]);
-      $("message").value = "";
+      view.text.classList.add("ended");  // an empty reply says so, not "…"
+      answered(added, view, true);
     } catch (e) {
       if (e.name === "AbortError") {  // what was written stays in the conversation
         $("chat-status").textContent = "stopped";
         $("conversation").dataset.finish = "stopped";
-        if (reply.isConnected) {  // not a stop by "New chat" or another model
-          state.conversation = history.concat([{ role: "assistant", content: reply.textContent }]);
-          $("message").value = "";
-        }
+        const shownStill = view.text.isConnected || view.calls.some((c) => c.turn.isConnected);
+        if (shownStill) answered(added, view, false);  // not a stop by "New chat" or another model
       } else {  // the message was not taken (a refusal of the template, a full queue): try again
-        asked.remove();
-        reply.remove();
-        showError(e.message);
-        $("chat-status").textContent = "";
+        view.text.remove();
+        view.calls.forEach((c) => c.turn.remove());
+        refused(shown, e.message);
       }
     } finally {
       if (state.controller === controller) state.controller = null;
       setChatRunning(false);
     }
+  }
+
+  function finished(finish, calls) {
+    if (calls.length) return "called " + calls.map((c) => c.function.name).join(", ") + ": type the result below";
+    return finish === "length" ? "reached max tokens" : "end of the model's turn";
+  }
+
+  // The reply is part of the conversation; its calls (unless it was stopped) wait for their results.
+  function answered(added, view, complete) {
+    const message = view.message(complete);
+    state.conversation = state.conversation.concat(added, [message]);
+    state.pending = message.tool_calls || [];
+    state.results = [];
+    $("message").value = "";
+    askForResult();
+  }
+
+  // A request not taken: what it added leaves the conversation's view; the calls wait for their results again.
+  function refused(shown, message) {
+    shown.forEach((t) => t.remove());
+    state.results = [];
+    askForResult();
+    showError(message);
+    $("chat-status").textContent = "";
   }
 
   // -- completion ------------------------------------------------------------------------------
@@ -238,7 +365,7 @@
     let pieces = 0, finish = null, usage = null;
     const seconds = () => (performance.now() - started) / 1000;
     try {
-      const response = await api("/v1/completions", body, controller.signal);
+      const response = await api(API.completions, body, controller.signal);
       $("lm-status").textContent = "generating…";
       for await (const chunk of events(response)) {
         if (chunk.usage) usage = chunk.usage;
@@ -280,7 +407,7 @@
     $("mt-status").textContent = "translating…";
     try {
       const body = { model: current().id, input: $("source").value, beam: numberOr("beam", 5) };
-      const result = await (await api("/v1/translations", body)).json();
+      const result = await (await api(API.translations, body)).json();
       $("translation").textContent = result.translation;
       $("mt-result").hidden = false;
       drawHeatmap(result.source_labels, result.target_labels, result.attention);
@@ -395,11 +522,11 @@
 
   async function runEncoder() {
     showError("");
-    const model = current(), tags = has(model, "/v1/tags");
+    const model = current(), tags = has(model, API.tags);
     const lines = $("enc-input").value.split("\n").filter((l) => l.trim());
     $("enc-status").textContent = "…";
     try {
-      const path = tags ? "/v1/tags" : "/v1/classifications";
+      const path = tags ? API.tags : API.classifications;
       const result = await (await api(path, { model: model.id, input: lines.length ? lines : "" })).json();
       $("enc-result").replaceChildren(...result.data.map(tags ? taggingView : classificationView));
       $("enc-result").hidden = false;
@@ -413,8 +540,8 @@
   // -- the attention explorer of `attnlab attention`, fed by /v1/attention --------------------
   function typedText(model) {
     if (!$("chat-view").hidden) return $("message").value;
-    if (has(model, "/v1/completions")) return $("prompt").value;
-    if (has(model, "/v1/translations")) return $("source").value;
+    if (has(model, API.completions)) return $("prompt").value;
+    if (has(model, API.translations)) return $("source").value;
     return $("enc-input").value.split("\n").find((l) => l.trim()) || "";  // the first sentence
   }
 
@@ -430,8 +557,8 @@
     $("attn-status").textContent = "…";
     try {
       const body = { model: model.id, input: typedText(model) };
-      if (has(model, "/v1/translations")) body.beam = numberOr("beam", 5);
-      const data = await (await api("/v1/attention", body)).json();
+      if (has(model, API.translations)) body.beam = numberOr("beam", 5);
+      const data = await (await api(API.attention, body)).json();
       const id = "attention-" + ++state.views, root = element("div", "attn");
       root.id = id;
       const caption = data.kind + ": “" + data.text + "”" + (data.output ? " → “" + data.output + "”" : "");
@@ -466,6 +593,8 @@
     $("send").addEventListener("click", send);
     $("chat-stop").addEventListener("click", stop);
     $("chat-clear").addEventListener("click", clearChat);
+    $("tools").addEventListener("input", listToolChoices);
+    listToolChoices();
     $("mode-chat").addEventListener("click", () => setMode("chat"));
     $("mode-complete").addEventListener("click", () => setMode("complete"));
     $("message").addEventListener("keydown", (e) => {
