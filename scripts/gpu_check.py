@@ -34,6 +34,7 @@ FAMILIES = (
     ("GPT", "shakespeare-char", None),
     ("encoder-decoder", "multi30k-de-en", "multi30k"),
     ("BERT masked LM", "wikitext2-mlm", "wikitext-2"),
+    ("ELECTRA replaced-token detection", "wikitext2-electra", "wikitext-2"),
     ("BERT classifier", "sst2", "sst2"),
     ("ViT", "fashion-vit", "fashion-mnist"),
     ("PixelCNN", "fashion-pixelcnn", "fashion-mnist"),
@@ -45,6 +46,9 @@ MORE = (  # the other presets, run with --all or named with --presets
     ("GPT", "demo", None),
     ("GPT", "finetune-lm", None),  # without --init-from: from scratch, the preset's recipe alone
     ("GPT chat (SFT)", "chat-sft", "conversations"),  # a folder of train.jsonl (and val.jsonl)
+    # `attnlab data chat-mix` writes their folder; skipped where the data root has none
+    ("GPT", "chat-mix-pretrain", "chat-mix"),
+    ("GPT chat (SFT)", "chat-mix-sft", "chat-mix"),
     ("BERT tagger", "ud-pos", "ud-english-ewt"),
     ("BERT masked LM", "ud-mlm", "ud-english-ewt"),
     ("BERT classifier", "sst2-minilm", "sst2"),  # without --init-from: the recipe on a BERT from scratch

@@ -1,8 +1,10 @@
 """attnlab eval RUN [--split NAME] [--beam N] [--context N] [--json]
 attnlab eval RUN|HF_FOLDER|GGUF --data FILE [--context N] [--stride S] [--json]
+attnlab eval RUN|HF_FOLDER|GGUF --chat-mix DIR [--limit N] [--json]
 
 A run on its task's split: `attnlab.train.evaluate.evaluate_run`. Any language model on any text
-(--data): `attnlab.studies.perplexity.text_perplexity`."""
+(--data): `attnlab.studies.perplexity.text_perplexity`. A chat model on the instruction mix's tests
+(--chat-mix): `attnlab.cli.eval_chat`."""
 
 import argparse
 from pathlib import Path
@@ -54,6 +56,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --data: start a window every S tokens, each scoring what the one before did not "
         "(default half the context; equal to --context, the windows do not overlap)",
     )
+    p.add_argument(
+        "--chat-mix",
+        metavar="DIR",
+        help="a chat model (a chat run, or a chat model's folder or GGUF file) on the test conversations of "
+        "the instruction mix `attnlab data chat-mix` wrote to DIR: greedy replies through its chat template, "
+        "scored (BLEU, sentiment accuracy, UPOS accuracy, arithmetic with the calculator and without)",
+    )
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="with --chat-mix: the first N test conversations of each task"
+    )
     add_data_dir_argument(p, "the split is read from it")
     add_checkpoint_argument(p)
     add_device_argument(p)
@@ -64,6 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.sources import HF_FOLDER, PUBLISHED, what_is
 
+    if args.chat_mix is not None:
+        from attnlab.cli.eval_chat import run_chat_mix
+
+        return run_chat_mix(args)
+    if args.limit is not None:
+        raise UserError("--limit goes with --chat-mix DIR (the first N test conversations of each task)")
     if args.data is not None:
         return _run_text(args)
     if args.stride is not None:

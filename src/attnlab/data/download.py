@@ -89,7 +89,7 @@ def _wikitext2() -> DataSet:
         "wikitext-2",
         "WikiText-2, tokenized, with <unk> (Merity et al. 2016), as PyTorch's word_language_model ships it",
         "Creative Commons Attribution-ShareAlike (the WikiText authors); cite Merity et al. 2016",
-        ("wikitext2-mlm",),
+        ("wikitext2-mlm", "wikitext2-electra"),
         _files("pytorch/examples", commit, "word_language_model/data/wikitext-2/", sums),
     )
 
@@ -244,6 +244,15 @@ ELSEWHERE = {
         ("chat-sft",),
         "write them into a folder as train.jsonl (and val.jsonl) and pass it as --data-dir, or give one "
         'file with --set data.path="FILE.jsonl"',
+    ),
+    "chat-mix": Elsewhere(
+        "chat-mix",
+        "an instruction mix of Multi30k, SST-2, UD English EWT, Tiny Shakespeare and arithmetic word problems, "
+        "in OpenAI's fine-tuning JSONL, with its training texts to pretrain on",
+        "those of the data sets it is written from",
+        ("chat-mix-pretrain", "chat-mix-sft"),
+        "attnlab data chat-mix --data-dir DIR (DIR holding multi30k/, sst2/, ud-english-ewt/ as attnlab data "
+        "download writes them) writes it to data/chat-mix",
     ),
 }
 ALIASES = {"cora": "planetoid", "citeseer": "planetoid"}
