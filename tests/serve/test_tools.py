@@ -1,6 +1,7 @@
-"""Tool calls in chat (`attnlab.serve.tools`): the published templates of Qwen2.5, Llama 3.1 and
-Mistral v0.3 render tools, calls and results as transformers' `apply_chat_template(..., tools=)`
-does; replies in each format are read back into OpenAI's `tool_calls` (malformed ones stay
+"""Tool calls in chat (`attnlab.serve.tools`): the published templates of Qwen2.5, Qwen3, Llama 3.1,
+Llama 3.2, Mistral 7B v0.3 and Mistral Nemo (`serve.tool_templates`) render tools, calls and results
+as transformers' `apply_chat_template(..., tools=)` does; a call as each template writes it, and
+replies in each format, are read back into OpenAI's `tool_calls` (malformed ones stay
 content), streamed as OpenAI streams them; `tool_choice` "required" and a named function make a
 random-weight model write a valid call, which the openai client receives, answers with a `tool`
 message and gets a reply to; bad tool fields are a 400 naming the field."""
@@ -10,6 +11,7 @@ import json
 import random
 
 import httpx
+import jinja2
 import jsonschema
 import openai
 import pytest
@@ -21,7 +23,7 @@ from attnlab.serve.schemas import ChatCompletionRequest
 from serve.test_chat import chat_config
 from serve.test_chat_template import folder_with
 from serve.test_errors import assert_error
-from serve.tool_templates import LLAMA31, MISTRAL03, QWEN25
+from serve.tool_templates import LLAMA31, LLAMA32, MISTRAL03, MISTRAL_NEMO, QWEN3, QWEN25
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
@@ -55,7 +57,14 @@ TIME = {
     },
 }
 TOOLS = [WEATHER, TIME]
-FORMATS = {"qwen": (QWEN25, tools.HERMES), "llama3": (LLAMA31, tools.LLAMA3), "mistral": (MISTRAL03, tools.MISTRAL)}
+FORMATS = {
+    "qwen": (QWEN25, tools.HERMES),
+    "qwen3": (QWEN3, tools.HERMES),
+    "llama3": (LLAMA31, tools.LLAMA3),
+    "llama32": (LLAMA32, tools.LLAMA3),
+    "mistral": (MISTRAL03, tools.MISTRAL),
+    "mistral_nemo": (MISTRAL_NEMO, tools.MISTRAL_NEMO),
+}
 
 
 def conversation(call_id: str, result: str = "22 degrees, sunny") -> list[dict]:
@@ -69,10 +78,14 @@ def conversation(call_id: str, result: str = "22 degrees, sunny") -> list[dict]:
     ]
 
 
-def for_transformers(messages: list[dict]) -> list[dict]:
-    """The messages as transformers' templates take them: a call's arguments as a dict, no None values."""
+def for_transformers(messages: list[dict], call_content: str | None = "") -> list[dict]:
+    """The messages as transformers' templates take them: a call's arguments as a dict, no None
+    values; a call turn's null content `call_content` (vLLM passes "": Qwen3's template needs a
+    string there; None: left out)."""
     out = []
     for m in messages:
+        if m.get("tool_calls") and m.get("content") is None:
+            m = {**m, "content": call_content}
         m = {k: v for k, v in m.items() if v is not None}
         if "tool_calls" in m:
             m["tool_calls"] = [
@@ -96,10 +109,13 @@ def ours(folder, messages: list[dict], tool_list, add_generation_prompt=True) ->
     )
 
 
-def theirs(folder, messages: list[dict], tool_list, add_generation_prompt=True) -> list[int]:
+def theirs(folder, messages: list[dict], tool_list, add_generation_prompt=True, call_content="") -> list[int]:
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     out = tok.apply_chat_template(
-        for_transformers(messages), tools=tool_list, add_generation_prompt=add_generation_prompt, tokenize=True
+        for_transformers(messages, call_content),
+        tools=tool_list,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=True,
     )
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
@@ -117,6 +133,11 @@ def test_tools_calls_and_results_render_as_apply_chat_template(tmp_path, family,
     assert "get_time" in text and "<today> & tomorrow" in text  # the tools are in the prompt, unescaped
     if turns == 4:
         assert "22 degrees, sunny" in text and "Köln" in text
+        if family != "qwen3":  # "" for a call turn's null content renders as leaving it out
+            assert theirs(folder, messages, TOOLS, add_generation_prompt, call_content=None) == want
+        else:  # Qwen3's template reads the content as a string: a call turn without one fails
+            with pytest.raises(jinja2.exceptions.UndefinedError):
+                theirs(folder, messages, TOOLS, add_generation_prompt, call_content=None)
     assert tools.format_of(template) is fmt
 
 
@@ -125,6 +146,49 @@ def test_without_tools_the_templates_render_as_before(tmp_path):
     for i, (template, _) in enumerate(FORMATS.values()):
         folder = folder_with(tmp_path / str(i), template)
         assert ours(folder, messages, None) == theirs(folder, messages, None)
+
+
+# Where the assistant's turn opens and ends in each family's rendering.
+TURNS = {
+    "qwen": ("<|im_start|>assistant\n", "<|im_end|>"),
+    "llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    "mistral": ("[/INST]", "</s>"),
+}
+TURNS |= {"qwen3": TURNS["qwen"], "llama32": TURNS["llama3"], "mistral_nemo": TURNS["mistral"]}
+KOELN = {"id": "A1b2C3d4E", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Köln"}'}}
+ZONE = {"id": "Z9y8X7w6V", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": -3}'}}
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+def test_a_call_as_the_template_writes_it_is_read_back(tmp_path, family):
+    """The assistant's turn that transformers renders for a turn with tool_calls (the model's
+    training text for a call) is read back, whole and streamed, into those calls: OpenAI's shape,
+    arguments as JSON text. Two calls where the template renders several (Llama 3's refuse them)."""
+    template, fmt = FORMATS[family]
+    calls = [KOELN] if family.startswith("llama") else [KOELN, ZONE]
+    messages = [*conversation("A1b2C3d4E")[:2], {"role": "assistant", "content": None, "tool_calls": calls}]
+    tok = transformers.AutoTokenizer.from_pretrained(folder_with(tmp_path, template))
+    text = tok.apply_chat_template(for_transformers(messages), tools=TOOLS, tokenize=False)
+    opening, end = TURNS[family]
+    reply = text.rsplit(opening, 1)[1]
+    assert reply.rstrip("\n").endswith(end)
+    reply = reply[: reply.rindex(end)]
+    want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    content, found = tools.parse(reply, fmt)
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in found] == want
+    # Qwen3 renders the latest call turn with its (empty) thinking, which stays content
+    assert content == ("<think>\n\n</think>" if family == "qwen3" else None)
+    # a forced reply wraps its calls as the template does
+    calls_text = reply.removeprefix("<think>\n\n</think>\n\n")
+    assert calls_text.startswith(fmt.opening) and calls_text.endswith(fmt.closing)
+    assert calls_text.count("}" + fmt.joining + "{") == len(calls) - 1  # (no object nests in these arguments)
+    stream = tools.ToolStream(fmt)
+    deltas = [d for piece in reply for d in stream.feed(piece)] + stream.finish()
+    streamed: dict[int, list] = {}
+    for call in (c for d in deltas for c in d.get("tool_calls", [])):
+        name, arguments = streamed.setdefault(call["index"], [call["function"].get("name"), ""])
+        streamed[call["index"]][1] += call["function"]["arguments"]
+    assert [(name, json.loads(arguments)) for name, arguments in streamed.values()] == want
 
 
 # -- reading replies -----------------------------------------------------------------------------
@@ -239,15 +303,15 @@ def tool_folder(folder, template: str):
 
 @contextlib.contextmanager
 def serve_tool_models(root):
-    """A live server over random-weight Llamas with Qwen2.5's, Llama 3.1's, Mistral's and (no tool
-    format) Zephyr's templates; `server.folders` by name."""
+    """A live server over random-weight Llamas with the published tool templates of `FORMATS` and
+    (no tool format) Zephyr's; `server.folders` by name."""
     from attnlab.serve.app import create_app
     from attnlab.serve.limits import Limits
     from attnlab.serve.registry import load_runs
     from attnlab.serve.server import BackgroundServer
     from serve.test_chat_template import ZEPHYR
 
-    names = {"qwen": QWEN25, "llama3": LLAMA31, "mistral": MISTRAL03, "zephyr": ZEPHYR}
+    names = {**{family: template for family, (template, _) in FORMATS.items()}, "zephyr": ZEPHYR}
     runs = load_runs([f"{n}={tool_folder(root / n, t)}" for n, t in names.items()])
     limits = Limits(max_tokens=300, max_n=4, max_batch=8, max_text_chars=2000)
     with BackgroundServer(create_app(runs, limits=limits)) as server:
@@ -280,7 +344,7 @@ def assert_valid_calls(message, names=tuple(SCHEMAS)) -> None:
 CHOICES = [("required", tuple(SCHEMAS)), ({"type": "function", "function": {"name": "get_time"}}, ("get_time",))]
 
 
-@pytest.mark.parametrize("model", ["qwen", "llama3", "mistral"])
+@pytest.mark.parametrize("model", list(FORMATS))
 @pytest.mark.parametrize("choice, names", CHOICES, ids=["required", "named"])
 def test_a_forced_call_is_a_valid_call(client, model, choice, names):
     """A random-weight model writes byte soup; forced, each choice is one valid call."""
@@ -308,7 +372,7 @@ def test_parallel_calls_end_where_the_model_ends_them(client):
     assert_valid_calls(choice.message)
 
 
-@pytest.mark.parametrize("model", ["qwen", "mistral"])
+@pytest.mark.parametrize("model", ["qwen", "mistral", "mistral_nemo"])
 def test_a_streamed_forced_call_is_the_whole_calls_deltas(client, model):
     """Streamed as OpenAI streams calls: the first delta names the call, the others carry its
     arguments in pieces; together, what the same seed gives whole."""
@@ -325,14 +389,16 @@ def test_a_streamed_forced_call_is_the_whole_calls_deltas(client, model):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
-def test_a_tool_round_trip_with_the_openai_client(client, tool_server):
+@pytest.mark.parametrize("model", ["qwen", "qwen3"])
+def test_a_tool_round_trip_with_the_openai_client(client, tool_server, model):
     """The model calls get_weather; the client runs it and sends the result back as a tool
-    message; the model answers. The prompt of the second request is apply_chat_template's, tool
-    result included (its token count), and a longer result makes a longer prompt."""
+    message (the call turn without content: Qwen3's template needs "" there); the model
+    answers. The prompt of the second request is apply_chat_template's, tool result included (its
+    token count), and a longer result makes a longer prompt."""
     messages = [{"role": "system", "content": "Be brief."}, *ASK]
     named = {"type": "function", "function": {"name": "get_weather"}}
     first = client.chat.completions.create(
-        model="qwen", messages=messages, tools=TOOLS, tool_choice=named, max_tokens=250, seed=7
+        model=model, messages=messages, tools=TOOLS, tool_choice=named, max_tokens=250, seed=7
     )
     (call,) = first.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
@@ -340,12 +406,12 @@ def test_a_tool_round_trip_with_the_openai_client(client, tool_server):
     counts = []
     for result in ("22 degrees", "22 degrees, sunny, with a light breeze from the west"):
         conversation = [*messages, turn, {"role": "tool", "tool_call_id": call.id, "content": result}]
-        answer = client.chat.completions.create(model="qwen", messages=conversation, tools=TOOLS, max_tokens=20, seed=1)
+        answer = client.chat.completions.create(model=model, messages=conversation, tools=TOOLS, max_tokens=20, seed=1)
         (choice,) = answer.choices
         assert isinstance(choice.message.content, str) and choice.finish_reason in ("stop", "length")
-        want = theirs(tool_server.folders["qwen"], conversation, TOOLS)
+        want = theirs(tool_server.folders[model], conversation, TOOLS)
         assert answer.usage.prompt_tokens == len(want)
-        text = transformers.AutoTokenizer.from_pretrained(tool_server.folders["qwen"]).decode(want)
+        text = transformers.AutoTokenizer.from_pretrained(tool_server.folders[model]).decode(want)
         assert f"<tool_response>\n{result}\n</tool_response>" in text and call.function.arguments in text
         counts.append(answer.usage.prompt_tokens)
     assert counts[1] > counts[0]

@@ -6,7 +6,9 @@ The format is chosen from the template's text:
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block a call, after any text;
 - Llama 3.1/3.2: the whole reply a JSON `{"name": ..., "parameters": {...}}`, plain or after
   `<|python_tag|>` (several joined by ";");
-- Mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]` after any text.
+- Mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]` after any text (Mistral
+  7B v0.3; Nemo's template, for the Tekken tokenizer, writes it without the space:
+  `[TOOL_CALLS][...]`).
 
 A reply whose calls do not parse (malformed JSON, no name, arguments that are no object) is plain
 content, as vLLM's parsers leave it. This is the text-only part, below the decoders: the server
@@ -70,6 +72,16 @@ MISTRAL = ToolFormat(
     "]",
     mistral_ids=True,
 )
+MISTRAL_NEMO = ToolFormat(  # read as MISTRAL; a forced reply opens as Nemo's template writes calls
+    "mistral_nemo",
+    MISTRAL.start,
+    MISTRAL.key,
+    MISTRAL.between,
+    "[TOOL_CALLS][",
+    MISTRAL.joining,
+    MISTRAL.closing,
+    mistral_ids=True,
+)
 
 
 def format_of(template: str) -> ToolFormat | None:
@@ -77,10 +89,18 @@ def format_of(template: str) -> ToolFormat | None:
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:
-        return MISTRAL
+        return MISTRAL if "[TOOL_CALLS] [" in template else MISTRAL_NEMO
     if '"parameters": ' in template and ("<|python_tag|>" in template or "ipython" in template):
         return LLAMA3
     return None
+
+
+def template_content(content: str | None, calls: bool) -> str | None:
+    """A turn's content as a chat template takes it: a call turn's missing content (OpenAI's
+    null) as empty text, as vLLM passes it. Qwen3's published template reads every assistant
+    turn's content as a string (`'</think>' in message.content`) and fails on a turn without one;
+    the other families' templates skip empty content as they skip a missing one."""
+    return "" if content is None and calls else content
 
 
 # -- reading calls back --------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.calculator import ALLOWED, calculate
 from attnlab.decode.sampling import Picker
 from attnlab.decode.text import stream_text
-from attnlab.decode.tool_calls import ToolFormat, call_prefix, format_of, split
+from attnlab.decode.tool_calls import ToolFormat, call_prefix, format_of, split, template_content
 
 MAX_CALLS = 4
 
@@ -133,12 +133,14 @@ def answer_calls(text: str, fmt: ToolFormat, tools: Mapping[str, Tool], first: i
 
 
 def for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """The messages as chat templates take them: a call's arguments a dict, not JSON text."""
+    """The messages as chat templates take them: a call's arguments a dict, not JSON text; a call
+    turn's missing content "" (`template_content`)."""
     out = []
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
             m["tool_calls"] = [_parsed_call(c) for c in m["tool_calls"]]
+            m["content"] = template_content(m.get("content"), True)
         out.append(m)
     return out
 

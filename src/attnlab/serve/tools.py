@@ -24,7 +24,18 @@ from dataclasses import dataclass
 
 # The formats and their reading live below the decoders (the CLI's and the API's tool loop read
 # calls too); they are named here as well, where the server's code and tests have always found them.
-from attnlab.decode.tool_calls import HERMES, LLAMA3, MISTRAL, Split, ToolFormat, call_prefix, format_of, split  # noqa: F401
+from attnlab.decode.tool_calls import (  # noqa: F401
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    MISTRAL_NEMO,
+    Split,
+    ToolFormat,
+    call_prefix,
+    format_of,
+    split,
+    template_content,
+)
 from attnlab.serve.errors import APIError
 from attnlab.serve.schemas import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall
 
@@ -99,9 +110,9 @@ def template_tools(body: ChatCompletionRequest) -> list[dict] | None:
 
 def template_message(messages: list[ChatMessage], i: int, text: str) -> dict:
     """Message `i` as the chat template gets it, `text` its content: a call's arguments as a dict,
-    as transformers' templates expect; a 400 naming the field for content missing where it is
-    needed, calls outside an assistant's turn, arguments that are no JSON object, or a tool
-    message that answers no earlier call."""
+    as transformers' templates expect, and a call turn's missing content "" (`template_content`);
+    a 400 naming the field for content missing where it is needed, calls outside an assistant's
+    turn, arguments that are no JSON object, or a tool message that answers no earlier call."""
     message = messages[i]
     where = f"messages[{i}]"
     if message.content is None and not (message.role == "assistant" and message.tool_calls):
@@ -110,7 +121,8 @@ def template_message(messages: list[ChatMessage], i: int, text: str) -> dict:
             f"{where}.content: required (only an assistant's turn with tool_calls may leave it out)",
             param=f"{where}.content",
         )
-    out = {"role": message.role, "content": None if message.content is None else text, "name": message.name}
+    content = template_content(None if message.content is None else text, bool(message.tool_calls))
+    out = {"role": message.role, "content": content, "name": message.name}
     if message.tool_calls:
         if message.role != "assistant":
             raise APIError(
