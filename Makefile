@@ -22,6 +22,7 @@ test: $(VENV)/.dev-installed browser gguf-converter
 AVX2 := ATTNLAB_MARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
         TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2
 NUMERICAL := tests/test_tolerance.py tests/accel/test_kernels.py tests/accel/test_projection.py tests/accel/test_decoding.py \
+        tests/accel/test_q4.py tests/accel/test_q4_gguf.py \
         tests/decode/test_fused.py tests/decode/test_fused_decoder.py tests/decode/test_fused_int8.py \
         tests/decode/test_fused_multi.py tests/decode/test_batching.py \
         tests/train/test_fused_kernels.py tests/train/test_clipping_adamw.py

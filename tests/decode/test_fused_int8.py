@@ -230,9 +230,10 @@ def test_greedy_reads_the_stored_weights_in_its_prompt_steps_and_slid_windows(we
     assert not torch.equal(got, greedy(model, prompt, 30))  # std 0.5 weights: the stored ones differ
 
 
-def trained_gpt() -> nn.Module:
+def trained_gpt(**overrides) -> nn.Module:
     """A small character GPT trained for a few hundred steps on Tiny Shakespeare: weights of a
-    trained model's sizes (not the tests' std 0.5), logits that pick confidently."""
+    trained model's sizes (not the tests' std 0.5), logits that pick confidently. `overrides`:
+    GPTConfig fields in place of Llama's parts (tests/accel/test_q4.py: a hidden width of whole blocks)."""
     from attnlab.data.text import bundled_shakespeare
     from attnlab.models import GPT, GPTConfig
 
@@ -240,7 +241,8 @@ def trained_gpt() -> nn.Module:
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=len(chars), block_size=64, n_layers=2, n_heads=2, d_model=64, **LLAMA_PARTS))
+    shape = dict(vocab_size=len(chars), block_size=64, n_layers=2, n_heads=2, d_model=64)
+    model = GPT(GPTConfig(**shape | LLAMA_PARTS | overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(300):
         starts = torch.randint(0, data.numel() - 65, (16,))
@@ -295,8 +297,8 @@ def test_a_model_the_step_does_not_cover_decodes_eagerly_in_fp32_saying_why():
 def test_stored_weights_without_the_fused_step_are_refused():
     with pytest.raises(ValueError, match="fused"):
         greedy(tiny_gpt(), torch.tensor([[1, 2]]), 4, weights="int8")
-    with pytest.raises(ValueError, match="weights must be one of fp32, bf16, int8"):
-        weights_refusal(tiny_gpt(), "int4")
+    with pytest.raises(ValueError, match="weights must be one of fp32, bf16, int8, int4"):
+        weights_refusal(tiny_gpt(), "int2")
 
 
 def test_the_command_line_offers_the_library_formats():
@@ -344,8 +346,8 @@ def test_attnlab_sample_decodes_with_the_weights_asked_for(run_dir, capsys, monk
 
 
 def test_attnlab_sample_refuses_an_unknown_precision_in_one_line(run_dir, capsys):
-    code, _, err = cli(capsys, "sample", run_dir, *SAMPLE, "--weights", "int4")
-    assert code == 2 and err.count("\n") == 1 and "--weights: invalid choice: 'int4'" in err and "'int8'" in err
+    code, _, err = cli(capsys, "sample", run_dir, *SAMPLE, "--weights", "int2")
+    assert code == 2 and err.count("\n") == 1 and "--weights: invalid choice: 'int2'" in err and "'int4'" in err
 
 
 @pytest.mark.parametrize("other", ["--no-fused", "--compile"])
@@ -367,7 +369,7 @@ def test_attnlab_sample_of_a_model_the_step_does_not_cover_says_what_it_runs_ins
 def test_attnlab_bench_and_serve_take_the_option(capsys, run_dir):
     for command in ("bench", "serve"):
         code, out, _ = cli(capsys, command, "--help")
-        assert code == 0 and "--weights {fp32,bf16,int8}" in out
+        assert code == 0 and "--weights {fp32,bf16,int8,int4}" in out
     code, _, err = cli(capsys, "bench", "--weights", "int8", "--no-fused")
     assert code == 2 and err.count("\n") == 1 and "leave out --no-fused" in err
     code, _, err = cli(capsys, "serve", run_dir, "--weights", "int8", "--no-fused", "--port", "0")
@@ -393,7 +395,7 @@ def test_the_server_worker_decodes_with_the_stored_weights(weights, monkeypatch)
     async def body(worker):
         import asyncio
 
-        assert worker.batcher.fused is not None and worker.batcher.fused.format == weights
+        assert worker.batcher.runner.fused is not None and worker.batcher.runner.fused.format == weights
         from attnlab.decode.text import encode_prompt
 
         sampling = [

@@ -23,12 +23,18 @@ whether a model qualifies; the decoding loop falls back to the model's own forwa
 
 The GPT step reads its products' weights (attention's, the feed-forward layers' and experts', the
 head's) in one of `WEIGHT_FORMATS` (`weights=`): fp32, the model's own; bf16, each weight rounded
-to its upper 16 bits; or int8, GGUF's q8_0 (`quantize_q8_0`: blocks of 32 values of a row, one
-fp32 scale each). Only the weights are stored so: the activations, norms, embeddings, router and
-caches stay fp32, and the products widen each weight to fp32 as they read it and sum in fp32
-(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++). At batch 1 a step's speed is how fast
-the weights stream from memory, and bf16 and int8 read 2 and about 1 byte a weight where fp32
-reads 4. A step of many rows (a prompt's prefill, a large batch) costs its multiply-adds instead:
+to its upper 16 bits; int8, GGUF's q8_0 (`quantize_q8_0`: blocks of 32 values of a row, one
+fp32 scale each); or int4, GGUF's Q4_0 (`quantize_q4_0`: blocks of 32 four-bit codes, one scale
+each). Only the weights are stored so: the activations, norms, embeddings, router and caches stay
+fp32, and the bf16 and int8 products widen each weight to fp32 as they read it and sum in fp32
+(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++). The int4 products of up to 15 rows
+quantize the rows too, per block of 32 to int8, and sum integers (`quantized4.h`), as llama.cpp's
+Q4_0 products do: their outputs differ from the dequantized weights' fp32 product by that
+rounding of the activations. int4 is Q4_0 rather than Q4_K because Q4_0 quantizes any row a
+multiple of 32 wide (Q4_K's super-blocks need 256) with one scale a block, and a GGUF file's Q4_0
+blocks are read as they are. At batch 1 a step's speed is how fast
+the weights stream from memory, and bf16, int8 and int4 read 2, about 1 and about 0.6 bytes a
+weight where fp32 reads 4. A step of many rows (a prompt's prefill, a large batch) costs its multiply-adds instead:
 from 16 rows on, each stored weight is widened to fp32 once per product, a chunk of rows at a time,
 for PyTorch's matrix product (the values the streamed products read, summed in another order);
 except bf16 weights on a CPU with bf16 instructions (`NATIVE_BF16`: AVX-512 BF16 or AMX), whose
@@ -63,6 +69,7 @@ from attnlab.accel.extensions import is_built as is_built_here
 from attnlab.accel.kernels import ACTIVATION_CODES
 from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.device import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16_matmul
+from attnlab.errors import UserError
 from attnlab.models import GPT
 from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm
 from attnlab.nn.feedforward import is_gated
@@ -94,7 +101,7 @@ a gated unit's gate function (`attnlab.nn.GATED_UNITS`: SiLU for SwiGLU, the log
 GLU, the identity for LiGLU)."""
 
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 """How the GPT step may store its products' weights (the module doc; `--weights` on the command line)."""
 
 Q8_BLOCK = 32
@@ -115,6 +122,38 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(*lead, blocks * Q8_BLOCK)[..., :n].contiguous(), scale.contiguous()
 
 
+Q4_BLOCK = 32
+"""Values of a weight row per int4 scale (Q4_0's block, `attnlab::kQ4Block` in quantized4.h)."""
+
+
+def quantize_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF's Q4_0 of a weight `(..., out, in)`, `in` a multiple of `Q4_BLOCK`, as llama.cpp and
+    gguf.quants compute it: per block of 32 values of a row, m the value of largest magnitude (the
+    first of equals), d = m / -8, q = min(15, trunc(w / d + 8.5)) in 0..15, and d stored in fp16
+    -> (nibbles `(..., out, in / 2)` uint8, d `(..., out, in / 32)` fp32, the fp16 value widened);
+    w ≈ d (q - 8). Byte i of a block holds value i in its low four bits and value i + 16 in its
+    high four (ggml's order). The codes use d before its rounding to fp16, as ggml's do."""
+    *lead, n = weight.shape
+    if n % Q4_BLOCK:
+        raise ValueError(f"Q4_0 needs rows a multiple of {Q4_BLOCK} wide, got {n}")
+    w = weight.detach().float().reshape(*lead, n // Q4_BLOCK, Q4_BLOCK)
+    largest = w.gather(-1, w.abs().argmax(-1, keepdim=True))  # (..., blocks, 1), its sign kept
+    d = largest / -8
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    # two roundings, as numpy's (not one fused multiply-add)
+    q = torch.trunc(w * inverse + 8.5).clamp(0, 15).to(torch.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)  # (..., blocks, 16)
+    return nibbles.reshape(*lead, n // 2).contiguous(), d.squeeze(-1).half().float().contiguous()
+
+
+def dequantize_q4_0(nibbles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The weights `(..., out, in)` that `quantize_q4_0`'s (nibbles, scales) stand for: d (q - 8)."""
+    *lead, half = nibbles.shape
+    blocks = nibbles.reshape(*lead, half // 16, 16).long()
+    q = torch.cat([blocks & 15, blocks >> 4], dim=-1) - 8  # (..., blocks, 32)
+    return (q.float() * scales.unsqueeze(-1)).reshape(*lead, 2 * half)
+
+
 NATIVE_BF16 = bool(set(BF16_CPU_FLAGS) & cpu_flags()) and cpu_has_bf16_matmul()
 """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX) through oneDNN: a bf16 step
 of 16 rows or more then multiplies in bf16 rather than widening its weights to fp32."""
@@ -125,7 +164,7 @@ _STORED: dict[tuple[int, str], tuple[weakref.ref, int, tuple[torch.Tensor, torch
 
 def stored_weight(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A product's weight as the GPT step reads it in format `weights` (`WEIGHT_FORMATS`): (values,
-    scales), the scales an empty tensor except for int8. The bf16 and int8 copies are made once and
+    scales), the scales an empty tensor except for int8 and int4. The other copies are made once and
     kept while the weight lives and is unchanged (as `projection.reordered_weight` keeps its own)."""
     if weights == "fp32":
         return weight.detach(), torch.empty(0)
@@ -138,6 +177,8 @@ def stored_weight(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, tor
             stored = (weight.detach().to(torch.bfloat16).contiguous(), torch.empty(0))
         elif weights == "int8":
             stored = quantize_q8_0(weight)
+        elif weights == "int4":
+            stored = quantize_q4_0(weight)
         else:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     _STORED[key] = (weakref.ref(weight, lambda _: _STORED.pop(key, None)), weight._version, stored)
@@ -157,25 +198,57 @@ def is_built() -> bool:
 
 def by_default(model: nn.Module, weights: str = "fp32") -> bool:
     """Whether decoding `model` without a flag takes a fused step (the GPT's or the decoder's): it
-    covers the model and is built here (no pause to compile), or the weights asked for are bf16 or
-    int8, which the GPT step alone reads (built first if need be)."""
+    covers the model and is built here (no pause to compile), or the weights asked for are bf16,
+    int8 or int4, which the GPT step alone reads (built first if need be)."""
     if weights != "fp32":
         return supports(model, [])
     return (supports(model, []) or supports_decoder(model)) and is_built()
 
 
+class WeightsShapeError(UserError, ValueError):
+    """A weight format the model's shape cannot take: int4 for rows not a multiple of 32 wide. A
+    user's mistake on the command line (one line, exit 2) and a bad argument in Python."""
+
+
 def weights_refusal(model: nn.Module, weights: str) -> str | None:
     """None where the GPT step decodes `model` with `weights` (`WEIGHT_FORMATS`); else one line
-    saying why not and what decoding does instead (fp32 weights on PyTorch's path)."""
+    saying why not and what decoding does instead (fp32 weights on PyTorch's path). Raises
+    `WeightsShapeError` for int4 where a product's rows are not a multiple of 32 wide: nothing
+    runs instead of what was asked for there, the format cannot hold the model."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     if weights == "fp32" or supports(model, []):
+        if weights == "int4":
+            _check_int4_widths(model)
         return None
     device = next(model.parameters()).device.type
     return (
         f"{weights} weights are read by the fused decoding step alone, which covers {_GPT_COVERS} in fp32 on "
         f"the CPU, not this {type(model).__name__} on {device}; decoding it with its fp32 weights on PyTorch's path"
     )
+
+
+def _check_int4_widths(model: nn.Module) -> None:
+    """Raise `WeightsShapeError` unless every product's rows are a multiple of `Q4_BLOCK` wide."""
+    odd = sorted({w.size(-1) for w in _product_weights(model) if w.size(-1) % Q4_BLOCK})
+    if odd:
+        widths = ", ".join(str(n) for n in odd)
+        raise WeightsShapeError(
+            f"--weights int4 stores blocks of {Q4_BLOCK} values of a row (Q4_0), and this model's products "
+            f"read rows {widths} wide, not multiples of {Q4_BLOCK}; use --weights int8, bf16 or fp32 (any width)"
+        )
+
+
+def _product_weights(model: nn.Module) -> list[torch.Tensor]:
+    """Every weight a GPT step's products read, in the step's order: each block's in_proj,
+    out_proj, fc1 and fc2 (a mixture's experts' stacked), then the head's."""
+    products: list[torch.Tensor] = []
+    for block in model.blocks:
+        ffn = block.ffn
+        moe = isinstance(ffn, MixtureOfExperts)
+        experts = (ffn.experts.fc1, ffn.experts.fc2) if moe else (ffn.fc1.weight, ffn.fc2.weight)
+        products += [block.attn.in_proj.weight, block.attn.out_proj.weight, *experts]
+    return [*products, model.lm_head.weight]
 
 
 def supports(model: nn.Module, cache: list[KVCache]) -> bool:
@@ -223,7 +296,7 @@ class FusedStep:
 
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
-    With `weights` bf16 or int8 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
+    With `weights` bf16, int8 or int4 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
     instead, streamed up to 15 rows and widened to fp32 for PyTorch's product from 16 on (bf16
     where `native_bf16`: the blocks' products multiplied in bf16 by oneDNN from 16 rows on, the rows
     rounded to bf16). `native_bf16` defaults to `NATIVE_BF16`, whether this CPU has bf16
@@ -251,7 +324,6 @@ class FusedStep:
         # The products' weights, in the step's order; None for a mixture's experts, which always
         # take the streamed or PyTorch's product (each sees a step's few tokens routed to it).
         self.weights: list[torch.Tensor | None] = []
-        products: list[torch.Tensor] = []  # every product's weight, experts' included: what `weights` stores
         for block in model.blocks:
             attn, ffn = block.attn, block.ffn
             for layer in (block.norm1, attn.in_proj, attn.out_proj, block.norm2):
@@ -260,11 +332,11 @@ class FusedStep:
             dense = not isinstance(ffn, MixtureOfExperts)
             self.weights += [attn.in_proj.weight, attn.out_proj.weight]
             self.weights += [ffn.fc1.weight, ffn.fc2.weight] if dense else [None, None]
-            experts = (ffn.fc1.weight, ffn.fc2.weight) if dense else (ffn.experts.fc1, ffn.experts.fc2)
-            products += [attn.in_proj.weight, attn.out_proj.weight, *experts]
         params += [*_weight_bias(model.final_norm), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
-        products.append(model.lm_head.weight)
+        products = _product_weights(model)  # every product's weight, experts' included: what `weights` stores
+        if weights == "int4":
+            _check_int4_widths(model)
         self.format = weights  # how the products' weights are stored (WEIGHT_FORMATS)
         stored = [stored_weight(w, weights) for w in products]
         for index, (values, _) in zip(_product_indices(len(model.blocks)), stored, strict=True):
@@ -298,8 +370,7 @@ class FusedStep:
         if cache is not self.cache:
             raise ValueError("this fused step is bound to another cache")
         logits = self.step.step(token.view(-1), position, self._packed(token.size(0)))
-        for layer in cache:
-            layer.length = position + 1
+        cache.length = position + 1  # the model's one count (`ModelCache`)
         return logits.unsqueeze(1)
 
     def rows(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -315,19 +386,17 @@ class FusedStep:
         after the last alone `(1, V)` with `last_only` (a context read into the cache). Token t
         writes its key and value at its slot and attends to the row's slots up to its own (the
         cache, then the tokens before it: causal). The products read each weight once for the T
-        tokens. The caches' `length` becomes position + T (the growing path's count, shared by
+        tokens. The cache's `length` becomes position + T (the growing path's count, shared by
         every row); `truncate` sets it back, after rejected drafts for instance."""
         logits = self.step.extend(tokens.view(-1), row, position, last_only, self._packed(tokens.numel()))
-        for layer in self.cache:
-            layer.length = position + tokens.numel()
+        self.cache.length = position + tokens.numel()
         return logits
 
     def truncate(self, length: int) -> None:
-        """Forget the cache's slots from `length` on (`KVCache.truncate`): the next token is
+        """Forget the cache's slots from `length` on (`ModelCache.truncate`): the next token is
         written at `length` and nothing attends past it. The C++ step keeps no count of its own
-        (each call is told its positions), so the caches' `length` is the one to set back."""
-        for layer in self.cache:
-            layer.truncate(length)
+        (each call is told its positions), so the cache's `length` is the one to set back."""
+        self.cache.truncate(length)
 
     def prefill(self, prompts: list[list[int]], first_row: int) -> torch.Tensor:
         """Prefill prompts into cache rows first_row, first_row + 1, … in one call, prompt i's
@@ -498,7 +567,7 @@ _GPT_COVERS = (
 
 def gpt_step(model: nn.Module, cache: list[KVCache], weights: str = "fp32") -> FusedStep | None:
     """`FusedStep(model, extension(), cache, weights)`, or None with a warning when the model does
-    not qualify (`supports`; the warning says so in `weights_refusal`'s words for bf16 or int8) or
+    not qualify (`supports`; the warning says so in `weights_refusal`'s words for the stored formats) or
     the step cannot be built."""
     refusal = weights_refusal(model, weights)
     if refusal is not None:

@@ -20,8 +20,8 @@
 //   index into the memory, both reordered in Python for the price of a few integers.
 // The weight products read each weight row once for every row of the batch, so up to a few rows
 // cost about what one does; past 8 rows the products go to oneDNN's (over reordered weights,
-// where the caller gives them) or PyTorch's matrix product; bf16 and int8 weights stream up to
-// 15 rows and from 16 on are widened to fp32, a chunk at a time, for PyTorch's matrix product.
+// where the caller gives them) or PyTorch's matrix product; bf16, int8 and int4 weights stream up
+// to 15 rows and from 16 on are widened to fp32, a chunk at a time, for PyTorch's matrix product.
 //
 // Layouts are PyTorch's: weights (out, in) row-major, a row of the in-projection's output
 // [q (H*D); k (KV*D); v (KV*D)] (see `Heads`), head h the columns [h*D, (h+1)*D) of each; the
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "quantized.h"
+#include "quantized4.h"
 #include "vecmath.h"
 
 namespace {
@@ -107,26 +108,53 @@ void linear(const float* W, const float* bias, const float* x, float* y, int64_t
   }
 }
 
-// A product's weight as the GPT step stores it (quantized.h): values (out, in) in fp32, bf16 or
-// int8, and for int8 their scales (out, q8_blocks(in)) fp32; an empty tensor for the others. A
-// mixture's experts are (E, out, in) and (E, out, blocks), `expert` the one of them.
+// A product's weight as the GPT step stores it (quantized.h, quantized4.h): values (out, in) in
+// fp32, bf16 or int8, or int4's (out, in / 2) bytes of nibbles; for int8 and int4 their scales
+// (out, blocks) fp32; an empty tensor for the others. A mixture's experts are (E, out, in) and
+// (E, out, blocks), `expert` the one of them.
 struct Weight {
   at::Tensor values, scales;
 
   Weight(at::Tensor v, at::Tensor s = at::Tensor()) : values(std::move(v)), scales(std::move(s)) {}  // NOLINT: an fp32 tensor is a weight
 
   int64_t out() const { return values.size(-2); }
-  int64_t in() const { return values.size(-1); }
+  int64_t in() const { return columns(values); }
   bool fp32() const { return values.scalar_type() == at::kFloat; }
+  bool q4() const { return values.scalar_type() == at::kByte; }
+  // A stored weight's columns: two a byte for int4's nibbles, one a value for the others.
+  static int64_t columns(const at::Tensor& values) {
+    return values.size(-1) * (values.scalar_type() == at::kByte ? 2 : 1);
+  }
   Weight expert(int64_t e) const {
     return {values.select(0, e), scales.defined() && scales.numel() ? scales.select(0, e) : scales};
   }
 };
 
-// y[b, j] = bias[j] + W[j, :] . x[b, :] for the B rows of x with a bf16 or int8 weight, each row
-// of W widened as it is read (quantized.h), in parallel over W's rows as `linear_rows`.
+// `quantized_rows` for an int4 weight: the B rows of x quantized per block once (quantized4.h),
+// then every weight row multiplied with them in integers.
+template <int B>
+void q4_rows(const Weight& W, const float* bias, const float* x, float* y) {
+  const int64_t out = W.out(), in = W.in(), blocks = in / attnlab::kQ4Block;
+  const attnlab::Q8Activations a(x, B, in);
+  const auto* values = W.values.data_ptr<uint8_t>();
+  const float* scales = W.scales.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / in);
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    float acc[B];
+    for (int64_t j = begin; j < end; ++j) {
+      attnlab::dot_rows_q4<B>(values + j * in / 2, scales + j * blocks, a, 0, acc);
+      const float b0 = bias ? bias[j] : 0.f;
+      for (int b = 0; b < B; ++b) y[b * out + j] = acc[b] + b0;
+    }
+  });
+}
+
+// y[b, j] = bias[j] + W[j, :] . x[b, :] for the B rows of x with a bf16, int8 or int4 weight, each
+// row of W widened as it is read (quantized.h; int4's in integers, `q4_rows`), in parallel over
+// W's rows as `linear_rows`.
 template <int B>
 void quantized_rows(const Weight& W, const float* bias, const float* x, float* y) {
+  if (W.q4()) return q4_rows<B>(W, bias, x, y);
   const int64_t out = W.out(), in = W.in();
   const bool q8 = W.values.scalar_type() == at::kChar;
   const auto* values = static_cast<const uint8_t*>(W.values.data_ptr());
@@ -147,7 +175,7 @@ void quantized_rows(const Weight& W, const float* bias, const float* x, float* y
   });
 }
 
-// `linear` for a bf16 or int8 weight, any number of rows, in groups of 8: every group reads the
+// `linear` for a bf16, int8 or int4 weight, any number of rows, in groups of 8: every group reads the
 // weights once, and widening a weight costs less than the 8 rows' multiply-adds that share it.
 // `product` hands it fewer than kWidenedMinRows rows; more go to `widened_linear`.
 void quantized_linear(const Weight& W, const float* bias, const float* x, float* y, int64_t B) {
@@ -173,14 +201,17 @@ void quantized_linear(const Weight& W, const float* bias, const float* x, float*
 // of a model's products, small enough to stay in the cache between the widening and the product.
 constexpr int64_t kWidenedChunk = int64_t{1} << 18;
 
-// Rows [begin, begin + n) of a bf16 or int8 weight widened to fp32 into out (n, in), exactly the
+// Rows [begin, begin + n) of a bf16, int8 or int4 weight widened to fp32 into out (n, in), exactly the
 // values the streamed products read (quantized.h), in parallel over the rows.
 void widen(const Weight& W, int64_t begin, int64_t n, float* out) {
   const int64_t in = W.in();
   const bool q8 = W.values.scalar_type() == at::kChar;
   at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 14) / in), [&](int64_t lo, int64_t hi) {
     const int64_t j = begin + lo;
-    if (q8)
+    if (W.q4())
+      attnlab::widen_q4(W.values.data_ptr<uint8_t>() + j * in / 2,
+                        W.scales.data_ptr<float>() + j * (in / attnlab::kQ4Block), hi - lo, in, out + lo * in);
+    else if (q8)
       attnlab::widen_q8(W.values.data_ptr<int8_t>() + j * in, W.scales.data_ptr<float>() + j * attnlab::q8_blocks(in),
                         hi - lo, in, out + lo * in);
     else
@@ -189,7 +220,7 @@ void widen(const Weight& W, int64_t begin, int64_t n, float* out) {
   });
 }
 
-// `linear` for a bf16 or int8 weight and many rows (a prompt's prefill, a large batch): there the
+// `linear` for a bf16, int8 or int4 weight and many rows (a prompt's prefill, a large batch): there the
 // cost is the multiply-adds, not reading the weights, and streamed in groups of 8 the weights
 // were widened again for every group (64 times for a 512-token prompt). Here each weight is
 // widened once, a chunk of kWidenedChunk at a time, and the chunk's outputs come from PyTorch's
@@ -407,7 +438,7 @@ at::Tensor packed_product(const at::Tensor& x, const at::Tensor& packed, const a
 // reordered weights only for steps past it).
 constexpr int64_t kStreamedMaxRows = 8;
 
-// From this many rows on, a bf16 or int8 product widens its weight for a matrix product: below
+// From this many rows on, a bf16, int8 or int4 product widens its weight for a matrix product: below
 // it two streamed groups of 8 (9 to 15 rows) still ran faster (benchmarks/llamacpp_compare.py's
 // shapes, one thread).
 constexpr int64_t kWidenedMinRows = 16;
@@ -415,7 +446,7 @@ constexpr int64_t kWidenedMinRows = 16;
 // y = x W^T + bias for x (R, in), W (out, in): the row-streaming kernel above for up to
 // kStreamedMaxRows rows, where reading the weights is the cost; past that, where the arithmetic
 // is, oneDNN's product over the reordered weight when there is one (an MKLDNN tensor), else PyTorch's.
-// A bf16 or int8 weight streams in groups of 8 rows (`quantized_linear`) up to kWidenedMinRows,
+// A bf16, int8 or int4 weight streams in groups of 8 rows (`quantized_linear`) up to kWidenedMinRows,
 // and from there is widened to fp32 a chunk at a time for PyTorch's product (`widened_linear`),
 // or, for bf16 where `packed` is the bf16 weight itself, multiplied in bf16 (`native_bf16_linear`).
 void product(const Weight& weight, const at::Tensor& packed, const at::Tensor& bias, const float* x, float* y,
@@ -622,6 +653,24 @@ void mixture(const at::Tensor& router, const Weight& fc1, const at::Tensor& bias
   }
 }
 
+// An int8 weight's scales are (..., out, ceil(in / 32)), an int4 weight's (..., out, in / 32)
+// (its bytes (..., out, in / 2), in a multiple of 32); other weights have none.
+void check_scales(const at::Tensor& w, const at::Tensor& s) {
+  const auto type = w.scalar_type();
+  if (type != at::kChar && type != at::kByte) {
+    TORCH_CHECK(!s.defined() || s.numel() == 0, "only int8 and int4 weights have scales");
+    return;
+  }
+  std::vector<int64_t> shape(w.sizes().begin(), w.sizes().end());
+  const int64_t in = Weight::columns(w);
+  TORCH_CHECK(type == at::kChar || in % attnlab::kQ4Block == 0, "an int4 weight's rows must be a multiple of ",
+              attnlab::kQ4Block, " wide");
+  shape.back() = attnlab::q8_blocks(in);
+  check_cpu_fp32({s}, "the quantized weights' scales");
+  TORCH_CHECK(s.sizes() == at::IntArrayRef(shape), "a quantized weight's scales must be (..., out, ceil(in / ",
+              attnlab::kQ8Block, "))");
+}
+
 }  // namespace
 
 // A model's decoding step bound to its weights and caches, made once per generation.
@@ -639,8 +688,9 @@ void mixture(const at::Tensor& router, const Weight& fc1, const at::Tensor& bias
 // Caches (B, KV, L, D), one per block: KV < H key/value heads is grouped-query attention.
 // rms_norm: every norm is RMSNorm (else LayerNorm).
 // The products' weights (in_proj, out_proj, fc1 and fc2 of each block, and the head) are fp32,
-// bf16 or int8 (`Weight`); scales holds, in that order (kProductsPerBlock per block, then the
-// head's), the int8 ones' scales and an empty tensor for each other. Every other tensor is fp32.
+// bf16, int8 or int4 (`Weight`); scales holds, in that order (kProductsPerBlock per block, then
+// the head's), the int8 and int4 ones' scales and an empty tensor for each other. Every other
+// tensor is fp32.
 class GPTStep {
  public:
   GPTStep(std::vector<at::Tensor> params, std::vector<at::Tensor> scales, at::Tensor token_embedding,
@@ -780,17 +830,9 @@ class GPTStep {
       const at::Tensor &w = params_[products[k]], &s = scales_[k];
       const auto type = w.scalar_type();
       TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && w.dim() >= 2 &&
-                      (type == at::kFloat || type == at::kBFloat16 || type == at::kChar),
-                  "the products' weights must be contiguous fp32, bf16 or int8 CPU tensors");
-      if (type != at::kChar) {
-        TORCH_CHECK(!s.defined() || s.numel() == 0, "only int8 weights have scales");
-        continue;
-      }
-      std::vector<int64_t> shape(w.sizes().begin(), w.sizes().end());
-      shape.back() = attnlab::q8_blocks(shape.back());
-      check_cpu_fp32({s}, "the int8 weights' scales");
-      TORCH_CHECK(s.sizes() == at::IntArrayRef(shape), "an int8 weight's scales must be (..., out, ceil(in / ",
-                  attnlab::kQ8Block, "))");
+                      (type == at::kFloat || type == at::kBFloat16 || type == at::kChar || type == at::kByte),
+                  "the products' weights must be contiguous fp32, bf16, int8 or int4 (uint8 nibbles) CPU tensors");
+      check_scales(w, s);
     }
   }
 
@@ -799,15 +841,16 @@ class GPTStep {
   void check_block(const at::Tensor* p) {
     const int64_t C = C_;
     TORCH_CHECK(p[0].numel() == C && p[6].numel() == C, "norm weights must be (C,)");
-    TORCH_CHECK(p[2].dim() == 2 && p[2].size(0) == heads_.width() && p[2].size(1) == C,
+    const auto in = [](const at::Tensor& w) { return Weight::columns(w); };
+    TORCH_CHECK(p[2].dim() == 2 && p[2].size(0) == heads_.width() && in(p[2]) == C,
                 "in_proj's weight must be ((H + 2 KV) D, C)");
-    TORCH_CHECK(p[4].dim() == 2 && p[4].size(0) == C && p[4].size(1) == C, "out_proj's weight must be (C, C)");
+    TORCH_CHECK(p[4].dim() == 2 && p[4].size(0) == C && in(p[4]) == C, "out_proj's weight must be (C, C)");
     const bool moe = p[12].numel() > 0;
     const at::Tensor &fc1 = p[8], &fc2 = p[10];
     const int64_t dims = moe ? 3 : 2, experts = moe ? p[12].size(0) : 1;
     TORCH_CHECK(fc1.dim() == dims && fc2.dim() == dims, "feed-forward weights must be (W, C) and (C, F), or per expert");
-    const int64_t W = fc1.size(dims - 2), F = fc2.size(dims - 1);
-    TORCH_CHECK(fc1.size(dims - 1) == C && fc2.size(dims - 2) == C && W == (gated_ ? 2 * F : F),
+    const int64_t W = fc1.size(dims - 2), F = in(fc2);
+    TORCH_CHECK(in(fc1) == C && fc2.size(dims - 2) == C && W == (gated_ ? 2 * F : F),
                 "fc1 must have F rows (2F gated) of C and fc2 C rows of F");
     if (moe) {
       TORCH_CHECK(p[12].dim() == 2 && p[12].size(1) == C && fc1.size(0) == experts && fc2.size(0) == experts,
@@ -1045,18 +1088,41 @@ class DecoderStep {
   int64_t n_layer_ = 0, C_ = 0, D_ = 0;
 };
 
+// x W^T (R, out) for x (R, in) fp32 and a weight stored as the GPT step stores it (`Weight`), by
+// the step's own `product`: the tests hold each format's streamed and widened products to PyTorch's.
+at::Tensor stored_linear(const at::Tensor& values, const at::Tensor& scales, const at::Tensor& x) {
+  TORCH_CHECK(values.dim() == 2 && values.is_contiguous() && values.device().is_cpu(), "values must be (out, in)");
+  check_scales(values, scales);
+  const Weight weight(values, scales);
+  check_cpu_fp32({x}, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == weight.in(), "x must be (R, in), contiguous");
+  at::Tensor y = at::empty({x.size(0), weight.out()}, x.options());
+  product(weight, at::Tensor(), at::Tensor(), x.data_ptr<float>(), y.data_ptr<float>(), x.size(0));
+  return y;
+}
+
 // The steps run without the GIL: a server's decoding thread spends most of its time in them, and
 // its event loop (the streamed responses, new requests) needs the interpreter meanwhile. Arguments
 // and results are converted with the GIL held; the steps touch no Python object.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using without_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.attr("STREAMED_MAX_ROWS") = kStreamedMaxRows;
-  pybind11::class_<GPTStep>(m, "GPTStep")
+  m.attr("WIDENED_MIN_ROWS") = kWidenedMinRows;
+  m.attr("Q4_PATH") = attnlab::kQ4Path;
+  m.def("stored_linear", &stored_linear, without_gil(),
+        "x W^T for a stored weight as the GPT step multiplies it (streamed or widened by the rows' number): "
+        "values, scales, x (R, in) -> (R, out)");
+  m.def("set_portable_q4", [](bool portable) { attnlab::portable_q4() = portable; },
+        "Whether the int4 products take the plain C++ path on any CPU (the tests compare it with the vector ones)");
+  // module_local: a process may load builds for two instruction sets (tests/accel/test_q4.py), and
+  // pybind11 registers a class of one name once per process otherwise.
+  pybind11::class_<GPTStep>(m, "GPTStep", pybind11::module_local())
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, double, int64_t, bool,
                           bool, int64_t>())
       .def("step", &GPTStep::step, without_gil(),
-           "One pre-norm GPT decoding step (CPU; fp32, bf16 or int8 weights): tokens (B,), pos, packed -> logits (B, V)")
+           "One pre-norm GPT decoding step (CPU; fp32, bf16, int8 or int4 weights): tokens (B,), pos, packed -> "
+           "logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")
       .def("extend", &GPTStep::extend, without_gil(),
@@ -1065,7 +1131,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("prefill", &GPTStep::prefill, without_gil(),
            "Prompts prefilled into rows first_row, first_row + 1, ...: tokens (N,), lengths, first_row, packed -> "
            "logits after each prompt (G, V)");
-  pybind11::class_<DecoderStep>(m, "DecoderStep")
+  pybind11::class_<DecoderStep>(m, "DecoderStep", pybind11::module_local())
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, double,
                           int64_t, bool, double>())
       .def("step", &DecoderStep::step, without_gil(),

@@ -90,18 +90,18 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-WEIGHTS = ("fp32", "bf16", "int8")
+WEIGHTS = ("fp32", "bf16", "int8", "int4")
 """--weights' choices: `attnlab.accel.fused.WEIGHT_FORMATS`, repeated here so that parsing imports no
 PyTorch (tests/decode/test_fused_int8.py checks that the two agree)."""
 
 
 def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = True) -> None:
-    """--weights: how the fused decoding step stores the products' weights (fp32, bf16 or int8).
-    by_checkpoint: left out, it is None, for `decoding_weights` to take the checkpoint's own format
-    (a Q8_0 GGUF's int8); False: fp32."""
+    """--weights: how the fused decoding step stores the products' weights (fp32, bf16, int8 or
+    int4). by_checkpoint: left out, it is None, for `decoding_weights` to take the checkpoint's own
+    format (a Q8_0 GGUF's int8, a Q4_0 GGUF's int4); False: fp32."""
     default = (
-        "int8 for a GGUF file whose weight matrices are all Q8_0 (its own blocks) where the fused step covers "
-        "the model, fp32 elsewhere"
+        "int8 or int4 for a GGUF file whose weight matrices are all Q8_0 or all Q4_0 (its own blocks) where the "
+        "fused step covers the model, fp32 elsewhere"
         if by_checkpoint
         else "fp32"
     )
@@ -109,15 +109,16 @@ def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = Tr
         "--weights",
         choices=WEIGHTS,
         default=None if by_checkpoint else "fp32",
-        help="the decoding step's weights: fp32; bf16 (rounded to 16 bits) or int8 (blocks of 32 "
-        "values with one fp32 scale each, as GGUF's q8_0), both read by the fused step (built first if "
-        "need be), activations in fp32; a model the fused step does not cover decodes with fp32 weights, saying so "
-        f"(default: {default})",
+        help="the decoding step's weights: fp32; bf16 (rounded to 16 bits), int8 (blocks of 32 "
+        "values with one fp32 scale each, as GGUF's q8_0; activations in fp32) or int4 (GGUF's Q4_0: blocks of 32 "
+        "four-bit values and one scale, any width a multiple of 32; up to 15 rows the activations are quantized "
+        "to int8 blocks as llama.cpp's are), read by the fused step (built first if need be); a model the fused "
+        f"step does not cover decodes with fp32 weights, saying so (default: {default})",
     )
 
 
 def check_weights_options(args: argparse.Namespace) -> None:
-    """--weights bf16 or int8 need the fused step: refused beside --no-fused or --compile."""
+    """--weights bf16, int8 or int4 need the fused step: refused beside --no-fused or --compile."""
     from attnlab.errors import UserError
 
     if args.weights in (None, "fp32"):  # None: not given (`decoding_weights` picks)

@@ -527,14 +527,19 @@ def dequantize(tensor: "ReaderTensor", path: Path) -> torch.Tensor:
     """One tensor of the file (a `gguf.ReaderTensor`) as float32 in PyTorch's order (rows, columns):
     F32 as stored, F16 and BF16 widened, blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, ...) decoded by
     gguf's reference dequantizers. The one place the file's storage types are decoded: a fused
-    4-bit path would take the blocks here instead. A type gguf cannot decode is refused by name.
+    path for the K-quants would take the blocks here instead. A type gguf cannot decode is refused
+    by name.
 
     Q8_0 needs no block path: the fused step's int8 format (`attnlab.accel.fused.quantize_q8_0`) of
     a dequantized Q8_0 row gives back the file's codes and scales bit for bit. ggml stores a block
     as d (f16) and q = round(x / (max|x| / 127)), so its largest |q| is 127 and its values are d·q;
     then max|d·q| / 127 = d and d·q / d = q exactly in fp32 (d has 11 significant bits, q 7). An
     all-zero block is d = 0, q = 0 both ways; a block whose d underflows f16 to 0 reads back q = 0,
-    the same zero weights. tests/models/test_gguf_q8_blocks.py checks it on the converter's files."""
+    the same zero weights. tests/models/test_gguf_q8_blocks.py checks it on the converter's files.
+    So does Q4_0 for the int4 format (`attnlab.accel.fused.quantize_q4_0`): a block's values are
+    d·(q − 8) with q in 0..15, and the largest magnitude is the code 0's −8·d (the block's largest
+    value, which ggml codes 0), so requantizing finds d = −8·d / −8 exactly and every code back;
+    tests/accel/test_q4_gguf.py checks it."""
     from gguf import quants
 
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # ggml lists the columns first
@@ -723,8 +728,8 @@ def _read(path: Path) -> tuple[HFSource, BPETokenizer, str | None, str | None]:
 
 
 # The fused step's weight format (`attnlab.accel.fused.WEIGHT_FORMATS`) that holds a GGUF type's
-# values exactly, as `dequantize`'s docstring shows for Q8_0.
-STORED_FORMATS = {"Q8_0": "int8"}
+# values exactly, as `dequantize`'s docstring shows for Q8_0 and Q4_0.
+STORED_FORMATS = {"Q8_0": "int8", "Q4_0": "int4"}
 # Matrices no product reads: looked up (the position and token-type embeddings), or a mixture's
 # router, which the fused step keeps in fp32 (llama.cpp's converter keeps them in float too).
 LOOKED_UP = ("position_embd.weight", "token_types.weight")
@@ -755,7 +760,7 @@ class LoadedGGUF(LoadedCausalLM):
 
     stored_weights: str | None = None
     """`stored_weights`: the fused step's format that holds the products' weights as the file stores
-    them ("int8" for Q8_0), which `attnlab sample` and `serve` decode with by default."""
+    them ("int8" for Q8_0, "int4" for Q4_0), which `attnlab sample` and `serve` decode with by default."""
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedGGUF:
