@@ -45,8 +45,8 @@ VARIANTS = {
 def closed_loop(model, tokenizer, clients: int, requests: int, together: bool = True, reordered: bool = True) -> dict:
     """Decode clients x requests completions, each client's next joining when its last ends."""
     batcher = Batcher(model, max_batch=clients, fused=True)
-    if not reordered and batcher.fused is not None:
-        batcher.fused.reordered = False
+    if not reordered and batcher.runner.fused is not None:
+        batcher.runner.fused.reordered = False
     left = dict.fromkeys(range(clients), requests)
     asking, owner, tokens, prefill, drawn = list(range(clients)), {}, 0, 0.0, 0
     start = time.perf_counter()

@@ -34,7 +34,7 @@ def row(piece: str, count: int, way: str, fn, repeats: int) -> dict:
 def prompts_rows(model, tokenizer, repeats: int) -> list[dict]:
     block = model.config.block_size
     prompts = [tokenizer.encode(p)[-block:] for p in PROMPTS * 6]
-    fused = Batcher(model, 32, fused=True).fused
+    fused = Batcher(model, 32, fused=True).runner.fused
     eager = Batcher(model, 32)
 
     def eager_prefill():
@@ -50,7 +50,7 @@ def prompts_rows(model, tokenizer, repeats: int) -> list[dict]:
 
 
 def windows_rows(model, repeats: int) -> list[dict]:
-    rows, fused, c = [], Batcher(model, 32, fused=True).fused, model.config
+    rows, fused, c = [], Batcher(model, 32, fused=True).runner.fused, model.config
     for count in (1, 4, 16):
         windows = torch.randint(0, c.vocab_size, (count, c.block_size), generator=torch.Generator().manual_seed(count))
         ids = windows.tolist()

@@ -45,13 +45,13 @@ def rows_step_ms(model, tokenizer, rows: int, reordered: bool = True) -> float:
     reordered=False: PyTorch's matrix product where the step would take oneDNN's reordered weights."""
     batcher = Batcher(model, max_batch=rows, fused=True)
     if not reordered:
-        batcher.fused.reordered = False
+        batcher.runner.fused.reordered = False
     batcher.join_all([Sequence(tokenizer.encode(PROMPTS[i % len(PROMPTS)]), 200) for i in range(rows)])
     for _ in range(5):
         batcher.step()
-    tokens = torch.tensor([s.tokens[-1] for s in batcher.cached])
-    positions = torch.tensor([s.filled for s in batcher.cached])
-    return median_ms(lambda: batcher.fused.rows(tokens, positions))
+    tokens = torch.tensor([s.tokens[-1] for s in batcher.scheduler.cached])
+    positions = torch.tensor([s.filled for s in batcher.scheduler.cached])
+    return median_ms(lambda: batcher.runner.fused.rows(tokens, positions))
 
 
 def block_products_ms(model, rows: int) -> dict[str, float]:

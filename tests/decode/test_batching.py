@@ -56,7 +56,7 @@ def test_batched_greedy_equals_decoding_alone(overrides):
     model = tiny_gpt(**overrides)
     requests = [(p, m) for p, (_, m) in zip(prompts(), REQUESTS, strict=True)]
     batcher = Batcher(model, max_batch=8)
-    assert batcher.row_positions == (overrides.get("positions") != "alibi")
+    assert batcher.runner.row_positions == (overrides.get("positions") != "alibi")
     finished = run_staggered(batcher, requests)
     by_prompt = {tuple(s.prompt): s for s in finished}
     for prompt, max_new in requests:
@@ -72,7 +72,7 @@ def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
     model = tiny_gpt(**overrides)
     requests = [(p, m) for p, (_, m) in zip(prompts(seed=11), REQUESTS, strict=True)]
     batcher = Batcher(model, max_batch=8, fused=True)
-    assert batcher.fused is not None
+    assert batcher.runner.fused is not None
     calls = count_forwards(model)
     finished = run_staggered(batcher, requests)
     assert calls == []  # prompts, cached rows and sliding windows: all in C++
@@ -128,7 +128,7 @@ def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_pref
         alone_batcher, got = Batcher(model, max_batch=1), []
         alone_batcher.join(seq.prompt, 2, pick=recording(got))
         assert_float32_close(picked[seq.row], got[0], **gpt_sums(model.config))
-        for mine, its in zip(together.cache, alone_batcher.cache, strict=True):
+        for mine, its in zip(together.runner.cache, alone_batcher.runner.cache, strict=True):
             n = seq.filled
             assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
             assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
@@ -155,7 +155,7 @@ def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_ca
         assert_float32_close(logits, got[0], **gpt_sums(model.config))
         n = seq.filled
         assert n == min(len(seq.prompt), 16)
-        for mine, its in zip(batcher.cache, eager.cache, strict=True):
+        for mine, its in zip(batcher.runner.cache, eager.runner.cache, strict=True):
             assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
             assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
 
@@ -163,7 +163,7 @@ def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_ca
 def test_the_fused_prefill_refuses_prompts_the_cache_cannot_hold():
     if extension() is None:
         pytest.skip("the fused step could not be built here")
-    step = Batcher(tiny_gpt(), max_batch=2, fused=True).fused.step
+    step = Batcher(tiny_gpt(), max_batch=2, fused=True).runner.fused.step
     three = torch.zeros(3, dtype=torch.long)
     with pytest.raises(RuntimeError, match=r"prompts for rows 1 \.\. 2, but the cache has 2 rows"):
         step.prefill(three, [1, 2], 1, [])
@@ -191,7 +191,7 @@ def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_tim
 def test_a_model_the_fused_step_does_not_cover_batches_eagerly_with_a_warning():
     with pytest.warns(UserWarning, match="decoding eagerly"):
         batcher = Batcher(tiny_gpt(positions="alibi"), max_batch=2, fused=True)
-    assert batcher.fused is None
+    assert batcher.runner.fused is None
 
 
 def test_end_of_text_ends_a_sequence_and_its_row_goes_to_another():

@@ -50,7 +50,7 @@ def test_fused_step_logits_and_cache_equal_the_model_step(make_gpt, activation):
             expected = model(token, cache=theirs, last_only=True)
             got = step(token, ours, position)
             assert_float32_close(got, expected, **gpt_sums(model.config))
-            assert ours[0].length == theirs[0].length == position + 1
+            assert ours.length == theirs.length == position + 1
             token = expected[:, -1].argmax(-1, keepdim=True)
         for a, b in zip(ours, theirs, strict=True):
             assert_float32_close(a.k, b.k, **gpt_sums(model.config))
@@ -73,12 +73,12 @@ def test_rows_at_their_own_positions_equal_the_model_step_with_row_positions(mak
                 layer.v.normal_(generator=torch.Generator().manual_seed(2))
             for row, n in enumerate(lengths):
                 prompt = torch.randint(0, 23, (1, n), generator=torch.Generator().manual_seed(row))
-                model(prompt, cache=[layer.view_rows(slice(row, row + 1)) for layer in cache], last_only=True)
+                model(prompt, cache=cache.view_rows(slice(row, row + 1)), last_only=True)
         step = FusedStep(model, extension(), ours)
         tokens, positions = torch.arange(3, 3 + len(lengths)) % 23, torch.tensor(lengths)
         for _ in range(4):
             length = int(positions.max()) + 1
-            views = [layer.view_rows(slice(0, len(lengths)), length) for layer in theirs]
+            views = theirs.view_rows(slice(0, len(lengths)), length)
             expected = model(tokens[:, None], cache=views, positions=positions[:, None], last_only=True)[:, -1]
             got = step.rows(tokens, positions)
             assert_float32_close(got, expected, **gpt_sums(model.config))
@@ -108,8 +108,7 @@ def test_the_float32_bound_still_catches_an_off_by_one_position_and_a_dropped_ke
         model(prompt, cache=theirs, last_only=True)
         expected = model(token, cache=theirs, last_only=True)
         assert_float32_close(FusedStep(model, extension(), ours)(token, ours, 6), expected, **gpt_sums(model.config))
-        for layer in ours:
-            layer.length = 6
+        ours.length = 6
         off_by_one = FusedStep(model, extension(), ours)(token, ours, 7)
         sequence = torch.cat([prompt, token], dim=1)
         empty_first = model.new_cache(2, 16)  # the first key's slot left empty (zeros)
@@ -129,8 +128,7 @@ def test_fused_step_sees_weights_changed_after_it_was_made(make_gpt):
         model.lm_head.weight.mul_(-1.0)  # in place: the step holds the same storage
     with torch.inference_mode():
         got = step(torch.tensor([[4]]), cache, 2)
-        for layer in cache:
-            layer.length = 2
+        cache.length = 2
         expected = model(torch.tensor([[4]]), cache=cache, last_only=True)
     assert_float32_close(got, expected, **gpt_sums(model.config))
 
@@ -151,8 +149,7 @@ def test_many_rows_see_weights_changed_after_the_step_was_made(make_gpt, monkeyp
         model.lm_head.weight.mul_(-1.0)
     with torch.inference_mode():
         got = step(token, cache, 4)
-        for layer in cache:
-            layer.length = 4
+        cache.length = 4
         expected = model(token, cache=cache, last_only=True)
     assert_float32_close(got, expected, **gpt_sums(model.config))
 

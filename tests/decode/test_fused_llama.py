@@ -126,7 +126,7 @@ def test_continuous_batching_takes_the_step_and_gives_the_tokens_of_decoding_alo
     model = tiny_gpt(**ARCHITECTURES[name])  # block 16: the longer requests slide their windows
     requests = [(p, m) for p, (_, m) in zip(prompts(seed=11), REQUESTS, strict=True)]
     batcher = Batcher(model, max_batch=8, fused=True)
-    assert batcher.fused is not None
+    assert batcher.runner.fused is not None
     finished = run_staggered(batcher, requests)
     by_prompt = {tuple(s.prompt): s for s in finished}
     for prompt, max_new in requests:
@@ -149,7 +149,7 @@ def test_the_fused_prefill_gives_each_prompt_the_logits_of_its_own_prefill(name)
         cache = model.new_cache(1)
         with torch.inference_mode():
             model(window, cache=cache, last_only=True)
-        for mine, its in zip(batcher.cache, cache, strict=True):
+        for mine, its in zip(batcher.runner.cache, cache, strict=True):
             assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
 
 

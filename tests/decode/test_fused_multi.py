@@ -57,7 +57,7 @@ def test_t_tokens_in_one_call_equal_t_steps_and_the_models_forward(name, T):
     assert got.shape == (T, model.config.vocab_size)
     assert_float32_close(got, one_by_one, **bound)
     assert_float32_close(got, whole, **bound)
-    assert together[0].length == theirs[0].length == PROMPT + T
+    assert together.length == theirs.length == PROMPT + T
     _assert_same_slots(together, theirs, PROMPT + T, bound)
 
 
@@ -76,7 +76,7 @@ def test_after_a_rewind_the_next_tokens_see_only_the_kept_ones(name, kept):
         step = FusedStep(model, extension(), ours)
         step.extend(drafts[0], PROMPT)
         step.truncate(PROMPT + kept)
-        assert ours[0].length == PROMPT + kept
+        assert ours.length == PROMPT + kept
         got = step.extend(new[0, :3], PROMPT + kept)
         last = step(new[:, 3:], ours, PROMPT + kept + 3)[0]
         sequence = torch.cat([prompt, drafts[:, :kept], new], dim=1)

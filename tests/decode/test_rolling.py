@@ -8,7 +8,7 @@ import torch
 from attnlab.decode import greedy
 from attnlab.decode.batching import Batcher, Sequence
 from attnlab.decode.sampling import rolls_past_block
-from attnlab.nn import KVCache, RollingKVCache
+from attnlab.nn import KVCache, ModelCache, RollingKVCache
 from decode.conftest import tiny_gpt
 
 W, BLOCK = 5, 16  # a window narrower than the block, so that the ring wraps many times
@@ -20,10 +20,10 @@ def window_gpt(positions: str, **overrides):
     return tiny_gpt(**(fields | overrides))
 
 
-def full_caches(model, batch: int) -> list[KVCache]:
+def full_caches(model, batch: int) -> ModelCache:
     """Plain caches that keep every key: the reference, masked to the window by the pattern."""
     c = model.config
-    return [KVCache(batch, c.kv_heads, c.block_size, c.head_dim) for _ in range(c.n_layers)]
+    return ModelCache(KVCache(batch, c.kv_heads, c.block_size, c.head_dim) for _ in range(c.n_layers))
 
 
 @pytest.mark.parametrize("positions", POSITIONS)
@@ -47,27 +47,28 @@ def test_a_ring_of_w_slots_gives_the_logits_of_the_full_cache_masked_to_the_wind
         want += [model(seq[:, t : t + 1], cache=full) for t in range(prompt, BLOCK)]
     torch.testing.assert_close(torch.cat(got, 1), torch.cat(want, 1), rtol=0, atol=1e-5)
     assert all(layer.k.shape[2] == W and layer.v.shape[2] == W for layer in ring)  # O(w) a layer, exactly
-    if not static:
-        assert ring[0].length == BLOCK  # every position counted, past the ring's slots
+    assert ring.length == (0 if static else BLOCK)  # every position counted, past the ring's slots
 
 
 def test_a_ring_step_reads_at_most_window_keys():
     ring = RollingKVCache(1, 2, W, 4)
     for p in range(3 * W):
-        k, v = ring.update(p, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
-        assert k.shape[2] == min(p + 1, W)
-        held, sees = ring.visible(p, 1)
+        k, v, held, sees = ring.update(p, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+        assert k.shape[2] == v.shape[2] == held.numel() == min(p + 1, W)
         assert sorted(held.tolist()) == list(range(max(0, p - W + 1), p + 1)) and sees is None  # all seen
 
 
 def test_a_prompt_longer_than_the_ring_attends_to_its_own_keys_then_keeps_the_last_w():
     ring = RollingKVCache(1, 1, W, 2)
     keys = torch.arange(12.0).view(1, 1, 12, 1).expand(1, 1, 12, 2)
-    got, _ = ring.update(0, keys, keys)
+    got, _, _, _ = ring.update(0, keys, keys)
     assert torch.equal(got, keys)  # all twelve, for the prompt's own queries
     assert sorted(ring.k[0, 0, :, 0].tolist()) == [7.0, 8.0, 9.0, 10.0, 11.0]
-    held, _ = ring.visible(12, 2)  # the ring as the next two positions find it, then those two
-    assert torch.equal(ring.k[0, 0, :, 0], held[:W].float()) and held[W:].tolist() == [12, 13]
+    before = ring.k[0, 0, :, 0].clone()
+    got, _, held, _ = ring.update(12, torch.full((1, 1, 2, 2), 12.0), torch.zeros(1, 1, 2, 2))
+    # the ring as the next two positions find it, then those two
+    assert torch.equal(before, held[:W].float()) and held[W:].tolist() == [12, 13]
+    assert torch.equal(got[0, 0, :W, 0], before)
 
 
 def reference(model, prompt: list[int], new: int) -> list[int]:
@@ -121,14 +122,14 @@ def test_batched_window_models_give_each_sequence_its_tokens_alone(positions):
     lengths = [(3, 30), (3, 9), (BLOCK + 4, 12), (1, 40), (6, 2), (6, 25)]
     requests = [(torch.randint(0, 23, (n,), generator=g).tolist(), m) for n, m in lengths]
     batcher = Batcher(model, max_batch=len(requests))
-    assert batcher.row_positions == (positions != "alibi") and batcher.runner.rolls == (positions != "learned")
+    assert batcher.runner.row_positions == (positions != "alibi") and batcher.runner.rolls == (positions != "learned")
     seqs = batcher.join_all([Sequence(p, m) for p, m in requests[:3]])
     for _ in range(4):
         batcher.step()
     seqs += batcher.join_all([Sequence(p, m) for p, m in requests[3:]])
     while len(batcher):
         batcher.step()
-        assert not batcher.windowed or positions == "learned"  # a rolling cache slides nothing
+        assert not batcher.scheduler.windowed or positions == "learned"  # a rolling cache slides nothing
     for seq, (prompt, m) in zip(seqs, requests, strict=True):
         assert seq.tokens == greedy(model, torch.tensor([prompt]), m)[0, len(prompt) :].tolist(), (len(prompt), m)
 
@@ -145,6 +146,6 @@ def test_prompts_of_one_length_share_a_prefill_and_others_do_not():
 
 def test_a_ring_refuses_attention_other_than_its_window():
     model = tiny_gpt(positions="rope")
-    ring = [RollingKVCache(1, 2, W, 16) for _ in range(2)]
+    ring = ModelCache(RollingKVCache(1, 2, W, 16) for _ in range(2))
     with pytest.raises(ValueError, match="window attention"):
         model(torch.tensor([[1, 2]]), cache=ring)

@@ -221,8 +221,8 @@ def test_eager_decoding_steps_attend_to_the_filled_slots_alone(gpt, monkeypatch)
 
     def spy(self, idx, *args, cache=None, positions=None, **kwargs):
         if cache is not None:  # not the reference's full forwards
-            assert positions is None  # the growing path, KVCache.update at cache.length
-            lengths.append(cache[0].length)
+            assert positions is None  # the growing path, at the model's count, cache.length
+            lengths.append(cache.length)
         return original(self, idx, *args, cache=cache, positions=positions, **kwargs)
 
     monkeypatch.setattr(type(gpt), "forward", spy)

@@ -23,7 +23,7 @@ from attnlab.decode import (
 )
 from attnlab.decode.speculative import accept_drafts, check_draft_model, probabilities
 from attnlab.errors import UserError
-from attnlab.nn.attention import KVCache, RollingKVCache
+from attnlab.nn.attention import KVCache, ModelCache, RollingKVCache
 from attnlab.train import load_run, resolve, train
 from decode.conftest import tiny_gpt
 
@@ -287,13 +287,16 @@ def test_a_ring_cache_cannot_be_rolled_back():
 
 
 def test_truncate_forgets_the_slots_after_it():
-    cache = KVCache(1, 1, 8, 2)
-    cache.update(0, torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
+    cache = ModelCache([KVCache(1, 1, 8, 2)], length=5)
+    cache[0].update(0, torch.ones(1, 1, 5, 2), torch.ones(1, 1, 5, 2))
     cache.truncate(3)
-    k, _ = cache.update(cache.length, torch.full((1, 1, 1, 2), 2.0), torch.zeros(1, 1, 1, 2))
+    assert cache.length == 3
+    k = cache[0].update(cache.length, torch.full((1, 1, 1, 2), 2.0), torch.zeros(1, 1, 1, 2)).k
     assert k[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 2.0]
-    with pytest.raises(ValueError, match="0 … 4"):
+    with pytest.raises(ValueError, match="0 … 3"):
         cache.truncate(5)
+    with pytest.raises(ValueError, match="cannot be truncated"):  # a ring in the model refuses, count unchanged
+        ModelCache([KVCache(1, 1, 8, 2), RollingKVCache(1, 1, 4, 2)], length=3).truncate(1)
 
 
 @pytest.mark.parametrize("k", [0, 17])

@@ -4,6 +4,7 @@ by hand and against `torch.nn.MultiheadAttention` with the same weights copied i
 Shape legend: B batch, T time (Tq queries, Tk keys), H heads, D head dim, C model dim.
 """
 
+import inspect
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from attnlab.nn import attention as attention_module
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
@@ -296,14 +298,15 @@ def test_kv_cache_incremental_equals_full_causal(chunks, need_weights):
 
     cache = KVCache(b, H, max_len=10, head_dim=C // H)
     outs, start = [], 0
-    for n in chunks:
-        out, weights = mha(x[:, start : start + n], causal=True, cache=cache, need_weights=need_weights)
+    for n in chunks:  # the layer writes where it is told: the caller (a model) keeps the count
+        out, weights = mha(
+            x[:, start : start + n], causal=True, cache=cache, positions=start, need_weights=need_weights
+        )
         if need_weights:
             # The new queries see every cached key, and none after themselves.
             torch.testing.assert_close(weights, full_weights[:, :, start : start + n, : start + n], atol=1e-6, rtol=0)
         outs.append(out)
         start += n
-        assert cache.length == start
     torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=0, atol=1e-5)
 
 
@@ -314,8 +317,8 @@ def test_kv_cache_incremental_with_padding_mask_equals_full():
     lengths = torch.tensor([5, 3])
     full, _ = mha(x, causal=True, mask=padding_mask(lengths, 5))
     cache = KVCache(2, H, max_len=5, head_dim=C // H)
-    first, _ = mha(x[:, :2], causal=True, cache=cache, mask=padding_mask(lengths, 2))
-    rest, _ = mha(x[:, 2:], causal=True, cache=cache, mask=padding_mask(lengths, 5))
+    first, _ = mha(x[:, :2], causal=True, cache=cache, positions=0, mask=padding_mask(lengths, 2))
+    rest, _ = mha(x[:, 2:], causal=True, cache=cache, positions=2, mask=padding_mask(lengths, 5))
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=0, atol=1e-5)
 
 
@@ -323,15 +326,12 @@ def test_kv_cache_stores_keys_and_values():
     torch.manual_seed(0)
     cache = KVCache(1, 2, max_len=4, head_dim=3)
     k1, v1 = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
-    k, v = cache.update(cache.length, k1, v1)
-    assert torch.equal(k, k1) and torch.equal(v, v1)
+    k, v, positions, mask = cache.update(0, k1, v1)
+    assert torch.equal(k, k1) and torch.equal(v, v1) and positions is None and mask is None
     k2, v2 = torch.randn(1, 2, 1, 3), torch.randn(1, 2, 1, 3)
-    k, v = cache.update(cache.length, k2, v2)
+    k, v, _, _ = cache.update(3, k2, v2)
     assert torch.equal(k, torch.cat([k1, k2], dim=2)) and torch.equal(v, torch.cat([v1, v2], dim=2))
-    assert cache.length == cache.max_len == 4
-    cache.reset()
-    assert cache.length == 0
-    k, _ = cache.update(cache.length, k2, v2)
+    k, _, _, _ = cache.update(0, k2, v2)  # position 0 again: a new sequence
     assert torch.equal(k, k2)
 
 
@@ -339,16 +339,24 @@ def test_kv_cache_overflow_raises_and_keeps_state():
     cache = KVCache(1, 2, max_len=4, head_dim=3)
     cache.update(0, torch.ones(1, 2, 3, 3), torch.ones(1, 2, 3, 3))
     with pytest.raises(ValueError, match="overflow"):
-        cache.update(cache.length, torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
-    assert cache.length == 3
+        cache.update(3, torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
+    assert torch.all(cache.k[:, :, :3] == 1) and not cache.k[:, :, 3:].any()
 
 
 def test_mha_with_full_cache_raises():
     mha = make_mha()
     cache = KVCache(1, H, max_len=3, head_dim=C // H)
-    mha(torch.randn(1, 3, C), causal=True, cache=cache)
+    mha(torch.randn(1, 3, C), causal=True, cache=cache, positions=0)
     with pytest.raises(ValueError, match="overflow"):
-        mha(torch.randn(1, 1, C), causal=True, cache=cache)
+        mha(torch.randn(1, 1, C), causal=True, cache=cache, positions=3)
+
+
+def test_mha_with_a_cache_needs_the_positions():
+    """A layer's cache counts nothing: without the model's count (or a tensor) the layer cannot
+    know where the new keys go, and says so rather than guess."""
+    cache = KVCache(1, H, max_len=3, head_dim=C // H)
+    with pytest.raises(ValueError, match="positions"):
+        make_mha()(torch.randn(1, 1, C), causal=True, cache=cache)
 
 
 # --- Dropout -------------------------------------------------------------------------------------
@@ -413,7 +421,7 @@ def test_static_cache_write_casts_and_stays_in_place():
     cache = KVCache(1, 2, 6, 3)
     k_buffer = cache.k
     k, v = torch.ones(1, 2, 2, 3, dtype=torch.bfloat16), torch.full((1, 2, 2, 3), 2.0)
-    all_k, all_v = cache.update(torch.tensor([3, 4]), k, v)
+    all_k, all_v, _, _ = cache.update(torch.tensor([3, 4]), k, v)
     assert all_k is k_buffer and all_k.dtype == torch.float32
     assert torch.all(all_k[:, :, 3:5] == 1) and torch.all(all_v[:, :, 3:5] == 2)
     assert torch.all(all_k[:, :, :3] == 0) and torch.all(all_k[:, :, 5:] == 0)
@@ -424,18 +432,18 @@ def test_cache_select_reorders_the_filled_rows_and_leaves_room_to_append():
     k = torch.arange(3 * 2 * 2 * 4, dtype=torch.float32).view(3, 2, 2, 4)
     cache.update(0, k, -k)
     index = torch.tensor([2, 0, 0])  # same row count: selected into the spare buffers, swapped
-    cache.select_rows(index)
+    cache.select_rows(index, filled=2)
     torch.testing.assert_close(cache.k[:, :, :2], k[index])
     torch.testing.assert_close(cache.v[:, :, :2], -k[index])
     again = torch.tensor([1, 2, 0])  # and back into the first pair: the selection composes
-    cache.select_rows(again)
+    cache.select_rows(again, filled=2)
     torch.testing.assert_close(cache.k[:, :, :2], k[index][again])
     torch.testing.assert_close(cache.v[:, :, :2], -k[index][again])
     k = k[index][again]
-    cache.select_rows(torch.tensor([1]))  # fewer rows: new buffers, the filled part copied
-    assert cache.k.shape == (1, 2, 6, 4) and cache.length == 2
+    cache.select_rows(torch.tensor([1]), filled=2)  # fewer rows: new buffers, the filled part copied
+    assert cache.k.shape == (1, 2, 6, 4)
     torch.testing.assert_close(cache.k[:, :, :2], k[[1]])
-    all_k, _ = cache.update(cache.length, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
+    all_k, _, _, _ = cache.update(2, torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
     assert all_k.shape == (1, 2, 3, 4) and torch.all(all_k[:, :, 2] == 1)
 
 
@@ -452,8 +460,10 @@ def test_update_writes_each_row_at_its_own_positions():
     cache = KVCache(3, 2, 8, 4)
     positions = torch.tensor([[5, 1], [0, 7], [4, 3]])  # (B, T): any slots, in any order
     k, v = torch.randn(3, 2, 2, 4), torch.randn(3, 2, 2, 4)
-    all_k, all_v = cache.update(positions, k, v)
-    assert all_k is cache.k and all_v is cache.v and cache.length == 0  # the whole buffers; no count
+    all_k, all_v, _, mask = cache.update(positions, k, v)
+    assert all_k is cache.k and all_v is cache.v  # the whole buffers
+    # each row's queries see the slots up to their own position, (B, 1, Tq, max_len)
+    assert torch.equal(mask, (torch.arange(8) <= positions[..., None])[:, None])
     cells = [(row, int(positions[row, t]), t) for row in range(3) for t in range(2)]
     assert torch.equal(cache.k, _written_by_hand(cache.k.shape, [(r, p, k[r, :, t]) for r, p, t in cells]))
     assert torch.equal(cache.v, _written_by_hand(cache.v.shape, [(r, p, v[r, :, t]) for r, p, t in cells]))
@@ -468,28 +478,30 @@ def test_update_writes_each_row_at_its_own_positions():
 @pytest.mark.parametrize("chunks", [[3, 1, 1], [1, 4], [5]])
 def test_update_at_an_int_writes_what_update_at_those_positions_writes(chunks):
     """Appending (an int: the next slots, as slices) and the static path (a position tensor) fill
-    the buffers alike; the int path counts the slots and returns the filled ones alone."""
+    the buffers alike, and both return what the new queries see: the filled slots under the
+    look-ahead rule, or the whole buffers with the mask of the slots up to each query's position."""
     torch.manual_seed(4)
     growing, static = KVCache(2, 2, 6, 3), KVCache(2, 2, 6, 3)
+    start = 0
     for n in chunks:
         k, v = torch.randn(2, 2, n, 3), torch.randn(2, 2, n, 3)
-        start = growing.length
-        got_k, got_v = growing.update(start, k, v)
-        all_k, all_v = static.update(torch.arange(start, start + n), k, v)
-        assert growing.length == start + n and static.length == 0
-        assert got_k.shape == (2, 2, start + n, 3)
-        assert torch.equal(got_k, all_k[:, :, : start + n]) and torch.equal(got_v, all_v[:, :, : start + n])
+        got = growing.update(start, k, v)
+        every = static.update(torch.arange(start, start + n), k, v)
+        assert got.k.shape == (2, 2, start + n, 3) and got.mask is None and every.k.shape == (2, 2, 6, 3)
+        assert torch.equal(every.mask, torch.arange(6) <= torch.arange(start, start + n)[:, None])
+        assert torch.equal(got.k, every.k[:, :, : start + n]) and torch.equal(got.v, every.v[:, :, : start + n])
+        start += n
     assert torch.equal(growing.k, static.k) and torch.equal(growing.v, static.v)
-    # An int other than the length rewrites those slots; what follows them is no longer counted.
+    # An int before the end rewrites those slots and returns the slots up to them alone.
     k = torch.full((2, 2, 1, 3), 9.0)
-    got_k, _ = growing.update(1, k, k)
-    assert growing.length == 2 and torch.equal(got_k[:, :, 1:], k) and torch.equal(got_k[:, :, :1], static.k[:, :, :1])
+    got_k = growing.update(1, k, k).k
+    assert got_k.shape[2] == 2 and torch.equal(got_k[:, :, 1:], k) and torch.equal(got_k[:, :, :1], static.k[:, :, :1])
 
 
 def test_view_rows_writes_through_to_the_shared_buffers():
     cache = KVCache(4, 2, 6, 3)
     part = cache.view_rows(slice(1, 3), 4)
-    assert part.k.shape == (2, 2, 4, 3) and part.length == 0
+    assert part.k.shape == (2, 2, 4, 3)
     k = torch.ones(2, 2, 2, 3)
     part.update(torch.tensor([[0, 1], [2, 3]]), k, 2 * k)
     assert torch.equal(cache.k[1, :, :2], k[0]) and torch.equal(cache.v[2, :, 2:4], 2 * k[1])
@@ -541,3 +553,14 @@ def test_the_formula_is_only_for_bf16_training_of_short_sequences_on_the_cpu():
     assert not _formula_trains_faster(q.float(), 16)  # fp32: the fused kernel is faster
     with torch.no_grad():
         assert not _formula_trains_faster(q, 16)  # forward alone: the fused kernel is faster
+
+
+def test_forward_reads_as_its_three_steps_with_no_special_case_by_type():
+    """Project, update the cache, attend: `forward` stays short, and a pattern with logits of its
+    own (the synthesizers) goes through the patterns' interface, not a check of its class."""
+    source = inspect.getsource(MultiHeadAttention.forward)
+    body = source.split('"""')[2].strip().splitlines()  # after the docstring
+    signature = source.split('"""')[0].strip().splitlines()
+    assert len(signature) + len(body) <= 25, len(signature) + len(body)
+    assert "isinstance" not in source and "isinstance" not in inspect.getsource(MultiHeadAttention._attend_pattern)
+    assert "Synthesizer" not in inspect.getsource(attention_module)

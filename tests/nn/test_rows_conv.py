@@ -96,9 +96,9 @@ def test_cache_holds_the_last_k_minus_one_inputs_and_steps_equal_the_forward(nam
     cache = ConvCache(2, 4, C)
     with torch.no_grad():
         full = conv(x, causal=True)[0]
-        steps = [conv(x[:, :3], causal=True, cache=cache)[0]]
-        steps += [conv(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(3, 9)]
-    assert cache.state.shape == (2, 3, C) and cache.length == 9
+        steps = [conv(x[:, :3], causal=True, cache=cache, positions=0)[0]]  # the caller counts: a model's
+        steps += [conv(x[:, t : t + 1], causal=True, cache=cache, positions=t)[0] for t in range(3, 9)]
+    assert cache.state.shape == (2, 3, C)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
     cache.select_rows(torch.tensor([1, 1, 0]))
     assert cache.state.shape == (3, 3, C)

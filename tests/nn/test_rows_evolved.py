@@ -203,9 +203,9 @@ def test_decoder_cell_steps_with_its_cache_equal_the_forward(cross):
     cache = cell.new_cache(3, 14)
     with torch.no_grad():
         full = cell(x, memory_kv)[0]
-        steps = [cell(x[:, :4], memory_kv, cache=cache)[0]]
-        steps += [cell(x[:, t : t + 1], memory_kv, cache=cache)[0] for t in range(4, 14)]
-    assert isinstance(cache, EvolvedCache) and cache.length == 14
+        steps = [cell(x[:, :4], memory_kv, cache=cache, positions=0)[0]]  # the caller counts: a model's
+        steps += [cell(x[:, t : t + 1], memory_kv, cache=cache, positions=t)[0] for t in range(4, 14)]
+    assert isinstance(cache, EvolvedCache)
     assert [c.state.shape for c in cache.convs] == [(3, 10, D), (3, 6, D), (3, 6, 2 * D)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 

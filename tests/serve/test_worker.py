@@ -61,7 +61,7 @@ def test_concurrent_greedy_completions_equal_decoding_each_alone(char_tok, fused
     async def body(worker):
         from attnlab.decode.text import encode_prompt
 
-        assert (worker.batcher.fused is not None) == fused
+        assert (worker.batcher.runner.fused is not None) == fused
 
         streams = [
             worker.submit(encode_prompt(char_tok, p)[0].tolist(), Sampling(n, temperature=0, stop=stop))
@@ -81,8 +81,8 @@ def test_concurrent_greedy_completions_equal_decoding_each_alone(char_tok, fused
 
 def test_the_step_is_fused_by_default_exactly_where_it_is_built(char_tok):
     worker = ModelWorker(tiny_gpt(vocab_size=char_tok.vocab_size), char_tok)
-    assert (worker.batcher.fused is not None) == by_default(worker.model)
-    assert ModelWorker(tiny_gpt(vocab_size=char_tok.vocab_size), char_tok, fused=False).batcher.fused is None
+    assert (worker.batcher.runner.fused is not None) == by_default(worker.model)
+    assert ModelWorker(tiny_gpt(vocab_size=char_tok.vocab_size), char_tok, fused=False).batcher.runner.fused is None
 
 
 def test_end_of_text_and_usage_counts():

@@ -37,13 +37,13 @@ prefills only the rest (`Runner.prefill_after`), with the logits of a cold prefi
 rounding. Rolling caches take none.
 """
 
-import torch
 from torch import nn
 
 from attnlab.decode.prefix_cache import BLOCK_TOKENS, block_keys, for_cache
+from attnlab.decode.requests import Picker
 from attnlab.decode.runner import Runner, takes_row_positions
-from attnlab.decode.sampling import Picker, mask_rows, penalize, pick_rows, prompt_scores, token_scores
-from attnlab.decode.scheduler import Scheduler, Sequence
+from attnlab.decode.sampling import prompt_scores
+from attnlab.decode.scheduler import Scheduler, SchedulerOutput, Sequence
 
 
 class Batcher:
@@ -61,8 +61,9 @@ class Batcher:
     `prefix_block` tokens; None where 0 or where the cache rolls); each sequence's `cached_tokens`
     says how many of its prompt's tokens it reused.
 
-    `scheduler` (who holds which row) and `runner` (the model's steps over those rows) are its two
-    halves; the attributes below read through to them.
+    Its two halves are its attributes: `scheduler` (who holds which row: `max_batch`, `cached`,
+    `windowed`) and `runner` (the model's steps over those rows: `model`, `cache`, `fused`,
+    `device`), which pass one object each way (`SchedulerOutput`, `RunnerOutput`).
     """
 
     def __init__(
@@ -78,47 +79,15 @@ class Batcher:
         self.runner = Runner(model, max_batch, fused=fused, weights=weights)
         # the prompts' cached prefixes (`attnlab.decode.prefix_cache`), at most prefix_memory bytes; None: off
         self.prefix = for_cache(self.runner.cache, prefix_memory, prefix_block)
-        on_leave = self._keep_prefix if self.prefix is not None else None
+        keeping = self.prefix is not None
         self.scheduler = Scheduler(
-            max_batch, model.config.block_size, self._move_row, rolls=self.runner.rolls, on_leave=on_leave
+            max_batch,
+            model.config.block_size,
+            self.runner.move_row,
+            rolls=self.runner.rolls,
+            on_leave=self._keep_prefix if keeping else None,
+            on_join=self._store_prefix if keeping else None,
         )
-
-    def _move_row(self, from_row: int, to_row: int, slots: int) -> None:
-        self.runner.move_row(from_row, to_row, slots)
-
-    @property
-    def model(self) -> nn.Module:
-        return self.runner.model
-
-    @property
-    def max_batch(self) -> int:
-        return self.scheduler.max_batch
-
-    @property
-    def cache(self) -> list:
-        """The KV cache, a `KVCache` per layer; row i belongs to `cached[i]`."""
-        return self.runner.cache
-
-    @property
-    def fused(self):
-        """The fused C++ step (`attnlab.accel.fused.FusedStep`), or None: PyTorch's path."""
-        return self.runner.fused
-
-    @property
-    def device(self) -> torch.device:
-        return self.runner.device
-
-    @property
-    def row_positions(self) -> bool:
-        return self.runner.row_positions
-
-    @property
-    def cached(self) -> list[Sequence]:
-        return self.scheduler.cached
-
-    @property
-    def windowed(self) -> list[Sequence]:
-        return self.scheduler.windowed
 
     def __len__(self) -> int:
         return len(self.scheduler)
@@ -143,13 +112,16 @@ class Batcher:
             now, pending = self._next_round(pending)
             cold = [s for s in now if s.cached_tokens == 0]
             for group in self.scheduler.prefill_groups(cold, self.runner.prefill_mode):
-                logits = self.runner.prefill([self.scheduler.window(s) for s in group], self.scheduler.free_row)
-                self._placed(group, logits)
+                self._run(self.scheduler.schedule_prefill(group))
             for seq, blocks in ((s, now[s]) for s in now if s.cached_tokens):
-                row = self.scheduler.free_row
-                self.prefix.load(blocks, row, seq.cached_tokens)
-                self._placed([seq], self.runner.prefill_after(self.scheduler.window(seq), row, seq.cached_tokens))
+                scheduled = self.scheduler.schedule_prefill([seq], seq.cached_tokens)
+                self.prefix.load(blocks, scheduled.first_row, seq.cached_tokens)
+                self._run(scheduled)
         return seqs
+
+    def _run(self, scheduled: SchedulerOutput) -> None:
+        """The runner computes what the scheduler asks for; the scheduler records its answer."""
+        self.scheduler.update_from_output(scheduled, self.runner.execute(scheduled))
 
     def _next_round(self, seqs: list[Sequence]) -> tuple[dict[Sequence, list], list[Sequence]]:
         """The sequences to prefill now, each with its cached blocks (its `cached_tokens` set:
@@ -174,14 +146,9 @@ class Batcher:
             keys.append(mine)
         return now, later
 
-    def _placed(self, group: list[Sequence], logits: torch.Tensor) -> None:
-        """The prefilled group takes its rows; the prefix cache keeps its prompts' full blocks; each
-        picks its first token."""
-        self.scheduler.place(group)
-        if self.prefix is not None:
-            for seq in group:
-                self.prefix.store(self.scheduler.window(seq), seq.row)
-        self._advance(group, logits)
+    def _store_prefix(self, seq: Sequence) -> None:
+        """Keep the full blocks of the window a sequence has just prefilled into its row."""
+        self.prefix.store(self.scheduler.window(seq), seq.row)
 
     def _keep_prefix(self, seq: Sequence) -> None:
         """Keep the full blocks of what a leaving sequence's row holds (its prompt, then the tokens
@@ -193,41 +160,14 @@ class Batcher:
     def step(self) -> list[Sequence]:
         """Feed every sequence its last token and pick the next one. Returns the sequences that
         got a token (finished ones have left the batch)."""
-        s = self.scheduler
-        moving = list(s.cached) + list(s.windowed)
-        if not moving:
-            return []
-        s.slide_full()  # no slot left for their token: from here on their windows slide
-        cached, windowed = list(s.cached), list(s.windowed)
-        # Both sets of logits before any token is recorded: a sequence that finishes leaves, and
-        # moves another's row.
-        if cached:
-            cached_logits = self.runner.step([q.tokens[-1] for q in cached], [q.filled for q in cached])
-            s.stepped()
-        if windowed:
-            windowed_logits = self.runner.recompute([s.window(q) for q in windowed], s.free_row)
-        if cached:
-            self._advance(cached, cached_logits)
-        if windowed:
-            self._advance(windowed, windowed_logits)
+        moving = [*self.scheduler.cached, *self.scheduler.windowed]
+        if moving:
+            self._run(self.scheduler.schedule())
         return moving
 
     def leave(self, seq: Sequence) -> None:
         """Take seq out of the batch (finished, or no longer wanted); its row goes to the last row's sequence."""
         self.scheduler.leave(seq)
-
-    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Pick each sequence's next token from its logits row, after its penalties and among the
-        tokens its mask allows (each row its own); score it under the model's own logits where
-        asked; finished sequences leave."""
-        adjusted = penalize(logits, [q.penalties for q in seqs], [q.tokens for q in seqs])
-        adjusted = mask_rows(adjusted, [q.mask for q in seqs])
-        tokens = pick_rows([q.pick for q in seqs], adjusted)
-        for seq, token in zip(seqs, tokens, strict=True):
-            if seq.mask is not None:
-                seq.mask.accept(token)
-        scores = token_scores(logits, tokens, [q.logprobs for q in seqs])
-        self.scheduler.record(seqs, tokens, scores)
 
 
 def _common(a: list[bytes], b: list[bytes]) -> int:

@@ -15,6 +15,10 @@ whose positions cannot differ by row) and returns next-token logits, a row per s
 - `recompute`: sliding windows read in full (with the fused step, prefilled afresh into the rows
   no sequence holds).
 
+`execute` takes the scheduler's `SchedulerOutput`, runs the call it asks for and picks each
+sequence's token from its logits (after its penalties, among the tokens its mask allows, scored
+where asked), answering with one `RunnerOutput`, as vLLM's model runner samples too.
+
 A window-attention GPT's cache is a ring of the window's keys a row (`RollingKVCache`): its rows
 take per-row positions like full attention's, its prompts are prefilled by equal lengths (a pad
 would take the slot of a prompt key) and, where its positions are offsets inside attention
@@ -26,9 +30,10 @@ from torch import nn
 
 from attnlab.accel import for_decoding
 from attnlab.accel.fused import gpt_step as fused_step
-from attnlab.decode.sampling import _eval_mode, rolls_past_block
+from attnlab.decode.sampling import _eval_mode, mask_rows, penalize, pick_rows, rolls_past_block, token_scores
+from attnlab.decode.scheduler import RunnerOutput, SchedulerOutput, Sequence
 from attnlab.errors import UserError
-from attnlab.nn.attention import KVCache, MultiHeadAttention, RollingKVCache
+from attnlab.nn.attention import KVCache, MultiHeadAttention
 
 
 def takes_row_positions(model: nn.Module, ring: bool = False) -> bool:
@@ -58,7 +63,7 @@ class Runner:
                 f"{what} keeps no key/value slots for continuous batching to "
                 "share; decode it with `attnlab sample` (or use full or window attention)"
             )
-        self.ring = isinstance(self.cache[0], RollingKVCache)
+        self.ring = self.cache[0].window is not None  # a ring of the window's keys a row
         self.rolls = self.ring and rolls_past_block(model)  # whole prompts, and no window slides
         self.row_positions = takes_row_positions(model, self.ring)  # else the cached rows step one at a time
         if weights != "fp32" and not fused:
@@ -94,9 +99,8 @@ class Runner:
             if self.fused is not None:  # one C++ call for the rest of the prompt
                 rest = torch.tensor(window[start:], dtype=torch.long)
                 return self.fused.extend(rest, start, row)[-1:]
-            views = [layer.view_rows(slice(row, row + 1)) for layer in self.cache]
-            for view in views:
-                view.length = start  # the growing path: the new tokens continue after the prefix
+            views = self.cache.view_rows(slice(row, row + 1))
+            views.length = start  # the growing path: the new tokens continue after the prefix
             idx = torch.tensor([window[start:]], dtype=torch.long, device=self.device)
             return self.model(idx, cache=views, last_only=True)[:, -1]  # (1, V)
 
@@ -108,7 +112,7 @@ class Runner:
         prompt before it, the last column holds every row's last prompt token, and the pads' keys
         wait in slots that the row's next tokens overwrite before anything attends to them. `(G, V)`"""
         t = len(windows[0])
-        views = [layer.view_rows(slice(first, first + len(windows))) for layer in self.cache]
+        views = self.cache.view_rows(slice(first, first + len(windows)))
         idx = torch.tensor([w[:1] * (t - len(w)) + w for w in windows], dtype=torch.long, device=self.device)
         if len(windows) == 1 or self.ring:  # one length: the growing path, block_size tokens a forward
             for start in range(0, t, self.block):
@@ -129,14 +133,14 @@ class Runner:
                 return self.fused.rows(idx.view(-1), at.view(-1))
             if not self.row_positions:
                 return self._step_one_row_at_a_time(idx, at, positions)
-            views = [layer.view_rows(slice(0, len(tokens)), max(positions) + 1) for layer in self.cache]
+            views = self.cache.view_rows(slice(0, len(tokens)), max(positions) + 1)
             return self.model(idx, cache=views, positions=at, last_only=True)[:, -1]
 
     def _step_one_row_at_a_time(self, idx: torch.Tensor, at: torch.Tensor, positions: list[int]) -> torch.Tensor:
         """`step` for a model whose positions act on the scores (ALiBi, relative): a forward per row."""
         rows = []
         for i, position in enumerate(positions):
-            views = [layer.view_rows(slice(i, i + 1), position + 1) for layer in self.cache]
+            views = self.cache.view_rows(slice(i, i + 1), position + 1)
             rows.append(self.model(idx[i : i + 1], cache=views, positions=at[i], last_only=True)[:, -1])
         return torch.cat(rows)
 
@@ -157,6 +161,35 @@ class Runner:
             idx = torch.tensor([prompt], dtype=torch.long, device=self.device)
             return self.model(idx)[0]
 
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the call `scheduled` asks for (a prefill, or a step of the cached rows and the
+        sliding windows) and pick a token for each of its sequences."""
+        if scheduled.prompts:
+            if scheduled.cached:
+                logits = self.prefill_after(scheduled.prompts[0], scheduled.first_row, scheduled.cached)
+            else:
+                logits = self.prefill(scheduled.prompts, scheduled.first_row)
+            return self.pick(scheduled.seqs, logits)
+        # Both sets of logits before any token is picked: the scheduler records them all at once.
+        a = len(scheduled.step_tokens)
+        parts = []
+        if a:
+            parts.append(self.step(scheduled.step_tokens, scheduled.step_positions))
+        if scheduled.windows:
+            parts.append(self.recompute(scheduled.windows, scheduled.free_row))
+        picked = [self.pick(seqs, logits) for seqs, logits in zip(_split(scheduled.seqs, a), parts, strict=True)]
+        return RunnerOutput([t for p in picked for t in p.tokens], [c for p in picked for c in p.scores])
+
+    @staticmethod
+    def pick(seqs: list[Sequence], logits: torch.Tensor) -> RunnerOutput:
+        """Each sequence's next token from its row of logits `(N, V)`, after its penalties and
+        among the tokens its mask allows (each row its own), scored under the model's own logits
+        where it asks for scores."""
+        adjusted = penalize(logits, [q.penalties for q in seqs], [q.tokens for q in seqs])
+        adjusted = mask_rows(adjusted, [q.mask for q in seqs])
+        tokens = pick_rows([q.pick for q in seqs], adjusted)
+        return RunnerOutput(tokens, token_scores(logits, tokens, [q.logprobs for q in seqs]))
+
     def move_row(self, from_row: int, to_row: int, slots: int) -> None:
         """Copy the first `slots` slots of every layer's cache row from_row into row to_row (a ring
         holds positions past its slots in the same slots: all of them, then)."""
@@ -165,6 +198,12 @@ class Runner:
             layer.view_rows(slice(to_row, to_row + 1)).update(
                 0, layer.k[from_row : from_row + 1, :, :n], layer.v[from_row : from_row + 1, :, :n]
             )
+
+
+def _split(seqs: list[Sequence], a: int) -> list[list[Sequence]]:
+    """A step's sequences as its two calls take them: the a cached rows', the windows' (each
+    where there is any)."""
+    return [part for part in (seqs[:a], seqs[a:]) if part]
 
 
 __all__ = ["Runner", "takes_row_positions"]

@@ -19,15 +19,13 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import nn
 
 from attnlab.accel import for_decoding
+from attnlab.decode.requests import Penalties, Picker, TokenMask, TokenScore
 from attnlab.nn.positions import NoPositions
-
-Picker = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> token ids (B,)
 
 CPU_COMPILE_OPTIONS: dict[str, object] = {}
 """Inductor options of a compiled decoding step on a CPU. None by default: the wrapper that calls
@@ -102,25 +100,6 @@ class Sampler:
         return self.top_k is None and self.top_p is None
 
 
-@dataclass(frozen=True)
-class Penalties:
-    """OpenAI's penalties and logit bias for one sequence, applied to its logits before a token
-    is picked (OpenAI's "Frequency and presence penalties" guide):
-
-        logits[j] -= c[j] * frequency + (c[j] > 0) * presence + ...; logits[j] += bias[j]
-
-    where c[j] counts token j among the tokens generated so far (not the prompt's)."""
-
-    presence: float = 0.0
-    frequency: float = 0.0
-    bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), each id once
-
-    @property
-    def active(self) -> bool:
-        """Whether they change any logit (all zero: the row is left as it is)."""
-        return self.presence != 0 or self.frequency != 0 or any(b != 0 for _, b in self.bias)
-
-
 def penalize(logits: torch.Tensor, penalties: list[Penalties | None], generated: list[list[int]]) -> torch.Tensor:
     """Row i of logits `(B, V)` with penalties[i] applied over the tokens generated[i]; the same
     tensor when no row has any (no copy on the common path). Float32 rows `(B, V)` otherwise."""
@@ -143,25 +122,6 @@ def penalize(logits: torch.Tensor, penalties: list[Penalties | None], generated:
     return out
 
 
-class TokenMask(Protocol):
-    """A constraint on one sequence's tokens, such as a grammar its text must follow
-    (`attnlab.serve.structured`): before each pick, the tokens that may come next; after it, the
-    token taken. The sampler never sees a forbidden token: its logit is -inf."""
-
-    def allowed(self, vocab: int) -> torch.Tensor:
-        """The tokens that may come next, a bool `(vocab,)` on the CPU (True: allowed)."""
-        ...
-
-    def accept(self, token: int) -> None:
-        """Take the token picked (one that `allowed` allowed)."""
-        ...
-
-    @property
-    def finished(self) -> bool:
-        """Whether nothing but the end may follow: the sequence stops here."""
-        ...
-
-
 def mask_rows(logits: torch.Tensor, masks: list[TokenMask | None]) -> torch.Tensor:
     """logits `(B, V)` with row i's forbidden tokens at -inf where masks[i] is set (the rows
     without a mask are left as they are; a copy when any row has one)."""
@@ -174,16 +134,6 @@ def mask_rows(logits: torch.Tensor, masks: list[TokenMask | None]) -> torch.Tens
     out = logits.clone()
     out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
     return out
-
-
-@dataclass(frozen=True)
-class TokenScore:
-    """A token's log-probability under the model, and the `top` most likely tokens at its
-    position with theirs, most likely first: OpenAI's `logprobs` of one token."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
 
 
 def token_scores(logits: torch.Tensor, tokens: list[int], tops: list[int | None]) -> list[TokenScore | None]:
@@ -324,8 +274,7 @@ class _Step:
             except Exception as e:  # the compiler's failure; an eager error would repeat below
                 warnings.warn(f"compiled decoding failed ({type(e).__name__}); decoding eagerly", stacklevel=3)
                 self.compile = False
-                for layer in cache:  # hand over to the growing path, which counts the filled slots
-                    layer.length = position
+                cache.length = position  # hand over to the growing path, which counts the filled slots
         self._make_fused(cache)
         if self.fused_step is not None:
             return self.fused_step(token, cache, position)

@@ -10,12 +10,18 @@ sequence stays in its row however long it grows. It groups the prompts that join
 the next free rows, records each new token and lets finished sequences leave: the last row's
 sequence then moves into the row set free, and the scheduler asks its `move_row` to copy the
 cache row over.
+
+It talks to the runner in one object each way, as vLLM's scheduler does: `schedule` (a step) and
+`schedule_prefill` (a group that joins) say what the model is to read, a `SchedulerOutput`; the
+runner answers with a `RunnerOutput`, a token (and its score) for each of the output's sequences,
+which `update_from_output` records. Nothing here imports PyTorch (`attnlab.decode.requests` holds
+the plain data a sequence carries).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnlab.decode.sampling import Penalties, Picker, TokenMask, TokenScore
+from attnlab.decode.requests import Penalties, Picker, TokenMask, TokenScore
 
 PAD_SLACK = 8  # pad tokens a prompt may take to share its prefill forward (see `Scheduler.prefill_groups`)
 
@@ -30,6 +36,9 @@ RowMove = Callable[[int, int, int], None]
 
 RowLeaving = Callable[["Sequence"], None]
 """on_leave(seq): seq is about to give up its cache row, which still holds what it wrote."""
+
+RowJoined = Callable[["Sequence"], None]
+"""on_join(seq): seq has just taken its cache row, which holds its prefilled window."""
 
 
 @dataclass(eq=False)
@@ -57,6 +66,37 @@ class Sequence:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What the runner is to compute in one call, and for whom: a token for each of `seqs`, in
+    that order. Either a prefill (`prompts` into rows first_row, first_row + 1, …, with `cached`
+    tokens of a lone prompt already in its row: a cached prefix) or a step (the cached rows 0 …
+    A−1 each read `step_tokens[r]` at `step_positions[r]`; `windows`, sliding, are read in full,
+    with `free_row` the first row no sequence holds)."""
+
+    seqs: list[Sequence]
+    prompts: list[list[int]] = field(default_factory=list)
+    first_row: int = 0
+    cached: int = 0
+    step_tokens: list[int] = field(default_factory=list)
+    step_positions: list[int] = field(default_factory=list)
+    windows: list[list[int]] = field(default_factory=list)
+
+    @property
+    def free_row(self) -> int:
+        """The first row no sequence holds during a step: the rows after the stepping ones."""
+        return len(self.step_tokens)
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """The runner's answer to a `SchedulerOutput`: the token picked for each of its sequences, in
+    order, and its score where the sequence asked for scores (None elsewhere)."""
+
+    tokens: list[int]
+    scores: list[TokenScore | None]
+
+
 class Scheduler:
     """The sequences decoded together over a cache of `max_batch` rows of `block` slots each.
 
@@ -65,11 +105,18 @@ class Scheduler:
     to the sliding windows, after it `stepped` counts the slot each cached row wrote and `record`
     gives each sequence its token, finished ones leaving (`leave`). `move_row` is called whenever
     a sequence changes rows; `on_leave`, where given, just before a sequence gives up its row (the
-    prefix cache keeps what the row wrote).
+    prefix cache keeps what the row wrote) and `on_join` just after one takes its row.
     """
 
     def __init__(
-        self, max_batch: int, block: int, move_row: RowMove, *, rolls: bool = False, on_leave: RowLeaving | None = None
+        self,
+        max_batch: int,
+        block: int,
+        move_row: RowMove,
+        *,
+        rolls: bool = False,
+        on_leave: RowLeaving | None = None,
+        on_join: RowJoined | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -77,6 +124,7 @@ class Scheduler:
         self.block = block
         self.move_row = move_row
         self.on_leave = on_leave
+        self.on_join = on_join
         self.rolls = rolls  # the cache rolls: whole prompts are read and no window slides
         self.cached: list[Sequence] = []  # cached[i] owns row i of the cache
         self.windowed: list[Sequence] = []  # past block_size: recomputed in full at each step
@@ -142,6 +190,38 @@ class Scheduler:
         for i, seq in enumerate(group):
             seq.row, seq.filled = first + i, self.window_length(seq)
         self.cached.extend(group)
+        if self.on_join is not None:
+            for seq in group:
+                self.on_join(seq)
+
+    def schedule_prefill(self, group: list[Sequence], cached: int = 0) -> SchedulerOutput:
+        """A group to prefill (one of `prefill_groups`) into the next free rows: each sequence's
+        window; `cached`: the tokens of a lone sequence's window that its row already holds."""
+        if cached and len(group) != 1:
+            raise ValueError("a cached prefix is prefilled after one sequence at a time")
+        return SchedulerOutput(list(group), [self.window(s) for s in group], self.free_row, cached)
+
+    def schedule(self) -> SchedulerOutput:
+        """The next step: the sequences with no slot left first slide (`slide_full`); then every
+        cached row reads its last token at its next slot, and every sliding window is read whole."""
+        self.slide_full()
+        cached, windowed = list(self.cached), list(self.windowed)
+        tokens, positions = [s.tokens[-1] for s in cached], [s.filled for s in cached]
+        return SchedulerOutput(cached + windowed, step_tokens=tokens, step_positions=positions,
+                               windows=[self.window(s) for s in windowed])  # fmt: skip
+
+    def update_from_output(self, scheduled: SchedulerOutput, output: RunnerOutput) -> None:
+        """Take the runner's answer to `scheduled`: a prefilled group takes its rows, a step's
+        cached rows count the slot they wrote; then each sequence gets its token (its mask, where
+        it has one, takes it too) and those that finish leave (`record`)."""
+        if scheduled.prompts:
+            self.place(scheduled.seqs)
+        else:
+            self.stepped()
+        for seq, token in zip(scheduled.seqs, output.tokens, strict=True):
+            if seq.mask is not None:
+                seq.mask.accept(token)
+        self.record(scheduled.seqs, output.tokens, output.scores)
 
     def slide_full(self) -> None:
         """Move the cached sequences with no slot left for their next token to the sliding windows
@@ -187,4 +267,13 @@ class Scheduler:
             self.windowed.remove(seq)
 
 
-__all__ = ["PAD_SLACK", "PREFILL_MODES", "RowLeaving", "Scheduler", "Sequence"]
+__all__ = [
+    "PAD_SLACK",
+    "PREFILL_MODES",
+    "RowJoined",
+    "RowLeaving",
+    "RunnerOutput",
+    "Scheduler",
+    "SchedulerOutput",
+    "Sequence",
+]

@@ -20,7 +20,7 @@ Saxena 2023; llama.cpp's and vLLM's n-gram drafts): no second model.
 
 The target's KV cache holds every token but the newest ("pending"); one verification reads
 [pending, d1 … dk] and gives k + 1 rows of logits, row j predicting the token after d_j. The keys of
-rejected drafts are then cut off (`KVCache.truncate`). With `fused=True` the verification is one
+rejected drafts are then cut off (`ModelCache.truncate`). With `fused=True` the verification is one
 call of the fused C++ step (`FusedStep.extend`, where it covers the model), whose products read
 each weight once for the k + 1 tokens: a step then costs little more than one plain fused step.
 Past block_size the window slides as in `generate_tokens` (the last block_size tokens recomputed
@@ -39,7 +39,7 @@ from attnlab.accel import for_decoding
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.sampling import Picker, Sampler, _eval_mode, top_k_filter, top_p_filter
 from attnlab.errors import UserError
-from attnlab.nn.attention import KVCache, RollingKVCache
+from attnlab.nn.attention import KVCache, ModelCache, RollingKVCache
 
 if TYPE_CHECKING:
     from attnlab.accel.fused import FusedStep
@@ -186,7 +186,7 @@ class ModelDrafter:
         self.model = model
         self.block = model.config.block_size
         self.device = next(model.parameters()).device
-        self.cache: list[KVCache] = model.new_cache(1, self.block)
+        self.cache: ModelCache = model.new_cache(1, self.block)
         _require_full_caches(self.cache, "the draft model")
         self.fused_step = None
         if fused:
@@ -211,8 +211,7 @@ class ModelDrafter:
         limit = min(len(self.cached), len(window) - 1)  # the last context token is read again for its logits
         while shared < limit and self.cached[shared] == window[shared]:
             shared += 1
-        for layer in self.cache:
-            layer.truncate(shared)
+        self.cache.truncate(shared)
         self.cached = window[:shared]
         return window[shared:]
 
@@ -221,13 +220,13 @@ class ModelDrafter:
         if self.fused_step is None:
             return _forward(self.model, [token], self.device, cache=self.cache, last_only=True)
         ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-        return self.fused_step(ids, self.cache, self.cache[0].length)[0]
+        return self.fused_step(ids, self.cache, self.cache.length)[0]
 
     def draft(self, context: list[int], k: int, pick: Picker) -> Draft:
         k = min(k, self.block - 1)
         fresh = self._resume(context, k)  # the tokens kept since the last draft, a prompt, or a new window
         if self.fused_step is not None:
-            logits = self.fused_step.extend(torch.tensor(fresh), self.cache[0].length, last_only=True)  # (1, V)
+            logits = self.fused_step.extend(torch.tensor(fresh), self.cache.length, last_only=True)  # (1, V)
         else:
             logits = _forward(self.model, fresh, self.device, cache=self.cache, last_only=True)
         tokens, probs = [], []
@@ -315,13 +314,13 @@ class _Target:
     fused C++ step, that step (bound to the cache)."""
 
     model: nn.Module
-    cache: list[KVCache]
+    cache: ModelCache
     device: torch.device
     fused_step: "FusedStep | None" = None
 
     @property
     def filled(self) -> int:
-        return self.cache[0].length
+        return self.cache.length
 
     def read(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits `(T, V)` after each of tokens (`(1, V)` after the last with `last_only`), their
@@ -335,8 +334,7 @@ class _Target:
         if self.fused_step is not None:
             self.fused_step.truncate(length)
         else:
-            for layer in self.cache:
-                layer.truncate(length)
+            self.cache.truncate(length)
 
 
 def _target(model: nn.Module, device: torch.device, fused: bool, weights: str) -> _Target:

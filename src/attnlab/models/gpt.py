@@ -26,6 +26,7 @@ from attnlab.nn import (
     BlockOptions,
     EmbeddingOptions,
     KVCache,
+    ModelCache,
     RollingKVCache,
     StepSignal,
     TransformerBlock,
@@ -41,7 +42,7 @@ from attnlab.nn import (
     tie_embeddings,
 )
 from attnlab.nn.conv_attention import CONVOLUTIONS, ConvCache
-from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell
+from attnlab.nn.evolved import EvolvedDecoderCell
 from attnlab.nn.funnel import FunnelOptions
 
 
@@ -209,25 +210,27 @@ class GPT(nn.Module):
             n -= sum(p.numel() for p in self.positions.parameters())
         return n
 
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache] | list[EvolvedCache]:
-        """One preallocated KV cache per block, for incremental decoding up to `max_len` positions;
-        with window attention a ring of attention_window slots (`RollingKVCache`), whatever the length;
-        an evolved cell's own (`EvolvedCache`: its two attentions' and three convolutions')."""
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> ModelCache:
+        """One preallocated KV cache per block, for incremental decoding up to `max_len` positions,
+        and the model's one count of positions written (`ModelCache`); with window attention a ring
+        of attention_window slots a block (`RollingKVCache`), whatever the length; an evolved
+        cell's own (`EvolvedCache`: its two attentions' and three convolutions'); a convolution's
+        last inputs (`ConvCache`)."""
         c = self.config
         max_len = c.block_size if max_len is None else min(max_len, c.block_size)
         p = next(self.blocks.parameters())  # the model's device and dtype, whatever its head
         if c.block == "evolved":
-            return [b.new_cache(batch_size, max_len, device=p.device, dtype=p.dtype) for b in self.blocks]
+            return ModelCache(b.new_cache(batch_size, max_len, device=p.device, dtype=p.dtype) for b in self.blocks)
         if c.attention in CONVOLUTIONS:  # a convolution reads its last conv_kernel inputs alone
             kind = (c.conv_kernel, c.d_model)
-            return [ConvCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers)]
+            return ModelCache(ConvCache(batch_size, *kind, device=p.device, dtype=p.dtype) for _ in range(c.n_layers))
         layers = c.layer_attention or (c.attention,) * c.n_layers
-        return [
+        return ModelCache(
             RollingKVCache(batch_size, c.kv_heads, c.attention_window, c.head_dim, device=p.device, dtype=p.dtype)
             if pattern == "window"
             else KVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=p.device, dtype=p.dtype)
             for pattern in layers
-        ]
+        )
 
     def _positions(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The positions `(T,)` of idx `(B, T)`'s tokens: from `start` on, or `positions` when given
@@ -258,11 +261,12 @@ class GPT(nn.Module):
         self,
         x: torch.Tensor,
         pos: torch.Tensor,
-        cache: list[KVCache] | None = None,
-        positions: torch.Tensor | None = None,
+        cache: ModelCache | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x `(B, T, C)` through the blocks (the Universal Transformer's signal before each step);
+        """x `(B, T, C)` through the blocks (the Universal Transformer's signal before each step),
+        each writing to its cache at `positions` (an int: the first of the new tokens'; or a tensor);
         returns the output and, when asked for, each block's attention weights."""
         weights = []
         for i, block in enumerate(self.blocks):
@@ -278,7 +282,7 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
         *,
-        cache: list[KVCache] | None = None,
+        cache: ModelCache | None = None,
         positions: torch.Tensor | None = None,
         last_only: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -288,19 +292,25 @@ class GPT(nn.Module):
         they are their own log-softmax, so every loss and decoder reads them as logits); with
         `targets` `(B, T)` (long, -1 = ignore) it returns
         `(logits, loss)`, the mean cross-entropy (plus, in training, the experts' auxiliary
-        losses). With `cache`, idx holds only the new tokens and positions continue after those
-        cached; with `cache` and `positions` `(T,)` long, the new tokens sit at those positions
-        and attend to the whole preallocated cache (the static-shape decoding step, see
-        `KVCache.update`). `last_only` computes logits for the last position
-        alone, `(B, 1, V)`, which is all a decoding step needs.
+        losses). With `cache` (`new_cache`), idx holds only the new tokens and positions continue
+        after those cached, from `cache.length`, which the forward then advances by T (the model's
+        one count, handed to every layer); with `cache` and `positions` `(T,)` long, the new tokens
+        sit at those positions and attend to the whole preallocated cache (the static-shape
+        decoding step, see `KVCache.update`), and `cache.length` is left alone. `last_only`
+        computes logits for the last position alone, `(B, 1, V)`, which is all a decoding step
+        needs.
         """
         if last_only and targets is not None:
             raise ValueError("last_only computes one position's logits; the loss needs all of them")
         if positions is not None and cache is None:
             raise ValueError("positions place new tokens in a KV cache; pass cache too")
-        pos = self._positions(idx, cache[0].length if cache is not None else 0, positions)  # (T,)
+        start = cache.length if cache is not None else 0
+        pos = self._positions(idx, start, positions)  # (T,)
         x = self._embed(idx, pos)  # (B, T, C)
-        x, _ = self._stack(x, pos, cache, positions)
+        growing = cache is not None and positions is None
+        x, _ = self._stack(x, pos, cache, start if growing else positions)
+        if growing:
+            cache.length = start + idx.size(1)  # once a forward, after every layer has written
         x = self.final_norm(x)
         if last_only:
             x = x[:, -1:, :]

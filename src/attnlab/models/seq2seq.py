@@ -32,6 +32,7 @@ from attnlab.nn import (
     BlockOptions,
     DecoderBlock,
     KVCache,
+    ModelCache,
     TransformerBlock,
     build_any_norm,
     build_positions,
@@ -40,7 +41,7 @@ from attnlab.nn import (
     padding_mask_from_ids,
 )
 from attnlab.nn.conv_attention import CONVOLUTIONS
-from attnlab.nn.evolved import EvolvedCache, EvolvedDecoderCell, EvolvedEncoderCell
+from attnlab.nn.evolved import EvolvedDecoderCell, EvolvedEncoderCell
 from attnlab.nn.funnel import FunnelOptions, pool_pairs, upsample
 from attnlab.nn.transparent import TransparentMix
 
@@ -153,14 +154,13 @@ class TransformerDecoderState:
 
     memory_kv: list[tuple]  # per layer (k, v); an evolved cell's a pair of them
     src_mask: torch.Tensor  # (B, 1, 1, S)
-    caches: list[KVCache] | list[EvolvedCache]
+    caches: ModelCache  # of KVCache or EvolvedCache, one a decoder layer, and the positions written
 
     def select(self, index: torch.Tensor, *, same_source: bool = False) -> None:
         if not same_source:  # the encoder side is the same for every row of one source sentence
             self.memory_kv = [_select_rows(kv, index) for kv in self.memory_kv]
             self.src_mask = self.src_mask.index_select(0, index)
-        for cache in self.caches:
-            cache.select_rows(index)
+        self.caches.select_rows(index)
 
 
 def _select_rows(kv: tuple | torch.Tensor, index: torch.Tensor) -> tuple | torch.Tensor:
@@ -311,16 +311,18 @@ class Seq2SeqTransformer(nn.Module):
         memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
         src_mask: torch.Tensor,
         *,
-        caches: list[KVCache] | None = None,
+        caches: ModelCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        start = caches[0].length if caches is not None else 0
+        start = caches.length if caches is not None else 0  # the decoder's one count of positions
         x = self._embed(tgt_in, self.tgt_embedding, start)
         weights = []
         for i, block in enumerate(self.decoder):
-            cache = caches[i] if caches is not None else None
-            x, w = block(x, memory_kv[i], memory_mask=src_mask, cache=cache, need_weights=need_weights)
+            cache, at = (None, None) if caches is None else (caches[i], start)
+            x, w = block(x, memory_kv[i], memory_mask=src_mask, cache=cache, positions=at, need_weights=need_weights)
             weights.append(w)
+        if caches is not None:
+            caches.length = start + tgt_in.size(1)  # once a step, after every layer has written
         return self.decoder_norm(x), weights
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -336,9 +338,9 @@ class Seq2SeqTransformer(nn.Module):
         length = min(max_len, c.max_len)
         if c.block == "evolved":  # its attentions' keys and values and its convolutions' last inputs
             kind = dict(device=memory.device, dtype=memory.dtype)
-            caches = [block.new_cache(src.size(0), length, **kind) for block in self.decoder]
+            caches = ModelCache(block.new_cache(src.size(0), length, **kind) for block in self.decoder)
             return TransformerDecoderState(self._memory_kv(memories), src_mask, caches)
-        caches = [
+        caches = ModelCache(
             KVCache(
                 src.size(0),
                 c.n_kv_heads or c.n_heads,
@@ -348,7 +350,7 @@ class Seq2SeqTransformer(nn.Module):
                 dtype=memory.dtype,
             )
             for _ in range(c.n_decoder_layers)
-        ]
+        )
         return TransformerDecoderState(self._memory_kv(memories), src_mask, caches)
 
     def step(self, tokens: torch.Tensor, state: TransformerDecoderState) -> torch.Tensor:

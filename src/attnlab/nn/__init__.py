@@ -1,6 +1,13 @@
 """Building blocks shared by every model: attention, masks, positions, feed-forward, blocks, graph operations."""
 
-from attnlab.nn.attention import KVCache, MultiHeadAttention, RollingKVCache, scaled_dot_product_attention
+from attnlab.nn.attention import (
+    CachedKeys,
+    KVCache,
+    ModelCache,
+    MultiHeadAttention,
+    RollingKVCache,
+    scaled_dot_product_attention,
+)
 from attnlab.nn.blocks import BLOCK_ORDERS, NORM_ORDERS, DecoderBlock, TransformerBlock
 from attnlab.nn.embeddings import (
     INPUT_EMBEDDINGS,
@@ -109,7 +116,9 @@ __all__ = [
     "rope_rotate",
     "DecoderBlock",
     "FeedForward",
+    "CachedKeys",
     "KVCache",
+    "ModelCache",
     "RollingKVCache",
     "LearnedPositions",
     "MultiHeadAttention",

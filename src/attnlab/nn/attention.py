@@ -8,6 +8,9 @@ References:
 - gpt-fast: an explicit, preallocated KV cache object for incremental decoding.
 """
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +19,6 @@ from attnlab.nn.formula import attention_weights
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.norms import build_norm
 from attnlab.nn.sparse import window_rule
-from attnlab.nn.synthesizer import Synthesizer
 from attnlab.nn.variants import AttentionSpec
 
 
@@ -59,16 +61,34 @@ def _formula_trains_faster(q: torch.Tensor, t_k: int) -> bool:
     )
 
 
+class CachedKeys(NamedTuple):
+    """What a layer's cache gives attention after a write (`KVCache.update`), the same for every
+    cache, one new token or many: the keys and values the new queries attend to, `(B, H, Tk, D)`,
+    their positions and which of them each query sees."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor | None
+    """The keys' positions `(Tk,)` long, or `(B, Tk)` where rows differ (negative: a slot the row
+    has not reached); None where key i sits at position i."""
+    mask: torch.Tensor | None
+    """bool `(Tq, Tk)` or `(B, 1, Tq, Tk)`, `True` = may attend; None where each query sees every
+    key up to its own position (the look-ahead rule, which the caller's `causal` applies)."""
+
+
 class KVCache:
     """Preallocated keys and values of one attention layer, for incremental decoding (gpt-fast's
     `KVCache`).
 
     The buffers `k` and `v` are `(B, H, max_len, D)` (H: the layer's key/value heads); the fused
-    C++ steps (`attnlab.accel.fused`) read and write them in this layout. `length` counts the
-    slots filled by the growing path (`update` with an int). Writing goes through `update` alone;
-    `select_rows` reorders the rows (beam search) and `view_rows` shares a range of them
-    (continuous batching).
+    C++ steps (`attnlab.accel.fused`) read and write them in this layout. A layer's cache counts
+    nothing: it writes where it is told (`update`), and the model's `ModelCache` holds the one
+    count of positions written. `select_rows` reorders the rows (beam search) and `view_rows`
+    shares a range of them (continuous batching).
     """
+
+    window: int | None = None
+    """The ring's width (`RollingKVCache`); None: every position has a slot of its own."""
 
     def __init__(
         self,
@@ -83,84 +103,72 @@ class KVCache:
         shape = (batch_size, n_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
         self._spare: tuple[torch.Tensor, torch.Tensor] | None = None  # for `select_rows`, made on first use
 
     @property
     def max_len(self) -> int:
         return self.k.size(2)
 
-    def update(
-        self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v `(B, H, T, D)` at `positions` in place; return the keys and values to attend to.
+    def update(self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CachedKeys:
+        """Write k, v `(B, H, T, D)` at `positions` in place; return what the new queries attend
+        to (`CachedKeys`).
 
         positions:
-        - an int p: the slots p … p+T−1 of every row (eager decoding, which grows the cache;
-          appending is `update(cache.length, k, v)`). `length` becomes p + T, and the return is the
-          slots filled, `(B, H, p + T, D)`: attending to them alone costs less than a mask over the
-          whole buffer, and shapes that change every step cost nothing eagerly.
+        - an int p: the slots p … p+T−1 of every row (eager decoding, which grows the cache: p is
+          the model's `ModelCache.length`). The return is the slots 0 … p+T−1 under the look-ahead
+          rule: attending to them alone costs less than a mask over the whole buffer, and shapes
+          that change every step cost nothing eagerly.
         - a long tensor `(T,)`, the same for every row, or `(B, T)`, each row its own (continuous
           batching, where the sequences of a batch started at different times): the static-shape
-          path. The return is the whole buffers `(B, H, max_len, D)`; slots not written hold zeros
-          or an earlier sequence's leftovers, which the caller masks out. Every decoding step sees
-          the same shapes and the positions are a tensor rather than a Python int, so a compiled
-          step is compiled once and the loop never waits on the device. `length` is left alone:
-          the caller knows the positions.
+          path. The return is the whole buffers `(B, H, max_len, D)`, each query seeing the slots
+          up to its own position (slots not written hold zeros or an earlier sequence's leftovers).
+          Every decoding step sees the same shapes and the positions are a tensor rather than a
+          Python int, so a compiled step is compiled once and the loop never waits on the device.
         """
         if isinstance(positions, int):
-            return self._write_slots(positions, k, v)
+            end = positions + k.size(2)
+            if end > self.max_len:
+                raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
+            self.k[:, :, positions:end] = k
+            self.v[:, :, positions:end] = v
+            return CachedKeys(self.k[:, :, :end], self.v[:, :, :end], None, None)
         if positions.dim() == 2:
             index = positions[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))  # (B, H, T, D)
             self.k.scatter_(2, index, k.to(self.k.dtype))
             self.v.scatter_(2, index, v.to(self.v.dtype))
-            return self.k, self.v
-        self.k.index_copy_(2, positions, k.to(self.k.dtype))
-        self.v.index_copy_(2, positions, v.to(self.v.dtype))
-        return self.k, self.v
+        else:
+            self.k.index_copy_(2, positions, k.to(self.k.dtype))
+            self.v.index_copy_(2, positions, v.to(self.v.dtype))
+        visible = torch.arange(self.max_len, device=k.device) <= positions[..., None]  # (Tq, S) or (B, Tq, S)
+        return CachedKeys(self.k, self.v, None, visible[:, None] if visible.dim() == 3 else visible)
 
-    def _write_slots(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`update` at the slots start … start+T−1, as slices (no index tensor to make)."""
-        end = start + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.max_len}")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def serves(self, pattern: object) -> None:
+        """Raise ValueError where this cache cannot hold the keys of attention with `pattern`
+        (every pattern reads a cache that keeps every key)."""
 
     def view_rows(self, rows: slice, length: int | None = None) -> "KVCache":
         """A cache over `rows` and the first `length` slots (default all) of this one's buffers,
         `(len(rows), H, length, D)`, sharing their memory: what `update` writes through it lands
-        here. Its `length` starts at 0. Continuous batching prefills some rows and runs each step
-        over the rows in use and the slots filled so far, without copying."""
+        here. Continuous batching prefills some rows and runs each step over the rows in use and
+        the slots filled so far, without copying."""
         length = self.max_len if length is None else length
         part = KVCache.__new__(KVCache)
-        part.k, part.v = self.k[rows, :, :length], self.v[rows, :, :length]
-        part.length, part._spare = 0, None
+        part.k, part.v, part._spare = self.k[rows, :, :length], self.v[rows, :, :length], None
         return part
 
-    def reset(self) -> None:
-        """Start again from an empty cache (the buffers are overwritten as they fill)."""
-        self.length = 0
-
     def truncate(self, length: int) -> None:
-        """Forget every slot from `length` on (speculative decoding drops the keys of rejected
-        draft tokens): the growing path attends to the first `length` slots and writes after them.
-        The buffers are left as they are; the slots past `length` are overwritten as they refill."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"can truncate to 0 … {self.length} filled slots, got {length}")
-        self.length = length
+        """Check that the slots from `length` on can be forgotten (`ModelCache.truncate`):
+        a cache that keeps every key writes over them as they refill."""
 
-    def select_rows(self, index: torch.Tensor) -> None:
+    def select_rows(self, index: torch.Tensor, filled: int = 0) -> None:
         """Keep and reorder the rows: row i becomes old row index[i], index `(B',)` long (beam
         search follows its hypotheses). The buffers become `(B', H, max_len, D)`.
 
-        With a count of filled slots (`length`, the growing path) only those are moved: beam
-        search reorders at every step, and copying the whole preallocated buffer each time would
-        make a step cost O(max_len) instead of O(length). Without a count (the static path) the
-        whole buffers are moved."""
-        n = self.length or self.max_len
+        With a count of filled slots (`filled`, the model's `ModelCache.length` on the growing
+        path) only those are moved: beam search reorders at every step, and copying the whole
+        preallocated buffer each time would make a step cost O(max_len) instead of O(filled).
+        Without a count (0: the static path) the whole buffers are moved."""
+        n = min(filled, self.max_len) or self.max_len
         # Select into other buffers rather than select and copy back (the faster for beam
         # search's many rows, docs/history.md). Their slots past n are never read: the growing
         # path attends to the filled ones, and without a count n is the whole buffer.
@@ -186,10 +194,9 @@ class RollingKVCache(KVCache):
     A query at position p sees the keys p − w + 1 … p (`attnlab.nn.sparse.window_rule`), exactly
     those the ring holds once p is written, so the logits are those of a cache that keeps every
     key, masked to the window. The slots do not store their positions: slot s holds
-    q − ((q − s) mod w), q the newest position written (`visible`); a negative one is a slot this
-    sequence has not reached (zeros, or an earlier sequence's leftovers in continuous batching).
-    `length` counts every position written, past the window too; `max_len` is the slots held
-    (the window, or fewer in a view).
+    q − ((q − s) mod w), q the newest position written; a negative one is a slot this sequence
+    has not reached (zeros, or an earlier sequence's leftovers in continuous batching), which
+    `update`'s mask hides. `max_len` is the slots held (the window, or fewer in a view).
     """
 
     def __init__(
@@ -209,28 +216,29 @@ class RollingKVCache(KVCache):
         """Not for a ring: the slots that newer positions overwrote cannot be brought back."""
         raise ValueError("a rolling KV cache cannot be truncated: its ring has overwritten older keys")
 
-    def update(
-        self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def serves(self, pattern: object) -> None:
+        if getattr(pattern, "window", None) != self.window:
+            raise ValueError(f"a rolling cache of {self.window} slots serves window attention that wide alone")
+
+    def update(self, positions: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CachedKeys:
         """Write k, v `(B, H, T, D)` at `positions` (as `KVCache.update`: an int p for p … p+T−1,
         or a long tensor `(T,)` or `(B, T)`, consecutive in each row); return the keys and values
-        to attend to, whose positions and mask `visible` gives.
+        the new queries attend to, with their positions and the window's mask (`CachedKeys`).
 
         One new position (a decoding step) is written first and the ring returned: the slot it
         takes held the position w before it, which no window reaches any more. Several (a prompt)
         would overwrite keys that the earlier of them still see, so they get the ring as it was
         followed by the new keys, `(B, H, slots + T, D)`, and only the last w are written."""
         t = k.size(2)
-        if isinstance(positions, int):
-            self.length = positions + t
         n = self._slots_read(positions, t)
+        k_pos, sees = self._visible(positions, t, n)
         if t == 1:
             self._write(positions, k, v)
-            return self.k[:, :, :n], self.v[:, :, :n]
+            return CachedKeys(self.k[:, :, :n], self.v[:, :, :n], k_pos, sees)
         keys = torch.cat([self.k[:, :, :n], k.to(self.k.dtype)], dim=2)  # a copy: the ring may now change
         values = torch.cat([self.v[:, :, :n], v.to(self.v.dtype)], dim=2)
         self._write(positions, k, v)
-        return keys, values
+        return CachedKeys(keys, values, k_pos, sees)
 
     def _slots_read(self, positions: int | torch.Tensor, t: int) -> int:
         """How many slots `update` returns: all of them for tensor positions (static shapes); on
@@ -259,13 +267,12 @@ class RollingKVCache(KVCache):
             self.k.index_copy_(2, slots, k)
             self.v.index_copy_(2, slots, v)
 
-    def visible(self, positions: int | torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The positions of the keys `update(positions, k, v)` returns for t new keys, `(Tk,)` long
-        or `(B, Tk)` for per-row positions (negative: not reached), and which of them each query
-        sees: bool `(Tq, Tk)` or `(B, 1, Tq, Tk)`, the causal window (`window_rule`); None where it
-        sees them all (one new position on the growing path, which returns the filled slots)."""
+    def _visible(self, positions: int | torch.Tensor, t: int, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The positions of the keys `update` returns for t new keys after n slots, `(Tk,)` long
+        or `(B, Tk)` for per-row positions, and which of them each query sees: bool `(Tq, Tk)` or
+        `(B, 1, Tq, Tk)`, the causal window (`window_rule`); None where it sees them all (one new
+        position on the growing path, which returns the filled slots)."""
         device = self.k.device
-        n = self._slots_read(positions, t)
         queries = torch.arange(positions, positions + t, device=device) if isinstance(positions, int) else positions
         newest = queries[..., :1] - (0 if t == 1 else 1)  # the newest position the returned slots hold
         slots = torch.arange(n, device=device)
@@ -283,8 +290,46 @@ class RollingKVCache(KVCache):
         length = self.max_len if length is None else min(length, self.max_len)
         part = RollingKVCache.__new__(RollingKVCache)
         part.k, part.v = self.k[rows, :, :length], self.v[rows, :, :length]
-        part.length, part._spare, part.window = 0, None, self.window
+        part._spare, part.window = None, self.window
         return part
+
+
+class ModelCache(list):
+    """A model's decoding cache: one cache per layer (`cache[i]` is layer i's: a `KVCache`, a
+    `RollingKVCache`, a convolution's or an evolved cell's) and one count of the positions written,
+    `length` (nanochat's engine keeps one `pos` for the model in the same way). The model reads
+    `length` as the new tokens' first position, hands it to every layer, and advances it once a
+    forward on the growing path; the layers count nothing. The static path (positions given as a
+    tensor) leaves it alone: the caller knows the positions."""
+
+    def __init__(self, layers: Iterable = (), length: int = 0) -> None:
+        super().__init__(layers)
+        self.length = length
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (speculative decoding drops the keys of rejected
+        draft tokens): the growing path attends to the first `length` slots and writes after them.
+        The buffers are left as they are; the slots past `length` are overwritten as they refill.
+        ValueError where a layer cannot (a ring)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"can truncate to 0 … {self.length} filled slots, got {length}")
+        for layer in self:
+            layer.truncate(length)
+        self.length = length
+
+    def reset(self) -> None:
+        """Start again from an empty sequence (the buffers are overwritten as they fill)."""
+        self.length = 0
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep and reorder every layer's rows: row i becomes old row index[i] (beam search)."""
+        for layer in self:
+            layer.select_rows(index, self.length)
+
+    def view_rows(self, rows: slice, length: int | None = None) -> "ModelCache":
+        """Every layer's `view_rows(rows, length)`, sharing the buffers, with a count of its own
+        (0: set it where the views continue a sequence)."""
+        return ModelCache(layer.view_rows(rows, length) for layer in self)
 
 
 class MultiHeadAttention(nn.Module):
@@ -402,7 +447,7 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from x `(B, Tq, C)` to itself, or to `memory` `(B, Tk, C)` (cross-attention), in
@@ -413,53 +458,52 @@ class MultiHeadAttention(nn.Module):
         mask: bool, broadcastable to `(B, H, Tq, Tk)`, `True` = may attend.
         causal: add the look-ahead mask (self-attention); with a cache the queries are the newest
             positions of the cached sequence.
-        cache: keys and values of earlier positions; the new ones are written after them
-            (`KVCache.update` at `cache.length`). A `RollingKVCache` (window attention) holds the
-            last window positions alone and masks to the window itself.
-        positions: with `cache`, the positions `(Tq,)` long of the queries in the cached sequence:
-            keys and values are written there (`KVCache.update`) and each query attends to the whole
-            preallocated cache up to its own position (static shapes; `causal` is then implied).
-            `(B, Tq)`: each row at its own positions (continuous batching); position schemes that
-            act on the scores (ALiBi, relative) and sparse patterns take `(Tq,)` only.
+        cache: keys and values of earlier positions; the new ones are written at `positions`
+            (`KVCache.update`), and the queries attend to what it returns (`CachedKeys`: a
+            `RollingKVCache`, for window attention, holds the last window positions alone and
+            masks to the window itself).
+        positions: with `cache`, where the queries sit in the cached sequence: an int p, the model's
+            count (`ModelCache.length`), for p … p+Tq−1 (the growing path); or a long tensor `(Tq,)`,
+            each query then attending to the whole preallocated cache up to its own position (static
+            shapes; `causal` is then implied). `(B, Tq)`: each row at its own positions (continuous
+            batching); position schemes that act on the scores (ALiBi, relative) and sparse patterns
+            take `(Tq,)` only.
         Returns `(out (B, Tq, C), weights (B, H, Tq, Tk) or None)`; weights only when asked for.
         """
         q, k, v = self.project(x, memory, memory_kv)
-        q_pos = None  # the queries' positions, where a scheme or pattern inside attention needs them
-        if memory is None and memory_kv is None and (self.positions is not None or self.pattern is not None):
-            q, k, q_pos = self._place(q, k, cache, positions)
-        # Only the caller's mask can leave a query with no key: the visibility and look-ahead
-        # masks added below always keep each query's own position.
-        may_empty_rows = mask is not None
+        q, k, q_pos = self._place(q, k, cache, positions, self_attention=memory is None and memory_kv is None)
+        may_empty_rows = mask is not None  # the caller's mask alone can hide all of a query's keys
         k_pos = None  # the keys' positions, where they are not 0 … Tk − 1 (a rolling cache's ring)
         if cache is not None:
             k, v, mask, causal, k_pos = self._update_cache(cache, k, v, positions, mask, causal)
         k, v = self._share(k), self._share(v)
         if self.pattern is not None and q_pos is not None and k_pos is None:
-            # The whole sequence: the pattern's blocked computation (which scales scores by 1/√D).
-            if cache is None and not need_weights and self.scale is None:
-                padding = _key_padding(mask, q.size(0), k.size(2))
-                dropout_p = self.dropout if self.training else 0.0
-                y = self.pattern(q, k, v, causal=causal, key_padding=padding, terms=self.positions, dropout_p=dropout_p)
-                return self.out_proj(self._merge_heads(y)), None
-            # A few queries against a cache, or the weights asked for: the pattern as a mask.
-            sees = self.pattern.key_mask(q_pos, k.size(2), causal=causal or cache is not None)  # (Tq, Tk)
-            mask = sees if mask is None else mask & sees
-            if isinstance(self.pattern, Synthesizer):  # its logits are its own, not q kᵀ alone
-                dropout_p = self.dropout if self.training else 0.0
-                y, weights = self.pattern.attend_at(q, k, v, q_pos, mask, self.positions, dropout_p)
-                return self.out_proj(self._merge_heads(y)), (weights if need_weights else None)
-        y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights, k_pos)
+            flags = (causal, cache is not None, may_empty_rows, need_weights)
+            y, weights = self._attend_pattern(q, k, v, q_pos, mask, *flags)
+        else:
+            y, weights = self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights, k_pos)
         return self.out_proj(self._merge_heads(y)), weights
 
     def _place(
-        self, q: torch.Tensor, k: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cache: KVCache | None,
+        positions: int | torch.Tensor | None,
+        *,
+        self_attention: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The queries' positions in their sequence, and q and k rotated by them (rotary positions).
-        Returns the positions the score terms and patterns still need: None once per-row positions
-        `(B, Tq)` have rotated q and k, which is all they may do."""
-        q_pos = self._query_positions(q.size(2), cache, positions, q.device)
+        """The queries' positions in their sequence, and q and k rotated by them (rotary positions),
+        where a scheme or pattern inside attention needs them (self-attention's alone). Returns the
+        positions the score terms and patterns still need: None once per-row positions `(B, Tq)`
+        have rotated q and k, which is all they may do."""
+        if cache is not None and positions is None:
+            raise ValueError("a cache takes the new tokens' positions: the model's count (an int) or a tensor")
+        if not self_attention or (self.positions is None and self.pattern is None):
+            return q, k, None
+        q_pos = self._query_positions(q.size(2), positions, q.device)
         if q_pos.dim() == 2:
-            self._check_row_positions(rolling=isinstance(cache, RollingKVCache))
+            self._check_row_positions(rolling=cache is not None and cache.window is not None)
         if self.positions is not None:  # rotary: the keys enter the cache rotated
             # Per-row positions (B, T) rotate as (B, 1, T): every head of a row alike.
             q, k = self.positions.rotate(q, k, q_pos if q_pos.dim() == 1 else q_pos[:, None])
@@ -471,30 +515,48 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache,
         k: torch.Tensor,
         v: torch.Tensor,
-        positions: torch.Tensor | None,
+        positions: int | torch.Tensor,
         mask: torch.Tensor | None,
         causal: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool, torch.Tensor | None]:
-        """Write the new keys and values to the cache (`KVCache.update`: after what it holds, or at
-        `positions`); return every key and value to attend to, the mask and causal flag that
-        attending then takes, and the keys' positions where they are not their slots (a ring).
-        With `positions` (the static path) the keys are the whole buffer, and a visibility mask
-        (the past and itself) replaces the look-ahead rule; a rolling cache's window mask does."""
-        where = cache.length if positions is None else positions
-        if isinstance(cache, RollingKVCache):
-            if getattr(self.pattern, "window", None) != cache.window:
-                raise ValueError(f"a rolling cache of {cache.window} slots serves window attention that wide alone")
-            k_pos, sees = cache.visible(where, k.size(2))
-            k, v = cache.update(where, k, v)
-            return k, v, (mask if sees is None else sees if mask is None else mask & sees), False, k_pos
-        k, v = cache.update(where, k, v)
-        if positions is None:
-            return k, v, mask, causal, None
-        slots = torch.arange(cache.max_len, device=k.device)
-        visible = slots <= positions[..., None]  # (Tq, max_len) or (B, Tq, max_len)
-        if visible.dim() == 3:
-            visible = visible[:, None]  # (B, 1, Tq, max_len): every head alike
-        return k, v, (visible if mask is None else mask & visible), False, None
+        """Write the new keys and values to the cache at `positions` (`KVCache.update`); return
+        every key and value to attend to, the mask and causal flag that attending then takes, and
+        the keys' positions where they are not their slots (a ring). Where the cache masks (the
+        static path's visibility, a ring's window), its mask replaces the look-ahead rule."""
+        cache.serves(self.pattern)
+        seen = cache.update(positions, k, v)
+        if seen.mask is None:
+            return seen.k, seen.v, mask, causal, seen.positions
+        return seen.k, seen.v, (seen.mask if mask is None else mask & seen.mask), False, seen.positions
+
+    def _attend_pattern(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        cached: bool,
+        may_empty_rows: bool,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention through the pattern, `(y (B, H, Tq, D), weights or None)`: its blocked
+        computation over the whole sequence (which scales scores by 1/√D); for a few queries
+        against a cache, or where the weights are asked for, its keys as a mask, over the
+        pattern's own logits where it has them (`AttentionPattern.attend_at`: the synthesizers')
+        or the dot product's (`attend`)."""
+        dropout_p = self.dropout if self.training else 0.0
+        if not cached and not need_weights and self.scale is None:
+            padding = _key_padding(mask, q.size(0), k.size(2))
+            y = self.pattern(q, k, v, causal=causal, key_padding=padding, terms=self.positions, dropout_p=dropout_p)
+            return y, None
+        sees = self.pattern.key_mask(q_pos, k.size(2), causal=causal or cached)  # (Tq, Tk)
+        mask = sees if mask is None else mask & sees
+        own = self.pattern.attend_at(q, k, v, q_pos, mask, self.positions, dropout_p)
+        if own is None:
+            return self.attend(q, k, v, q_pos, mask, causal, may_empty_rows, need_weights)
+        return own[0], (own[1] if need_weights else None)
 
     def attend(
         self,
@@ -566,14 +628,12 @@ class MultiHeadAttention(nn.Module):
         return y.transpose(1, 2).contiguous().view(b, t, self.q_dim)  # (B, Tq, H·D): concat(head_1..head_h)
 
     @staticmethod
-    def _query_positions(
-        t_q: int, cache: KVCache | None, positions: torch.Tensor | None, device: torch.device
-    ) -> torch.Tensor:
+    def _query_positions(t_q: int, positions: int | torch.Tensor | None, device: torch.device) -> torch.Tensor:
         """The queries' positions `(Tq,)` long in their sequence: given (the static decoding
-        step), after what the cache holds, or from 0."""
-        if positions is not None:
+        step), from the int given (the growing path), or from 0."""
+        if isinstance(positions, torch.Tensor):
             return positions
-        start = cache.length if cache is not None else 0
+        start = positions or 0
         return torch.arange(start, start + t_q, device=device)
 
 

@@ -76,7 +76,7 @@ class TransformerBlock(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
         keys: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -152,22 +152,25 @@ class DecoderBlock(nn.Module):
         *,
         memory_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x `(B, T, C)`; memory_kv: the encoder output projected by `cross_attn.project_memory`;
-        memory_mask: bool `(B, 1, 1, S)`, True on real source tokens. Returns x `(B, T, C)` and,
-        when asked for, the cross-attention weights `(B, H, T, S)`."""
+        memory_mask: bool `(B, 1, 1, S)`, True on real source tokens; `cache` and `positions` as in
+        `MultiHeadAttention.forward`. Returns x `(B, T, C)` and, when asked for, the cross-attention
+        weights `(B, H, T, S)`."""
+        mine = dict(causal=True, cache=cache, positions=positions)  # the self-attention's
 
         def cross(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.cross_attn(h, memory_kv=memory_kv, mask=memory_mask, need_weights=need_weights)
 
         if self.pre_norm:
-            x = x + self.gate1(self.dropout(self.self_attn(self.norm1(x), causal=True, cache=cache)[0]))
+            x = x + self.gate1(self.dropout(self.self_attn(self.norm1(x), **mine)[0]))
             a, weights = cross(self.norm2(x))
             x = x + self.gate2(self.dropout(a))
             x = x + self.gate3(self.ffn(self.norm3(x)))
         else:
-            x = self.norm1(x + self.gate1(self.dropout(self.self_attn(x, causal=True, cache=cache)[0])))
+            x = self.norm1(x + self.gate1(self.dropout(self.self_attn(x, **mine)[0])))
             a, weights = cross(x)
             x = self.norm2(x + self.gate2(self.dropout(a)))
             x = self.norm3(x + self.gate3(self.ffn(x)))

@@ -37,8 +37,8 @@ CONVOLUTIONS = ("lightweight-conv", "dynamic-conv")
 class ConvCache:
     """The last k − 1 inputs `(B, k − 1, C)` of one causal convolution layer, for incremental
     decoding. `update(positions, x)` takes the new inputs `(B, T, C)` (consecutive positions, from
-    `length` on) and returns the inputs the convolution reads, `(B, k − 1 + T, C)`; `length`
-    counts the positions written, as `KVCache.length` does."""
+    the model's count on: `ModelCache.length`) and returns the inputs the convolution reads,
+    `(B, k − 1 + T, C)`. It counts nothing, as no layer's cache does."""
 
     def __init__(
         self,
@@ -50,7 +50,6 @@ class ConvCache:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         self.state = torch.zeros(batch_size, kernel - 1, d_model, device=device, dtype=dtype)
-        self.length = 0
 
     def update(self, positions: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Append x `(B, T, C)` at `positions` (an int p, or a long tensor `(T,)` of consecutive
@@ -59,20 +58,19 @@ class ConvCache:
         if isinstance(positions, int):
             if positions == 0:
                 self.state.zero_()
-            self.length = positions + x.size(1)
         elif positions.dim() != 1:
             raise ValueError("a ConvCache decodes rows in step: positions (T,), not one row each (B, T)")
         window = torch.cat([self.state, x.to(self.state.dtype)], dim=1)  # (B, K − 1 + T, C)
         self.state.copy_(window[:, window.size(1) - self.state.size(1) :])
         return window
 
-    def reset(self) -> None:
-        """Start again from an empty sequence."""
-        self.state.zero_()
-        self.length = 0
+    def truncate(self, length: int) -> None:
+        """Not for a register: the inputs it shifted out cannot be brought back (`ModelCache.truncate`)."""
+        raise ValueError("a convolution's cache cannot be truncated: it keeps its last inputs alone")
 
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep and reorder the rows: row i becomes old row index[i] (beam search)."""
+    def select_rows(self, index: torch.Tensor, filled: int = 0) -> None:
+        """Keep and reorder the rows: row i becomes old row index[i] (beam search); `filled` is
+        `KVCache.select_rows`' (a register moves whole)."""
         self.state = self.state.index_select(0, index)
 
 
@@ -134,13 +132,13 @@ class LightweightConv(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: ConvCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, None]:
         """x `(B, T, C)` -> `((B, T, C), None)`. mask: key padding, bool `(B, 1, 1, T)`, True on
         real tokens (an encoder's padding is zeroed before the convolution, so it adds nothing);
         cache: the last K − 1 inputs of a causal layer, the new ones appended (`ConvCache.update`
-        at `positions`, or at `cache.length`). `need_weights` has no answer here: None."""
+        at `positions`: the model's count, an int, or a tensor). `need_weights` has no answer here: None."""
         u = F.glu(self.in_proj(x), dim=-1)  # (B, T, C)
         if mask is not None:
             if mask.dim() != 4 or mask.size(1) != 1 or mask.size(2) != 1:
@@ -152,7 +150,9 @@ class LightweightConv(nn.Module):
         else:
             if not causal and positions is None:
                 raise ValueError("a ConvCache serves causal convolutions (a decoder) only")
-            window = cache.update(cache.length if positions is None else positions, u)  # (B, K − 1 + T, C)
+            if positions is None:
+                raise ValueError("a ConvCache takes the new inputs' positions: the model's count (an int) or a tensor")
+            window = cache.update(positions, u)  # (B, K − 1 + T, C)
             y = light_conv_window(window, w)
         return self.out_proj(y.to(x.dtype)), None
 

@@ -105,7 +105,7 @@ class TimeConv(nn.Module):
         self, x: torch.Tensor, cache: ConvCache | None = None, positions: int | torch.Tensor | None = None
     ) -> torch.Tensor:
         """x `(B, T, C_in)`; `cache` (causal only): the last K − 1 inputs, the new ones appended at
-        `positions` (or at `cache.length`)."""
+        `positions` (the model's count, an int, or a tensor)."""
         k = self.kernel
         if cache is None:
             left = k - 1 if self.causal else k // 2
@@ -113,7 +113,9 @@ class TimeConv(nn.Module):
         else:
             if not self.causal:
                 raise ValueError("a ConvCache serves causal convolutions (a decoder) only")
-            padded = cache.update(cache.length if positions is None else positions, x).to(x.dtype)
+            if positions is None:
+                raise ValueError("a ConvCache takes the new inputs' positions: the model's count (an int) or a tensor")
+            padded = cache.update(positions, x).to(x.dtype)
         h = padded.transpose(1, 2)  # (B, C_in, T + K − 1)
         if hasattr(self, "conv"):
             return self.conv(h).transpose(1, 2)
@@ -235,31 +237,23 @@ class EvolvedEncoderCell(_Cell):
 @dataclass
 class EvolvedCache:
     """One decoder cell's decoding state: the KV caches of its 2H-head and H-head self-attentions
-    and the last K − 1 inputs of its three causal convolutions. `length` counts the positions
-    written, as `KVCache.length` does; `select_rows` and `reset` act on all of them."""
+    and the last K − 1 inputs of its three causal convolutions. It counts nothing (the model's
+    `ModelCache` does); `select_rows` and `truncate` act on all of them."""
 
     wide: KVCache
     attn: KVCache
     convs: list[ConvCache]
 
-    @property
-    def length(self) -> int:
-        return self.attn.length
-
-    @length.setter
-    def length(self, value: int) -> None:
+    def truncate(self, length: int) -> None:
+        """`ModelCache.truncate`: refused, as its convolutions' registers refuse it."""
         for part in (self.wide, self.attn, *self.convs):
-            part.length = value
+            part.truncate(length)
 
-    def reset(self) -> None:
-        """Start again from an empty sequence."""
+    def select_rows(self, index: torch.Tensor, filled: int = 0) -> None:
+        """Keep and reorder the rows: row i becomes old row index[i] (beam search); `filled`:
+        `KVCache.select_rows`'."""
         for part in (self.wide, self.attn, *self.convs):
-            part.reset()
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep and reorder the rows: row i becomes old row index[i] (beam search)."""
-        for part in (self.wide, self.attn, *self.convs):
-            part.select_rows(index)
+            part.select_rows(index, filled)
 
 
 class EvolvedDecoderCell(_Cell):
@@ -325,7 +319,9 @@ class EvolvedDecoderCell(_Cell):
         """The encoder output `(B, S, C)` projected once for each cross-attention (sub-blocks 1 and 4)."""
         return self.first_cross_attn.project_memory(memory), self.cross_attn.project_memory(memory)
 
-    def branches(self, h: torch.Tensor, cache: EvolvedCache | None, positions: torch.Tensor | None) -> torch.Tensor:
+    def branches(
+        self, h: torch.Tensor, cache: EvolvedCache | None, positions: int | torch.Tensor | None
+    ) -> torch.Tensor:
         """Sub-block 2's causal branches on h `(B, T, C)`, each convolution reading its cache when given."""
         c = [None] * 3 if cache is None else cache.convs
         left = self.dropout(F.relu(self.sep11(h, c[0], positions)))  # (B, T, 2C)
@@ -341,7 +337,7 @@ class EvolvedDecoderCell(_Cell):
         memory_mask: torch.Tensor | None = None,
         causal: bool = True,
         cache: EvolvedCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: int | torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x `(B, T, C)` -> `(B, T, C)` and, when asked for, the weights of sub-block 4's

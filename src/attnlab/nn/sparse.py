@@ -128,6 +128,23 @@ class AttentionPattern(nn.Module):
         """bool `(Tq, t_k)`: which keys at positions 0..t_k-1 the queries at positions q_pos `(Tq,)` see."""
         raise NotImplementedError
 
+    def attend_at(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        terms: PositionTerms | None = None,
+        dropout_p: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Attention of queries at q_pos `(Tq,)` over the keys `mask` allows (its `key_mask`, as a
+        mask: a few queries against a KV cache, or the weights asked for), where the pattern's
+        logits are its own: `(y (B, H, Tq, D), weights (B, H, Tq, Tk))`. None where they are the dot
+        product's, which the attention layer computes itself (every pattern here but the
+        synthesizers)."""
+        return None
+
     def forward(
         self,
         q: torch.Tensor,

@@ -222,9 +222,9 @@ class ModelWorker:
         return {
             "active": len(self._running),
             "queued": len(self._waiting),
-            "max_batch": self.batcher.max_batch,
+            "max_batch": self.batcher.scheduler.max_batch,
             "generated_tokens": self.generated_tokens,
-            "batched": self.batcher.max_batch > 1,
+            "batched": self.batcher.scheduler.max_batch > 1,
             "prefix_cache_bytes": self.batcher.prefix.nbytes if self.batcher.prefix is not None else 0,
         }
 
@@ -237,7 +237,7 @@ class ModelWorker:
                 if self._closed:
                     break
                 joining = []
-                while self._waiting and len(self._running) + len(joining) < self.batcher.max_batch:
+                while self._waiting and len(self._running) + len(joining) < self.batcher.scheduler.max_batch:
                     joining.append(self._waiting.popleft())
             try:
                 self._step(joining)
@@ -277,7 +277,7 @@ class ModelWorker:
         return Sequence(
             list(stream.prompt_ids),
             s.max_tokens,
-            s.picker(self.batcher.device),
+            s.picker(self.batcher.runner.device),
             self.tokenizer.eos_id,
             penalties=s.penalties,
             logprobs=s.logprobs,

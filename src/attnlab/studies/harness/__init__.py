@@ -250,10 +250,10 @@ class AttnlabLM(TemplateLM):
         seqs = [Sequence(prompt, max_new, pick, self.eot_token_id) for prompt in prompts]
         waiting: Iterator[Sequence] = iter(seqs)
         while True:
-            joining = [seq for _, seq in zip(range(batcher.max_batch - len(batcher)), waiting, strict=False)]
+            joining = [seq for _, seq in zip(range(batcher.scheduler.max_batch - len(batcher)), waiting, strict=False)]
             if joining:
                 batcher.join_all(joining)
-            for seq in [*batcher.cached, *batcher.windowed]:
+            for seq in [*batcher.scheduler.cached, *batcher.scheduler.windowed]:
                 if any(stop in self.tok_decode(seq.tokens) for stop in stops):
                     batcher.leave(seq)
             if not len(batcher) and not joining:
