@@ -1,13 +1,18 @@
 """nanoGPT's field names (n_layer, n_head, n_embd, n_kv_head), attnlab's own until the rename, are
 taken by `GPTConfig(...)` from Python as TOML files and `--set` take them: the same config, with a
-DeprecationWarning that names today's field (issue 59)."""
+DeprecationWarning that names today's field (issue 59); so are the block parts' n_kv_head (and the
+table's other old names of their fields) by the other configs the rename changed, `BertConfig`
+and `Seq2SeqConfig`."""
 
+import dataclasses
 import warnings
 
 import pytest
 
 from attnlab.models import GPTConfig
-from attnlab.names import OLD_FIELDS
+from attnlab.models.bert import BertConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.names import OLD_FIELDS, with_model_fields
 from helpers import run_config
 
 
@@ -52,3 +57,33 @@ def test_the_old_names_values_are_still_checked():
         pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"),
     ):
         GPTConfig(n_embd=30, n_head=4)
+
+
+# -- the other configs renamed with the GPT's: BERT's and the encoder-decoder's block parts (n_kv_head) --
+# Each takes the table's old names of the fields it has, as TOML and --set read them for any model.
+TODAYS = {"n_layers": 2, "n_heads": 4, "d_model": 32, "n_kv_heads": 2}
+
+
+@pytest.mark.parametrize("cls", [BertConfig, Seq2SeqConfig])
+def test_the_renamed_configs_take_their_old_names_and_warn(cls, recwarn):
+    fields = {f.name for f in dataclasses.fields(cls)}
+    renamed = {old: new for old, new in OLD_FIELDS.items() if new in fields}
+    assert "n_kv_head" in renamed  # the block parts' field, renamed for this config too
+    old = cls(**{o: TODAYS[n] for o, n in renamed.items()})
+    assert old == cls(**{n: TODAYS[n] for n in renamed.values()})
+    messages = [str(w.message) for w in recwarn.list if w.category is DeprecationWarning]
+    assert messages == [f"{cls.__name__}({o}=...) is deprecated: the field is {n} now" for o, n in renamed.items()]
+    assert all(w.filename == __file__ for w in recwarn.list)
+    # As TOML reads them (`attnlab.names.with_model_fields`): the same config.
+    assert cls(**with_model_fields({"model": {o: TODAYS[n] for o, n in renamed.items()}})["model"]) == old
+
+
+@pytest.mark.parametrize("cls", [BertConfig, Seq2SeqConfig])
+def test_the_renamed_configs_refuse_both_names_and_check_the_values(cls):
+    with pytest.raises(TypeError, match="n_kv_head is the old name of n_kv_heads"):
+        cls(n_kv_head=2, n_kv_heads=2)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"n_kv_heads \(3\) must divide"):
+        cls(n_kv_head=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls(n_heads=4, d_model=32, n_kv_heads=2)  # today's names: no warning

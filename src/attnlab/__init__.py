@@ -12,16 +12,13 @@ spec = Speculation(ModelDrafter(draft.model), k=4)   # or Speculation(PromptLook
 text = complete(run.model, run.tokenizer, "ROMEO:", 200, greedy_picker(), speculation=spec)
 print(spec.stats.summary())   # accepted tokens per step
 
-A chat model's reply, its calculator calls answered while it generates (`attnlab chat --tools`):
-from attnlab.cli.chat import chat_template
-from attnlab.decode.tool_use import TOOLS, ToolResult, reply_with_tools
-from attnlab.train.load import load_any
-chat = load_any("runs/chat-sft", command="chat")     # a chat run, a chat model's folder or GGUF file
-messages = [{"role": "user", "content": "What is 347 * 12?"}]
-for item in reply_with_tools(chat.model, chat.tokenizer, chat_template("runs/chat-sft", chat), messages,
-                             200, greedy_picker(), tools=TOOLS):
-    print(item.summary() if isinstance(item, ToolResult) else item)   # 347 * 12 = 4164, then the text
-# messages now holds the call, the tool's answer and the final answer (OpenAI's chat shape)
+A conversation with a chat model, its calculator calls answered while it generates (`attnlab chat`):
+chat = attnlab.Chat("runs/chat-sft", system="Be brief.")   # a chat run, a chat model's folder or GGUF file
+print(chat.say("What is 347 * 12?"))       # 347 * 12 = 4164. (the calculator answered the call)
+for piece in chat.stream("And 12 * 12?"):  # the reply as it comes; a ToolResult for each call
+    print(piece, end="")
+chat.messages     # the history, the call and the tool's answer included (OpenAI's chat shape)
+chat.reset()      # forget it
 """
 
 from importlib import import_module
@@ -53,11 +50,13 @@ SUBPACKAGES = ("data", "decode", "eval", "models", "nn", "tasks", "train", "viz"
 def __getattr__(name: str):
     if name in SUBPACKAGES:
         return import_module(f"attnlab.{name}")
+    if name == "Chat":  # attnlab.chat imports no PyTorch either; a Chat does, when it is made
+        return import_module("attnlab.chat").Chat
     raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *SUBPACKAGES})
+    return sorted({*globals(), *SUBPACKAGES, "Chat"})
 
 
-__all__ = ["CheckpointError", "ConfigError", "ExportError", "UserError", "__version__", "load"]
+__all__ = ["Chat", "CheckpointError", "ConfigError", "ExportError", "UserError", "__version__", "load"]

@@ -170,7 +170,12 @@ def _save_weights(model: nn.Module, path: Path, frozen: Collection[str]) -> None
         save_model(model, str(path), metadata={"format": "attnlab"})
         return
     # Copies: save_file refuses tensors that share memory, and these few are small.
-    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in frozen}
+    # A tied weight (a GPT's embedding and head) once, under its first name, as save_model keeps one.
+    tensors, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if k not in frozen and not (v.numel() and v.data_ptr() in seen):
+            tensors[k] = v.detach().clone().contiguous()
+            seen.add(v.data_ptr())
     save_file(tensors, str(path), metadata={"format": "attnlab", "holds": "trainable"})
 
 

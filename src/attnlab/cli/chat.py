@@ -71,59 +71,33 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from attnlab.decode import sampling_picker
-    from attnlab.decode.tool_use import tools_named
+    from attnlab.chat import Chat
     from attnlab.device import resolve_device
     from attnlab.train.load import load_any
 
     device = resolve_device(args.device)
     loaded = load_any(args.run_dir, command="chat", device=device)
-    template = chat_template(Path(args.run_dir), loaded)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
-    tools = tools_named(args.tools)
-    session = ChatSession(loaded.model, loaded.tokenizer, template, pick, args.max_new_tokens, args.system, tools)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    options = dict(system=args.system, tools=args.tools, max_new_tokens=args.max_new_tokens, **sampling)
+    chat = Chat(loaded, template=chat_template(Path(args.run_dir), loaded), **options)
     sys.stdout.write(f"{HELP}.\n")
-    session.loop()
+    ChatSession(chat).loop()
     return 0
 
 
 def chat_template(path: str | Path, loaded):
-    """The model's `ChatTemplate`: the one its checkpoint carries (a chat run's, a GGUF file's),
-    else its folder's; a `UserError` naming the fix where it has none. `loaded`: `load_any`'s."""
-    from attnlab.serve.chat_template import read_chat_template
-    from attnlab.serve.registry import carried_chat_template
+    """The model's `ChatTemplate` (`attnlab.tasks.chat.loaded_chat_template`). `loaded`: `load_any`'s."""
+    from attnlab.tasks.chat import loaded_chat_template
 
-    path = Path(path)
-    if loaded.chat_template is not None:
-        return carried_chat_template(loaded.chat_template, loaded.tokenizer)
-    template = read_chat_template(path, loaded.tokenizer.decode) if path.is_dir() and loaded.run is None else None
-    if template is None:
-        raise UserError(
-            f"{path} has no chat template; fine-tune it on conversations first: "
-            f"attnlab train chat-sft --init-from {path} --set data.path=CONVERSATIONS.jsonl"
-        )
-    return template
+    return loaded_chat_template(path, loaded)
 
 
 class ChatSession:
-    """One conversation: the history (OpenAI's chat messages), and a reply streamed to stdout for
-    each user line, the calls of `tools` (name -> `attnlab.decode.tool_use.Tool`) answered."""
+    """One conversation in the terminal: an `attnlab.Chat` (the history, OpenAI's chat messages,
+    and the tools it may call), a reply streamed to stdout for each user line."""
 
-    def __init__(
-        self, model, tokenizer, template, pick, max_new_tokens: int, system: str | None, tools: dict | None = None
-    ) -> None:
-        self.model, self.tokenizer, self.template, self.pick = model, tokenizer, template, pick
-        self.max_new_tokens, self.system = max_new_tokens, system
-        self.tools = tools or {}  # the tools the model may call, by name (`attnlab.decode.tool_use.TOOLS`)
-        self.context = getattr(model.config, "block_size", None)
-        self.messages: list[dict[str, str]] = []
-        self.reset()
-
-    def reset(self) -> None:
-        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+    def __init__(self, chat) -> None:
+        self.chat = chat
 
     def loop(self) -> None:
         """Read lines until Ctrl-D or /bye; Ctrl-C at the prompt says how to leave."""
@@ -144,7 +118,7 @@ class ChatSession:
         if line in ("/bye", "/exit"):
             return False
         if line == "/reset":
-            self.reset()
+            self.chat.reset()
             sys.stdout.write("(the conversation is forgotten)\n")
         elif line.startswith("/save"):
             self.save(line[len("/save") :].strip())
@@ -159,27 +133,21 @@ class ChatSession:
             sys.stdout.write("/save needs a file name: /save FILE.jsonl\n")
             return
         try:
-            Path(name).write_text(json.dumps({"messages": self.messages}, ensure_ascii=False) + "\n", encoding="utf-8")
+            Path(name).write_text(
+                json.dumps({"messages": self.chat.messages}, ensure_ascii=False) + "\n", encoding="utf-8"
+            )
         except OSError as e:
             sys.stdout.write(f"cannot write {name}: {e.strerror}\n")
             return
-        sys.stdout.write(f"(saved {len(self.messages)} messages to {name})\n")
+        sys.stdout.write(f"(saved {len(self.chat.messages)} messages to {name})\n")
 
     def reply(self, text: str) -> None:
-        """Stream the model's answer to `text`, its tools' calls answered (`self.tools`); Ctrl-C
-        stops it, keeping what was said."""
-        from attnlab.decode.tool_use import ToolResult, definitions, for_template, reply_with_tools
+        """Stream the model's answer to `text`, its tools' calls answered; Ctrl-C stops it, keeping
+        what was said."""
+        from attnlab.chat import ConversationTooLong
+        from attnlab.decode.tool_use import ToolResult
 
-        self.messages.append({"role": "user", "content": text})
-        ids = self.template.encode(self.tokenizer, for_template(self.messages), tools=definitions(self.tools))
-        if self.context is not None and len(ids) >= self.context:
-            self.messages.pop()
-            sys.stdout.write(f"(the conversation is {len(ids)} tokens, past the context of {self.context}; /reset)\n")
-            return
-        options = dict(tools=self.tools, context=self.context)
-        items = reply_with_tools(
-            self.model, self.tokenizer, self.template, self.messages, self.max_new_tokens, self.pick, **options
-        )
+        items = self.chat.stream(text)
         at_start = True  # of a line
         try:
             for item in items:
@@ -190,6 +158,9 @@ class ChatSession:
                 sys.stdout.write(item)
                 sys.stdout.flush()
                 at_start = item.endswith("\n")
+        except ConversationTooLong as e:
+            sys.stdout.write(f"(the conversation is {e.tokens} tokens, past the context of {e.context}; /reset)\n")
+            return
         except KeyboardInterrupt:
             items.close()  # the reply so far joins the history
             sys.stdout.write(" (stopped)")

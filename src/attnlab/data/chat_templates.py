@@ -3,8 +3,10 @@ the sandbox `transformers`' `apply_chat_template` uses, with the spans of `{% ge
 (the assistant's text, where a template marks it) found as `transformers` finds them.
 
 Training on conversations (`attnlab.tasks.chat`) renders with the template a model will be served
-with, so the rendering lives here, under the tasks; `attnlab.serve.chat_template` is the serving
-side (a template's end-of-turn tokens, token ids for a request).
+with, so the rendering lives here, under the tasks, with the template object every face uses
+(`ChatTemplate`: its end-of-turn tokens, token ids for a conversation), read from a folder
+(`read_chat_template`) or from the template a checkpoint carries (`carried_chat_template`).
+`attnlab.serve.chat_template` re-exports it for the server.
 
 References: transformers' chat templating guide ("Templates for chat models", "Training with chat
 templates": `return_assistant_tokens_mask` and `{% generation %}`); Jinja's sandbox documentation.
@@ -13,7 +15,8 @@ templates": `return_assistant_tokens_mask` and `{% generation %}`); Jinja's sand
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from attnlab.errors import CheckpointError
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG = "generation_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """The named special tokens transformers passes to every template (SPECIAL_TOKENS_ATTRIBUTES)."""
 
@@ -204,3 +208,82 @@ def _config_template(value: Any, path: Path) -> str | None:
 def _token_text(value: Any) -> str:
     """A special token as tokenizer_config.json writes it: "<s>", or {"content": "<s>", ...}."""
     return value["content"] if isinstance(value, dict) and "content" in value else str(value)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template and the special tokens it may name.
+
+    source: the Jinja text. special_tokens: `bos_token` etc. as text, those the folder names.
+    end_of_turn: the texts of the tokens that end a reply (generation_config.json's and
+    tokenizer_config.json's eos tokens): a reply stops at the first.
+    """
+
+    source: str
+    special_tokens: Mapping[str, str] = field(default_factory=dict)
+    end_of_turn: tuple[str, ...] = ()
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The conversation as the model reads it. `tools`: the functions the model may call, as
+        OpenAI's request writes them (`{"type": "function", "function": {...}}`), which is what
+        transformers passes a template; None: no tools. Raises `TemplateRenderError` when the
+        template refuses the messages or fails on them (a missing key, a type it did not expect)."""
+        return render(
+            self.source, messages, self.special_tokens, add_generation_prompt=add_generation_prompt, tools=tools
+        )
+
+    def encode(
+        self,
+        tokenizer,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """The token ids of the rendered conversation: `tokenizer` (a `BPETokenizer`) reads the
+        template's special tokens as such but adds none of its own (Llama's "<s>": the template
+        writes `bos_token` where it wants one), as `apply_chat_template` tokenizes."""
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def read_chat_template(folder: str | Path, decode: Callable[[list[int]], str]) -> ChatTemplate | None:
+    """The chat template of a Hugging Face folder, or None when it has none. `decode`: the folder's
+    tokenizer's (ids -> text), for the texts of the end-of-turn ids. Raises `CheckpointError` for a
+    file that is not JSON, a template that is not Jinja, or several named templates none of which
+    is "default"."""
+    folder = Path(folder)
+    found = read_template(folder)
+    if found is None:
+        return None
+    source, special = found
+    return ChatTemplate(source, special, end_of_turn=_end_of_turn(folder, special, decode))
+
+
+def _end_of_turn(folder: Path, special: Mapping[str, str], decode: Callable[[list[int]], str]) -> tuple[str, ...]:
+    """The texts that end a reply: tokenizer_config.json's eos token and the tokens of
+    generation_config.json's `eos_token_id` (Llama 3 ends a turn with <|eot_id|>, not its eos)."""
+    texts = [special["eos_token"]] if special.get("eos_token") else []
+    ids = read_json(folder / GENERATION_CONFIG).get("eos_token_id")
+    texts += [decode([i]) for i in (ids if isinstance(ids, list) else [ids]) if type(i) is int and i >= 0]
+    return tuple(dict.fromkeys(t for t in texts if t.strip()))
+
+
+def carried_chat_template(source: str, tokenizer) -> ChatTemplate:
+    """A `ChatTemplate` of a template carried in the checkpoint (a chat run's, a GGUF file's), with
+    the tokenizer's (a `BPETokenizer`'s) beginning and end tokens as the special tokens it may name;
+    a reply ends at the end token. A `CheckpointError` for a template that is not Jinja."""
+    ids = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
+    special = {k: tokenizer.tokenizer.id_to_token(i) for k, i in ids.items() if i is not None}
+    try:
+        compile_template(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise CheckpointError(f"the chat template the checkpoint carries is not a Jinja template: {e}") from None
+    end = (special["eos_token"],) if special.get("eos_token") else ()
+    return ChatTemplate(source, special, end_of_turn=end)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.config import old_field_names
+from attnlab.names import OLD_FIELDS
 from attnlab.nn import (
     FIXUP,
     INPUT_POSITIONS,
@@ -52,6 +54,7 @@ encoder/decoder input embeddings), the decoder's input and output (tied decoder 
 embeddings), Narang et al. 2021's rows."""
 
 
+@old_field_names(OLD_FIELDS)  # the block parts' n_kv_head until the rename (and n_head, n_embd, as TOML reads them)
 @dataclass(frozen=True)
 class Seq2SeqConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """Shape and behaviour of an encoder–decoder Transformer. Validated on construction. The

@@ -131,7 +131,7 @@ class HFCausalLM:
 def hf_causal_lm(path: Path, loaded: Any) -> HFCausalLM:
     """A loaded causal LM (`attnlab.tasks.sources.Loaded`) with its chat template: the one the
     checkpoint carries (a GGUF file's), else the one in the folder's files, else none."""
-    from attnlab.serve.chat_template import read_chat_template
+    from attnlab.serve.chat_template import carried_chat_template, read_chat_template
 
     model, tokenizer = loaded.model, loaded.tokenizer
     if loaded.chat_template is not None:
@@ -142,25 +142,6 @@ def hf_causal_lm(path: Path, loaded: Any) -> HFCausalLM:
     return HFCausalLM(
         path, config, tokenizer, model, model.config.block_size, chat, stored_weights=loaded.stored_weights
     )
-
-
-def carried_chat_template(source: str, tokenizer: Any):
-    """A `ChatTemplate` of a template carried in the checkpoint, with the tokenizer's beginning and
-    end tokens as the special tokens it may name; a reply ends at the end token. A `CheckpointError`
-    for a template that is not Jinja."""
-    import jinja2
-
-    from attnlab.errors import CheckpointError
-    from attnlab.serve.chat_template import ChatTemplate, compile_template
-
-    ids = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
-    special = {k: tokenizer.tokenizer.id_to_token(i) for k, i in ids.items() if i is not None}
-    try:
-        compile_template(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise CheckpointError(f"the chat template the checkpoint carries is not a Jinja template: {e}") from None
-    end = (special["eos_token"],) if special.get("eos_token") else ()
-    return ChatTemplate(source, special, end_of_turn=end)
 
 
 @dataclass

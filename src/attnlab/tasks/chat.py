@@ -27,7 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.checkpoints import TOKENIZER
-from attnlab.data.chat_templates import TEMPLATE_FILE, TOKENIZER_CONFIG, read_template
+from attnlab.data.chat_templates import (
+    TEMPLATE_FILE,
+    TOKENIZER_CONFIG,
+    ChatTemplate,
+    carried_chat_template,
+    read_chat_template,
+    read_template,
+)
 from attnlab.data.conversations import (
     ATTNLAB_END_OF_TURN,
     ATTNLAB_TEMPLATE,
@@ -43,7 +50,7 @@ from attnlab.errors import UserError
 from attnlab.eval import perplexity
 from attnlab.fileio import atomic_write_text
 from attnlab.models import GPT, GPTConfig
-from attnlab.tasks.lm import Source, cropped_state, fine_tune_config, load_source, write_source_record
+from attnlab.tasks.language_model import Source, cropped_state, fine_tune_config, load_source, write_source_record
 
 TOO_LONG = ("skip", "refuse")
 IGNORE = -1  # the GPT's ignore_index: a target that is not trained
@@ -346,6 +353,22 @@ def saved_chat_template(run_dir: Path) -> str | None:
     """The template a chat run saved (its chat_template.jinja), or None for a run without one."""
     path = Path(run_dir) / TEMPLATE_FILE
     return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def loaded_chat_template(path: str | Path, loaded) -> ChatTemplate:
+    """The `ChatTemplate` of a model loaded from `path` (`attnlab.tasks.sources.Loaded`): the one
+    its checkpoint carries (a chat run's, a GGUF file's), else its Hugging Face folder's; a
+    `UserError` naming the fix where it has none (a base run, a folder without a template)."""
+    path = Path(path)
+    if loaded.chat_template is not None:
+        return carried_chat_template(loaded.chat_template, loaded.tokenizer)
+    template = read_chat_template(path, loaded.tokenizer.decode) if path.is_dir() and loaded.run is None else None
+    if template is None:
+        raise UserError(
+            f"{path} has no chat template; fine-tune it on conversations first: "
+            f"attnlab train chat-sft --init-from {path} --set data.path=CONVERSATIONS.jsonl"
+        )
+    return template
 
 
 def grown_state(state: dict[str, torch.Tensor], config: GPTConfig, added: int) -> dict[str, torch.Tensor]:

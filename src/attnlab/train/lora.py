@@ -5,7 +5,8 @@ new task head (a classifier's or a tagger's) fully trainable; the trainer calls 
 the optimizer, which then holds the adapters and the head alone.
 
 The base is the run's `data.init_from` (a Hugging Face folder or an attnlab run): a checkpoint of
-a LoRA run holds only what trains (adapters, head) and, in its manifest, the base's path and
+a LoRA run holds only what trains (adapters, head; the token tables of a chat run that added tokens
+to its base's vocabulary, `new_token_tables`) and, in its manifest, the base's path and
 `attnlab.checkpoints.weights_sha256`. A run resumed, or loaded for use, reads the base again from
 that path and refuses one whose hash has changed. A LoRA run with no `init_from` (a model built from
 its config) has no base elsewhere: its checkpoints hold the whole model.
@@ -23,10 +24,13 @@ from attnlab.errors import CheckpointError, ConfigError, UserError
 from attnlab.models.bert import Bert, ClassifierHead
 from attnlab.nn.lora import add_lora, lora_layers
 from attnlab.nn.positions import LearnedPositions
+from attnlab.tasks.chat import grown_state
 from attnlab.train.config import LoRAConfig, RunConfig
 
 LORA_TASKS = ("language-model", "chat", "text-classification", "token-classification")
 """The tasks `train.lora` applies to."""
+TOKEN_TABLES = ("token_embedding.weight", "lm_head.weight", "lm_head.bias")
+"""A GPT's rows by token id: what grows where a chat run adds tokens to its base's vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,26 @@ def load_base(model: nn.Module, path: str) -> frozenset[str]:
         source, absent = base.model.state_dict(), set(base.missing)
         missing = model.load_encoder(source)
         return frozenset(name for name in source if name in model.state_dict()) - set(missing) - absent
-    model.load_state_dict(cropped(base.model.state_dict(), model))
-    return frozenset(model.state_dict())
+    state = cropped(base.model.state_dict(), model)
+    added = getattr(model.config, "vocab_size", 0) - getattr(base.model.config, "vocab_size", 0)
+    if added > 0:  # the chat task's tokens, as the task grew them (`attnlab.tasks.chat.grown_state`)
+        state = grown_state(state, model.config, added)
+    model.load_state_dict(state)
+    return frozenset(model.state_dict()) - (new_token_tables(model) if added > 0 else frozenset())
+
+
+def new_token_tables(model: nn.Module) -> frozenset[str]:
+    """The state-dict names of a causal LM's token tables (embedding, head), which train in full
+    where the run added tokens to its base's vocabulary: a new token's row starts as the mean row,
+    so frozen, the chat task's <|im_start|> and <|im_end|> would stay one and the same token (what
+    PEFT's `modules_to_save` does for an embedding whose tokens were added)."""
+    return frozenset(TOKEN_TABLES) & frozenset(model.state_dict())
+
+
+def train_new_token_tables(model: nn.Module, provided: frozenset[str]) -> None:
+    """Unfreeze the token tables the base did not provide (`load_base`): the run trains and saves them."""
+    for name in new_token_tables(model) - provided:
+        model.get_parameter(name).requires_grad_(True)
 
 
 def cropped(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -150,6 +172,7 @@ def set_up_lora(model: nn.Module, config: RunConfig, run_dir: Path, *, resume: b
     base = check_base(run_dir, recorded, path, doing="resume")
     provided = load_base(model, path)
     wrapped = apply_lora(model, lora)
+    train_new_token_tables(model, provided)
     return LoRASetup(wrapped, provided - trainable_names(model), base)
 
 
@@ -162,6 +185,8 @@ def prepare_for_use(model: nn.Module, config: RunConfig, run_dir: Path) -> froze
         check_base(run_dir, latest_checkpoint(run_dir).manifest.get("base"), path, doing="load")
         provided = load_base(model, path)
     apply_lora(model, config.train.lora)
+    if path:
+        train_new_token_tables(model, provided)
     return provided - trainable_names(model)
 
 
