@@ -1,6 +1,6 @@
 """PyTorch's fused attention kernel against the formula's three products, on this CPU.
 
-Why bf16 training takes the formula at <= 128 keys (attnlab.nn.attention.FORMULA_MAX_KEYS):
+Why bf16 training takes the formula at <= 128 keys (attnlab.accel.rules.FORMULA_MAX_KEYS):
 forward and backward, and forward alone, of softmax(q kᵀ / √D) v at the same number of tokens
 (B·T = 4096, 4 heads of 64, as the wikitext2-mlm encoder's blocks) for T from 64 to 1024, bf16 and
 fp32, bidirectional and causal. "fused" is `F.scaled_dot_product_attention` (the flash kernel on

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import attnlab.accel.plan as plan
 import attnlab.accel.projection as projection
-import attnlab.decode.sampling as sampling
 import attnlab.nn.attention as attention
 from attnlab.decode import greedy
 from attnlab.models import GPT, GPTConfig
@@ -101,11 +101,11 @@ def check_attention(shape: str, rounds: int) -> dict:
 def check_wrapper(shape: str, batch: int, rounds: int) -> dict:
     model = gpt(shape)
     prompt = torch.randint(0, 65, (batch, 8), generator=torch.Generator().manual_seed(1))
-    default = dict(sampling.CPU_COMPILE_OPTIONS)
+    default = dict(plan.CPU_COMPILE_OPTIONS)
 
     def variant(cpp: bool) -> Callable[[], Callable[[], None]]:
         def setup() -> Callable[[], None]:
-            sampling.CPU_COMPILE_OPTIONS = {**default, "cpp_wrapper": cpp}
+            plan.CPU_COMPILE_OPTIONS = {**default, "cpp_wrapper": cpp}
             torch.compiler.reset()
             greedy(model, prompt, 20, compile=True)
             return lambda: greedy(model, prompt, NEW_TOKENS, compile=True)
@@ -115,7 +115,7 @@ def check_wrapper(shape: str, batch: int, rounds: int) -> dict:
     try:
         return alternate({"C++ wrapper": variant(True), "Python wrapper": variant(False)}, batch * NEW_TOKENS, rounds)
     finally:
-        sampling.CPU_COMPILE_OPTIONS = default
+        plan.CPU_COMPILE_OPTIONS = default
 
 
 def check_operators(shape: str, batch: int, rounds: int) -> dict:

@@ -7,7 +7,7 @@ runs of BENCHMARKS.md do. The variants alternate within every repeat:
 - "bf16, fused attention, PyTorch's loss": the step as the preset ran it until 2026-11-24 (bf16
   autocast, no dropout, PyTorch's fused attention kernel, PyTorch's loss of the logits' fp32 copy);
 - "bf16, PyTorch's loss": the same with the attention formula that bf16 training on a CPU now
-  takes at <= 128 keys (attnlab.nn.attention.FORMULA_MAX_KEYS);
+  takes at <= 128 keys (attnlab.accel.rules.FORMULA_MAX_KEYS);
 - "bf16, attnlab's kernels": the preset's step now (train.fused_kernels: the loss through attnlab's
   cross-entropy kernel over the bf16 logits, and ClippingAdamW);
 - "fp32" (PyTorch's loss), "fp32, attnlab's kernels" and, with --dropout, "bf16, dropout 0.1"
@@ -42,11 +42,11 @@ import torch
 from run_info import run_info
 
 import attnlab.nn.attention
-from attnlab.accel import for_training, kernels, reference_cross_entropy
+from attnlab.accel import for_training, kernels, reference_cross_entropy, rules
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.device import autocast, cpu_description, cpu_has_bf16_matmul, keep_freed_memory
 from attnlab.models.bert import Bert, BertConfig
-from attnlab.tasks.mlm import masked_lm_loss
+from attnlab.tasks.masked_lm import masked_lm_loss
 from attnlab.train.optim import adamw
 
 BATCH, BLOCK, CHOSEN = 32, 128, 0.4
@@ -176,12 +176,12 @@ def _set_dropout(model: torch.nn.Module, p: float) -> None:
 @contextlib.contextmanager
 def _fused_attention():
     """PyTorch's fused attention kernel at every length, as before the formula's rule."""
-    before = attnlab.nn.attention.FORMULA_MAX_KEYS
-    attnlab.nn.attention.FORMULA_MAX_KEYS = 0
+    before = rules.FORMULA_MAX_KEYS
+    rules.FORMULA_MAX_KEYS = 0
     try:
         yield
     finally:
-        attnlab.nn.attention.FORMULA_MAX_KEYS = before
+        rules.FORMULA_MAX_KEYS = before
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from attnlab import load
 from attnlab.data.conllu import read_conllu
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.tasks import TASKS
-from attnlab.tasks.tagging import find_split_file
+from attnlab.tasks.token_classification import find_split_file
 
 
 def frequency_class(count: int) -> str:

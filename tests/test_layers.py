@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks",),  # which model, which data, which loss, which metric
     ("train",),  # the loop
     ("studies", "export", "viz"),  # measurements, pictures and exports built on the verbs
-    ("cli", "serve", "__main__", "__init__"),  # the faces (`attnlab.load` is the public API)
+    ("cli", "serve", "chat", "__main__", "__init__"),  # the faces (`attnlab.load`, `attnlab.Chat`: the Python API)
 ]
 """Bottom to top, as docs/development.md ("Layout") draws them: the shared helpers at the bottom,
 the studies, exports and pictures (studies, export, viz) under the faces, and decode and eval

@@ -40,6 +40,21 @@ def test_every_task_of_the_table_has_its_module_and_class():
     assert list(tasks.TASKS) == list(names.TASKS) == list(names.TASK_KINDS)
 
 
+def named_for(task: str) -> str:
+    """The "module:Class" a task's name gives (`attnlab.names.Task.task_class`): "masked-lm" ->
+    "masked_lm:MaskedLM"."""
+    words = task.split("-")
+    camel = "".join(word.upper() if word == "lm" else word.capitalize() for word in words)
+    return f"{'_'.join(words)}:{camel}"
+
+
+def test_each_task_s_module_and_class_are_named_for_the_task():
+    """timm's rule (file = family = class): the task `token-classification` lives in
+    tasks/token_classification.py as `TokenClassification`."""
+    for name, task in names.TASKS.items():
+        assert task.task_class == named_for(name), f"{name}: {task.task_class}, not {named_for(name)}"
+
+
 def test_the_command_line_reads_each_task_s_commands_from_the_table():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for name, task in names.TASKS.items():

@@ -44,7 +44,9 @@ class Task:
     """One task, every fact the layers above need of it in one record.
 
     kinds: the model kinds it trains (`model.kind`), the default first; none for a GPT-only task.
-    task_class: its class, "module:Class" under `attnlab.tasks` (which imports it into `TASKS`).
+    task_class: its class, "module:Class" under `attnlab.tasks` (which imports it into `TASKS`), both
+        named for the task: the module is the name in snake case, the class the name in CamelCase,
+        "lm" written "LM" (`token-classification` is "token_classification:TokenClassification").
     commands: the commands that apply a trained run of it (every run also fits plot and report).
     needed_as: what its own command (`commands[0]`) asks for, in that command's refusal
         ("translation model"); None where the first command is not its own.
@@ -70,7 +72,7 @@ TASKS: dict[str, Task] = {
         Task(
             "language-model",
             (),
-            "lm:LanguageModeling",
+            "language_model:LanguageModel",
             ("sample", "eval", "attention"),
             needed_as="language model",
             endpoint=API.completions,
@@ -89,7 +91,7 @@ TASKS: dict[str, Task] = {
         Task(
             "masked-lm",
             ("bert",),
-            "mlm:MaskedLM",
+            "masked_lm:MaskedLM",
             ("embed", "eval", "attention", "train --init-from"),
             described="masked-lm (BERT pre-training)",
             served_as="masked language model",  # it embeds and shows its attention
@@ -97,14 +99,14 @@ TASKS: dict[str, Task] = {
         Task(
             "replaced-token-detection",
             ("electra",),
-            "rtd:ReplacedTokenDetection",
+            "replaced_token_detection:ReplacedTokenDetection",
             ("embed", "eval", "train --init-from"),  # its discriminator: embedded and fine-tuned
             described="replaced-token-detection (ELECTRA pre-training)",
         ),
         Task(
             "text-classification",
             ("bert", "bilstm"),
-            "classification:Classification",
+            "text_classification:TextClassification",
             ("classify", "eval", "embed", "attention"),
             needed_as="classification model",
             endpoint=API.classifications,
@@ -113,7 +115,7 @@ TASKS: dict[str, Task] = {
         Task(
             "token-classification",
             ("bert", "bilstm"),
-            "tagging:Tagging",
+            "token_classification:TokenClassification",
             ("tag", "eval", "embed", "attention"),
             needed_as="tagging model",
             endpoint=API.tags,
@@ -122,22 +124,32 @@ TASKS: dict[str, Task] = {
         Task(
             "node-classification",
             ("gat", "gcn", "node-transformer"),
-            "nodes:NodeClassification",
+            "node_classification:NodeClassification",
             ("eval", "attention --node"),
         ),
-        Task("image-density", ("pixelcnn", "gated-pixelcnn", "pixel-gpt"), "images:ImageDensity", ("sample", "eval")),
-        Task("image-classification", ("vit", "cnn"), "vision:ImageClassification", ("eval", "attention --image")),
+        Task(
+            "image-density",
+            ("pixelcnn", "gated-pixelcnn", "pixel-gpt"),
+            "image_density:ImageDensity",
+            ("sample", "eval"),
+        ),
+        Task(
+            "image-classification",
+            ("vit", "cnn"),
+            "image_classification:ImageClassification",
+            ("eval", "attention --image"),
+        ),
         Task(
             "audio-density",
             ("wavenet",),
-            "audio:SpeechDensity",
+            "audio_density:AudioDensity",
             ("sample", "eval"),
             described="audio-density (WaveNet)",
         ),
         Task(
             "audio-classification",
             ("spectrogram-cnn",),
-            "digits:DigitClassification",
+            "audio_classification:AudioClassification",
             described="audio-classification (spoken digits)",
         ),
     )

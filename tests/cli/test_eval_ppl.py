@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from attnlab import load
 from attnlab.data.text import bundled_shakespeare
-from attnlab.studies.perplexity import windows
+from attnlab.eval.perplexity import windows
 from helpers import assert_user_error, cli
 from hf_folders import causal_lm_folder
 

@@ -62,7 +62,7 @@ def test_the_same_generator_state_gives_the_same_batch():
 
 
 def test_a_shift_past_the_limit_is_refused_by_the_config():
-    from attnlab.tasks.vision import ClassifiedImagesDataConfig
+    from attnlab.tasks.image_classification import ClassifiedImagesDataConfig
 
     with pytest.raises(ValueError, match="max_shift"):
         ClassifiedImagesDataConfig(max_shift=9)

@@ -107,12 +107,16 @@ def test_padding_is_never_attended_to():
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
 
 
-def test_an_unpadded_batch_on_the_cpu_attends_without_a_mask_and_computes_the_same(monkeypatch):
-    """No padding, nothing to hide: the blocks get no mask (a cheaper attention path), and the
-    states are those of the same blocks given the all-True mask; a padded batch keeps its mask."""
+def test_with_drop_full_mask_an_unpadded_batch_attends_without_a_mask_and_computes_the_same(monkeypatch):
+    """No padding, nothing to hide: where the model was told it may (`drop_full_mask`, set by
+    `attnlab.accel.prepare_for_training` on the CPU) the blocks get no mask (a cheaper attention
+    path), and the states are those of the same blocks given the all-True mask; a padded batch
+    keeps its mask. The reference keeps every mask."""
     from attnlab.nn.attention import MultiHeadAttention
 
     model = tiny_bert(head="none")
+    assert not model.drop_full_mask
+    model.drop_full_mask = True
     ids = random_ids(2, 9)
     masks = []
     forward = MultiHeadAttention.forward

@@ -518,23 +518,24 @@ def _bf16_mha_step(mha: MultiHeadAttention, x: torch.Tensor, **kwargs) -> tuple[
 
 
 @pytest.mark.parametrize("case", MASK_CASES)
-def test_bf16_training_on_the_cpu_takes_the_formula_and_computes_the_same(monkeypatch, case):
-    """At <= 128 keys, bf16 training on a CPU runs the formula (PyTorch's fused kernel is slower
-    there): the same outputs and gradients as the fused kernel, and the float64 module's to bf16
-    precision."""
+def test_bf16_training_that_prefers_the_formula_computes_the_same(monkeypatch, case):
+    """Where the hook set from outside prefers the formula (`prefer_formula`; accel's rule for bf16
+    training on a CPU, tests/accel/test_rules.py), the formula runs: the same outputs and gradients
+    as the fused kernel, and the float64 module's to bf16 precision."""
     import attnlab.nn.attention as attention
 
     mha = make_mha().train()
     torch.manual_seed(2)
-    x = torch.randn(3, attention.FORMULA_MAX_KEYS, C)
-    kwargs = mask_case(case, [128, 100, 7], attention.FORMULA_MAX_KEYS)
+    x = torch.randn(3, 128, C)
+    kwargs = mask_case(case, [128, 100, 7], 128)
     out64, grads64 = _bf16_mha_step(make_mha().double().train(), x.double(), **kwargs)
     fused = attention.F.scaled_dot_product_attention
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("fused kernel ran"))
     mha_bf16 = mha.to(torch.bfloat16)
+    mha_bf16.prefer_formula = lambda q, t_k: True
     out, grads = _bf16_mha_step(mha_bf16, x.bfloat16(), **kwargs)
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", fused)
-    monkeypatch.setattr(attention, "FORMULA_MAX_KEYS", 0)  # the fused kernel, for comparison
+    mha_bf16.prefer_formula = None  # the reference: the fused kernel, for comparison
     out_fused, grads_fused = _bf16_mha_step(mha_bf16, x.bfloat16(), **kwargs)
     torch.testing.assert_close(out, out64.float(), atol=0.1, rtol=0.02)
     torch.testing.assert_close(out, out_fused, atol=0.1, rtol=0.02)
@@ -542,17 +543,6 @@ def test_bf16_training_on_the_cpu_takes_the_formula_and_computes_the_same(monkey
         scale = g64.abs().max().item()
         assert (g - g64.float()).abs().max().item() < 0.03 * scale
         assert (g - g_fused).abs().max().item() < 0.03 * scale
-
-
-def test_the_formula_is_only_for_bf16_training_of_short_sequences_on_the_cpu():
-    from attnlab.nn.attention import FORMULA_MAX_KEYS, _formula_trains_faster
-
-    q = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
-    assert _formula_trains_faster(q, FORMULA_MAX_KEYS)
-    assert not _formula_trains_faster(q, FORMULA_MAX_KEYS + 1)  # longer: the fused kernel's memory
-    assert not _formula_trains_faster(q.float(), 16)  # fp32: the fused kernel is faster
-    with torch.no_grad():
-        assert not _formula_trains_faster(q, 16)  # forward alone: the fused kernel is faster
 
 
 def test_forward_reads_as_its_three_steps_with_no_special_case_by_type():

@@ -12,7 +12,7 @@ import torch
 
 from attnlab import load
 from attnlab.errors import ConfigError, UserError
-from attnlab.tasks import Classification
+from attnlab.tasks import TextClassification
 from attnlab.train import resolve
 from helpers import SST2, assert_user_error, cli, encoder_doc, shared
 
@@ -69,7 +69,7 @@ def test_held_out_val_is_disjoint_seeded_and_the_same_every_time(tmp_path):
     def split(seed: int, run_dir: Path) -> dict:
         run_dir.mkdir()
         config = resolve(encoder_doc("classification", SST2, data={"seed": seed}))
-        return Classification(config.data, config.model, run_dir).data
+        return TextClassification(config.data, config.model, run_dir).data
 
     a, b, c = split(0, tmp_path / "a"), split(0, tmp_path / "b"), split(1, tmp_path / "c")
     rows = read_tsv(SST2 / "train.tsv")
@@ -86,17 +86,17 @@ def test_eval_dev_matches_classify_on_the_same_sentences(bert_run, capsys):
     dev = read_tsv(SST2 / "dev.tsv")
     assert metrics["examples"] == len(dev) and 0.0 <= metrics["accuracy"] <= 1.0
     run = load(bert_run)
-    task = Classification(run.config.data, run.config.model, bert_run, resume=True, splits=())
+    task = TextClassification(run.config.data, run.config.model, bert_run, resume=True, splits=())
     predicted = [r["label"] for r in task.classify(run.model, [s for s, _ in dev], torch.device("cpu"))]
     expected = sum(p == y for p, (_, y) in zip(predicted, dev, strict=True)) / len(dev)
     assert metrics["accuracy"] == pytest.approx(expected)
 
 
 def test_a_blank_text_gets_an_empty_result_in_the_library_too(bert_run):
-    """`Classification.classify` (what `attnlab classify` calls): a blank text is `{}`, the others
+    """`TextClassification.classify` (what `attnlab classify` calls): a blank text is `{}`, the others
     what each gives alone, in order."""
     run = load(bert_run)
-    task = Classification(run.config.data, run.config.model, bert_run, resume=True, splits=())
+    task = TextClassification(run.config.data, run.config.model, bert_run, resume=True, splits=())
     cpu = torch.device("cpu")
     got = task.classify(run.model, ["a great movie", "  ", "awful"], cpu)
     assert got[1] == {} and task.classify(run.model, [""], cpu) == [{}]
@@ -165,7 +165,7 @@ def test_missing_data(bert_run, capsys, tmp_path):
 def test_too_few_sentences_to_hold_out(tmp_path):
     config = resolve(encoder_doc("classification", SST2, data={"val_size": 1000}))
     with pytest.raises(UserError, match="val_size"):
-        Classification(config.data, config.model, tmp_path)
+        TextClassification(config.data, config.model, tmp_path)
 
 
 def test_tagging_run_is_not_a_classification_model(capsys, tmp_path_factory):

@@ -14,7 +14,7 @@ from attnlab import load
 from attnlab.cli import main
 from attnlab.config import load_preset_or_file
 from attnlab.data.tokenizers import WordPieceTokenizer
-from attnlab.tasks import Classification
+from attnlab.tasks import TextClassification
 from attnlab.train import resolve
 from attnlab.train.config import apply_overrides
 from helpers import SST2, assert_user_error, cli, hf_bert_folder, shared
@@ -55,12 +55,12 @@ def fine_tuned(mlm_run, tmp_path_factory) -> Path:
     return out
 
 
-def sst2_task(run_dir: Path, init_from: Path) -> Classification:
+def sst2_task(run_dir: Path, init_from: Path) -> TextClassification:
     """The classification task of a new run of the sst2 preset that starts from `init_from`."""
     _, doc = load_preset_or_file("sst2")
     doc = apply_overrides(doc, {"data": {"data_dir": str(SST2), "init_from": str(init_from), "val_size": 40}})
     config = resolve(doc)
-    return Classification(config.data, config.model, run_dir)
+    return TextClassification(config.data, config.model, run_dir)
 
 
 def encoder_items(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

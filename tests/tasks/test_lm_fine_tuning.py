@@ -14,7 +14,7 @@ import torch
 from attnlab import load
 from attnlab.checkpoints import weights_sha256
 from attnlab.errors import CheckpointError
-from attnlab.tasks.lm import SOURCE_FILE, LanguageModeling, SourceRecord, source_record
+from attnlab.tasks.language_model import SOURCE_FILE, LanguageModel, SourceRecord, source_record
 from attnlab.train.config import read_config
 from helpers import assert_user_error, cli, hf_bert_folder, losses
 from hf_folders import causal_lm_folder
@@ -77,7 +77,7 @@ def reported_batches(run_dir: Path) -> tuple[tuple[torch.Tensor, torch.Tensor], 
     batch, drawn as the trainer draws them."""
     config = read_config(run_dir)
     seed, batch_size = config.train.seed, config.train.batch_size
-    task = LanguageModeling(config.data, config.model, run_dir, resume=True, batch_size=batch_size)
+    task = LanguageModel(config.data, config.model, run_dir, resume=True, batch_size=batch_size)
     evaluated = task.sample_batch("train", batch_size, torch.Generator().manual_seed(seed + 1_000_003))
     return evaluated, task.train_batch(0, torch.Generator().manual_seed(seed))
 
@@ -101,7 +101,7 @@ def test_first_reported_losses_equal_transformers_loss_on_the_same_batch(family,
     assert float(first["train_loss"]) == pytest.approx(hf_loss(model, *trained), abs=1e-4)
     # The corpus is encoded by the checkpoint's own tokenizer, as one stream (no "<s>" inserted).
     text = corpus.read_text(encoding="utf-8")
-    task = LanguageModeling(read_config(out).data, read_config(out).model, out, resume=True)
+    task = LanguageModel(read_config(out).data, read_config(out).model, out, resume=True)
     assert task.splits.train[:40].tolist() == tok.encode(text[:400], add_special_tokens=False).ids[:40]
 
 

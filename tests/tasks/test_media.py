@@ -10,7 +10,7 @@ import torch
 import attnlab
 from attnlab.data.audio import FSDD_RATE, read_wav
 from attnlab.errors import UserError
-from attnlab.tasks.images import read_images
+from attnlab.tasks.image_density import read_images
 from attnlab.tasks.media import sample_run_audio, sample_run_images
 from helpers import train_media_runs
 

@@ -11,8 +11,8 @@ from attnlab.errors import ConfigError, UserError
 from attnlab.models.pixelcnn import PixelCNNConfig
 from attnlab.models.wavenet import WaveNetConfig
 from attnlab.tasks import TASKS
-from attnlab.tasks.audio import SILENCE, AudioDataConfig
-from attnlab.tasks.images import ImagesDataConfig, PixelGPTConfig, pixel_logits
+from attnlab.tasks.audio_density import SILENCE, AudioDataConfig
+from attnlab.tasks.image_density import ImagesDataConfig, PixelGPTConfig, pixel_logits
 from attnlab.train import resolve, train
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

@@ -14,8 +14,8 @@ from attnlab import load
 from attnlab.config import load_preset_or_file
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.models.electra import Electra, ElectraConfig, sample_tokens
-from attnlab.tasks import Tagging
-from attnlab.tasks.rtd import REPLACE_PROB, ReplacedTokenDetection, electra_losses
+from attnlab.tasks import TokenClassification
+from attnlab.tasks.replaced_token_detection import REPLACE_PROB, ReplacedTokenDetection, electra_losses
 from attnlab.train import resolve, train
 from attnlab.train.config import apply_overrides
 from helpers import UD, WIKITEXT, assert_user_error, cli
@@ -217,7 +217,7 @@ def test_twenty_steps_lower_the_loss_and_the_run_reloads_with_its_ties(rtd_run):
 def test_init_from_an_electra_run_gives_the_tagger_the_discriminators_encoder(rtd_run, tmp_path):
     _, doc = load_preset_or_file("ud-pos")
     config = resolve(apply_overrides(doc, {"data": {"data_dir": str(UD), "init_from": str(rtd_run)}}))
-    task = Tagging(config.data, config.model, tmp_path)
+    task = TokenClassification(config.data, config.model, tmp_path)
     source = load(rtd_run).model.discriminator
     assert task.model_config.d_model == SMALL["d_model"] and task.model_config.head == "token"
     model = task.build_model()

@@ -13,8 +13,8 @@ from torch import nn
 from attnlab import load
 from attnlab.data.mlm import IGNORE_INDEX
 from attnlab.errors import ConfigError
-from attnlab.tasks import Tagging
-from attnlab.tasks.tagging import word_mean
+from attnlab.tasks import TokenClassification
+from attnlab.tasks.token_classification import word_mean
 from attnlab.train import resolve
 from helpers import UD, assert_user_error, cli, conllu_words, encoder_doc, shared
 
@@ -46,9 +46,9 @@ def bilstm_run(tmp_path_factory) -> Path:
     return shared(tmp_path_factory, "pos-bilstm")
 
 
-def new_task(ud: Path, run_dir: Path, **data) -> Tagging:
+def new_task(ud: Path, run_dir: Path, **data) -> TokenClassification:
     config = resolve(encoder_doc("tagging", ud, data=data))
-    return Tagging(config.data, config.model, run_dir, splits=("train", "val", "test"))
+    return TokenClassification(config.data, config.model, run_dir, splits=("train", "val", "test"))
 
 
 class Constant(nn.Module):
@@ -310,7 +310,7 @@ def test_tag_probabilities_are_the_softmax_at_each_words_first_subword(bert_run)
     """What `attnlab serve`'s /v1/tags shows: every tag's probability for each word, the softmax of
     the model's scores at the word's first subword; `tag` picks the most likely."""
     from attnlab.tasks import open_task
-    from attnlab.tasks.tagging import WORD
+    from attnlab.tasks.token_classification import WORD
 
     run = load(bert_run)
     task = open_task(run)

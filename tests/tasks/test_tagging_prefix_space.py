@@ -7,7 +7,7 @@ import pytest
 
 from attnlab.data.tokenizers import EncoderTokenizer
 from attnlab.models.hf.roberta import read_roberta_tokenizer
-from attnlab.tasks.tagging import Tagging, sentence_words
+from attnlab.tasks.token_classification import TokenClassification, sentence_words
 from roberta_folders import write_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -27,8 +27,8 @@ def folder(tmp_path_factory):
 
 
 def encode(tokenizer: EncoderTokenizer, words: list[str]) -> tuple[list[int], list[int]]:
-    """The row and word starts a tagging task builds (`Tagging.encode_sentences`, max_len 64)."""
-    task = Tagging.__new__(Tagging)  # the encoding alone: no data files, no model
+    """The row and word starts a tagging task builds (`TokenClassification.encode_sentences`, max_len 64)."""
+    task = TokenClassification.__new__(TokenClassification)  # the encoding alone: no data files, no model
     task.tokenizer, task.max_len = tokenizer, 64
     ids, starts, cut = task.encode_sentences([words])
     assert cut == 0

@@ -63,11 +63,11 @@ def test_no_compile_at_all_is_said_once(tiny_toml, tmp_path, monkeypatch, capsys
 
 
 def test_a_real_error_is_not_hidden_by_the_fallback(tiny_toml, tmp_path, monkeypatch):
-    from attnlab.tasks.lm import LanguageModeling
+    from attnlab.tasks.language_model import LanguageModel
 
     def bad_loss(model, batch, device, label_smoothing=0.0):
         raise ValueError("shapes (2, 3) and (4, 5) do not match")
 
-    monkeypatch.setattr(LanguageModeling, "loss", staticmethod(bad_loss))
+    monkeypatch.setattr(LanguageModel, "loss", staticmethod(bad_loss))
     with pytest.raises(ValueError, match="do not match"):
         train(run_config(tiny_toml, "train.compile=true"), tmp_path / "run", progress=False)

@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 from attnlab import load
 from attnlab.checkpoints import TRAIN_STATE, WEIGHTS, complete_steps
 from attnlab.config import merge, parse_overrides, read_toml
-from attnlab.tasks import TASKS, LanguageModeling
+from attnlab.tasks import TASKS, LanguageModel
 from attnlab.train import resolve, train
 from attnlab.train.guards import StepGuard, TrainingDiverged
 from attnlab.train.signals import StopRequest
 from helpers import cli
 
 
-class FaultyLM(LanguageModeling):
+class FaultyLM(LanguageModel):
     """Language modelling whose step N (1-based) misbehaves as FAULTS[N] says."""
 
     name = "lm-faulty"

@@ -229,7 +229,7 @@ def test_language_model_lora_trains_resumes_exactly_and_exports(tiny_toml, tmp_p
 def lm_takes_a_base() -> bool:
     import dataclasses
 
-    from attnlab.tasks.lm import LMDataConfig
+    from attnlab.tasks.language_model import LMDataConfig
 
     return "init_from" in {f.name for f in dataclasses.fields(LMDataConfig)}
 

@@ -6,6 +6,11 @@
   one C++ call each.
 - `projection`: the streamed and reordered products of decoding's few rows.
 - `extensions`: building the C++ sources, one build per installation (`ATTNLAB_MARCH`).
+- `plan`: how a model decodes (fused step, stored weights, torch.compile), decided once where it
+  is loaded: `plan_decoding(model, ...)` -> `DecodePlan`, which the decoders carry.
+- `rules`: the hardware rules the reference code leaves to its caller (attention's formula for
+  bf16 training on a CPU, BERT's dropping of a mask that hides nothing), set on a model's modules
+  by `prepare_for_training(model)`, which the trainer calls for every model it trains.
 
 A model takes them in one explicit call: `for_training(model)` (the trainer, where
 `train.fused_kernels` resolves on) and `for_decoding(model)` (the decoders), each returning what
@@ -16,6 +21,17 @@ this package.
 from attnlab.accel.applied import Applied, reference_cross_entropy
 from attnlab.accel.coverage import uncovered_parts
 from attnlab.accel.decoding import for_decoding
+from attnlab.accel.plan import DecodePlan, plan_decoding
+from attnlab.accel.rules import prepare_for_training
 from attnlab.accel.training import for_training
 
-__all__ = ["Applied", "for_decoding", "for_training", "reference_cross_entropy", "uncovered_parts"]
+__all__ = [
+    "Applied",
+    "DecodePlan",
+    "for_decoding",
+    "for_training",
+    "plan_decoding",
+    "prepare_for_training",
+    "reference_cross_entropy",
+    "uncovered_parts",
+]

@@ -71,6 +71,7 @@ from attnlab.accel.projection import MKLDNN, reordered_weight
 from attnlab.device import BF16_CPU_FLAGS, cpu_flags, cpu_has_bf16_matmul
 from attnlab.errors import UserError
 from attnlab.models import GPT
+from attnlab.models.protocols import CausalDecoder
 from attnlab.nn import KVCache, MixtureOfExperts, RMSNorm
 from attnlab.nn.feedforward import is_gated
 
@@ -305,7 +306,7 @@ class FusedStep:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalDecoder,
         ext: ModuleType,
         cache: list[KVCache],
         weights: str = "fp32",
@@ -565,7 +566,7 @@ _GPT_COVERS = (
 )
 
 
-def gpt_step(model: nn.Module, cache: list[KVCache], weights: str = "fp32") -> FusedStep | None:
+def gpt_step(model: CausalDecoder, cache: list[KVCache], weights: str = "fp32") -> FusedStep | None:
     """`FusedStep(model, extension(), cache, weights)`, or None with a warning when the model does
     not qualify (`supports`; the warning says so in `weights_refusal`'s words for the stored formats) or
     the step cannot be built."""

@@ -16,6 +16,7 @@ from torch import nn
 from attnlab.accel import kernels
 from attnlab.accel.applied import Applied
 from attnlab.accel.coverage import covers_attention, covers_block, shared_blocks, uncovered_parts
+from attnlab.accel.rules import prepare_for_training
 from attnlab.models import GPT
 from attnlab.models.bert import MaskedLMHead
 from attnlab.nn import (
@@ -183,6 +184,7 @@ def for_training(model: nn.Module) -> Applied:
     are not (about a minute). Returns what it covered and, for the rest, why not (`Applied`);
     where the kernels cannot be built, the model is left as it was. Applying twice is applying once.
     """
+    prepare_for_training(model)  # the rules the kernels leave to the reference code (bf16 attention)
     if kernels.extension() is None:
         return Applied(model, uncovered="attnlab's C++ kernels could not be built here")
     swaps = _swaps(model)

@@ -1,6 +1,6 @@
 """attnlab classify RUN [TEXT ... | --input FILE] [--json]
 
-Calls `Classification.classify` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
+Calls `TextClassification.classify` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
 
 import argparse
 

@@ -3,7 +3,7 @@ attnlab eval RUN|HF_FOLDER|GGUF --data FILE [--context N] [--stride S] [--json]
 attnlab eval RUN|HF_FOLDER|GGUF --chat-mix DIR [--limit N] [--json]
 
 A run on its task's split: `attnlab.train.evaluate.evaluate_run`. Any language model on any text
-(--data): `attnlab.studies.perplexity.text_perplexity`. A chat model on the instruction mix's tests
+(--data): `attnlab.eval.perplexity.text_perplexity`. A chat model on the instruction mix's tests
 (--chat-mix): `attnlab.cli.eval_chat`."""
 
 import argparse
@@ -127,8 +127,8 @@ def _run_text(args: argparse.Namespace) -> int:
     """The perplexity of the text file --data under the run's or folder's language model."""
     from attnlab.data.text import read_corpus
     from attnlab.device import resolve_device
+    from attnlab.eval.perplexity import text_perplexity
     from attnlab.studies.language_model import load_language_model
-    from attnlab.studies.perplexity import text_perplexity
 
     split_flags = {"--split": args.split, "--beam": args.beam, "--max-tokens": args.max_tokens}
     given = [flag for flag, value in {**split_flags, "--data-dir": args.data_dir}.items() if value is not None]

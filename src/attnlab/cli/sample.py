@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnlab.cli import non_negative_int, positive_int
 from attnlab.cli.arguments import (
@@ -27,6 +28,9 @@ from attnlab.cli.arguments import (
 from attnlab.errors import UserError
 from attnlab.families import CAUSAL_LM
 from attnlab.sources import takes_words
+
+if TYPE_CHECKING:
+    from attnlab.accel.plan import DecodePlan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -215,14 +219,15 @@ def run(args: argparse.Namespace) -> int:
     fusable = args.fused is not False and not args.compile and not speculating
     args.weights = decoding_weights(model, args.weights, "sample", loaded.stored_weights, fusable)
     speculation = _speculation(args, loaded, device)
-    if args.fused is None:  # the default: the C++ step where it is built (or bf16/int8) and covers the model;
-        from attnlab.accel.fused import by_default  # with speculation, the target checks the drafts on it
+    # Decided once, here (no flag: the C++ step where it is built, or bf16/int8/int4 weights, and it
+    # covers the model); with speculation, the target checks the drafts on it.
+    from attnlab.accel.plan import plan_decoding
 
-        args.fused = not args.compile and by_default(model, args.weights)
+    plan = plan_decoding(model, fused=args.fused, weights=args.weights, compile=args.compile)
     prompt_ids = encode_prompt(tokenizer, args.prompt, device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     pick = sampling_picker(args.temperature, args.top_k, args.top_p, generator)
-    samples = _sample_texts(args, model, tokenizer, prompt_ids, pick, speculation)
+    samples = _sample_texts(args, model, tokenizer, prompt_ids, pick, plan, speculation)
     result: dict[str, object] = {"prompt": args.prompt, "samples": samples}
     if speculation is not None:
         sys.stderr.write(f"attnlab sample: {speculation.stats.summary()}\n")
@@ -257,12 +262,11 @@ def _speculation(args: argparse.Namespace, target, device):
     warning = check_draft_model(target.model, draft.model, target.tokenizer, draft.tokenizer)
     if warning is not None:
         sys.stderr.write(f"attnlab sample: warning: {warning}\n")
-    fused = args.fused
-    if fused is None:  # the draft model's one-token steps: the C++ step where it is built and covers it
-        from attnlab.accel.fused import by_default
+    # the draft model's one-token steps, decided once for it (no flag: the C++ step where it is built and covers it)
+    from attnlab.accel.plan import plan_decoding
 
-        fused = by_default(draft.model, "fp32")
-    return Speculation(ModelDrafter(draft.model, fused=fused), k)
+    plan = plan_decoding(draft.model, fused=args.fused)
+    return Speculation(ModelDrafter(draft.model, fused=plan.fused), k)
 
 
 def _text_options(args: argparse.Namespace) -> None:
@@ -278,7 +282,9 @@ def _text_options(args: argparse.Namespace) -> None:
     check_weights_options(args)
 
 
-def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick, speculation=None) -> list[str]:
+def _sample_texts(
+    args: argparse.Namespace, model, tokenizer, prompt_ids, pick, plan: "DecodePlan", speculation=None
+) -> list[str]:
     """Generate `args.num_samples` continuations of the prompt, printing them as they come (or
     streaming their tokens with --stream) unless --json; returns those not streamed."""
     from attnlab.decode import stream_text
@@ -292,9 +298,7 @@ def _sample_texts(args: argparse.Namespace, model, tokenizer, prompt_ids, pick, 
             args.max_new_tokens,
             pick,
             stop=args.stop,
-            compile=args.compile,
-            fused=args.fused,
-            weights=args.weights,
+            plan=plan,
             speculation=speculation,
         )
         if args.stream and not args.json:

@@ -1,6 +1,6 @@
 """attnlab tag RUN [TEXT ... | --input FILE] [--json]
 
-Calls `Tagging.tag` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
+Calls `TokenClassification.tag` of the run's task (`attnlab.tasks.open_task(attnlab.load(RUN))`)."""
 
 import argparse
 

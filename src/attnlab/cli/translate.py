@@ -6,8 +6,12 @@ also `attnlab.viz.attention.draw_alignment`."""
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnlab.cli.arguments import add_checkpoint_argument, add_device_argument, add_json_argument
+
+if TYPE_CHECKING:
+    from attnlab.accel.plan import DecodePlan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab import load
+    from attnlab.accel.plan import plan_decoding
     from attnlab.cli import read_text_arguments
     from attnlab.cli.kinds import require_kind
     from attnlab.device import resolve_device
@@ -52,22 +57,20 @@ def run(args: argparse.Namespace) -> int:
     run = load(args.run_dir, device=device, checkpoint=args.checkpoint)
     require_kind(args.run_dir, run.config, "translate")
     task = open_task(run)
-    if args.fused is None:  # the default: the C++ step where it is built and covers the model
-        from attnlab.accel.fused import by_default
-
-        args.fused = by_default(run.model)
+    # decided once, here (no flag: the C++ step where it is built and covers the model)
+    plan = plan_decoding(run.model, fused=args.fused)
     sources, cut = task.encode_sources(lines)
     if cut:
         sys.stderr.write(
             f"attnlab translate: warning: {cut} input line(s) longer than {task.data_config.max_len} tokens "
             "were cut to fit the model\n"
         )
-    outputs = task.translate_ids(run.model, sources, device, beam=args.beam, **_search_options(args))
+    outputs = task.translate_ids(run.model, sources, device, beam=args.beam, **_search_options(args, plan))
     if args.attention is not None:
         from attnlab.viz.attention import draw_alignment
 
         path = draw_alignment(
-            task, run.model, sources[0], args.attention, device, beam=args.beam, **_search_options(args)
+            task, run.model, sources[0], args.attention, device, beam=args.beam, **_search_options(args, plan)
         )
         sys.stderr.write(f"alignment saved to {path}\n")
     if args.json:
@@ -80,6 +83,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search_options(args: argparse.Namespace) -> dict:
-    """The beam search settings the command line sets, besides the beam size."""
-    return dict(length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, fused=args.fused)
+def _search_options(args: argparse.Namespace, plan: "DecodePlan") -> dict:
+    """The beam search settings the command line sets, besides the beam size, with the decoding plan."""
+    return dict(length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, plan=plan)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
+from attnlab.accel.plan import DecodePlan, plan_decoding
 from attnlab.data.audio import SILENCE
 from attnlab.decode.sampling import Picker
 from attnlab.models.wavenet import WaveNet
@@ -38,7 +39,7 @@ def generate_audio(
     pick: logits `(B, 256)` -> classes `(B,)`. cached=False is the naive reference. fused: the
     cached step in C++ (`attnlab.accel.wavenet`; built on first use, or `WaveNet.step` with a
     warning where it cannot be built); None takes it where it is already built and covers the
-    model, False keeps `WaveNet.step`."""
+    model (`attnlab.accel.plan.plan_decoding`, decided once here), False keeps `WaveNet.step`."""
     b = (digits if digits is not None else speakers).size(0)
     token = torch.full((b,), SILENCE, dtype=torch.long, device=model.embedding.weight.device)
     out = []
@@ -48,7 +49,7 @@ def generate_audio(
         with torch.inference_mode():
             conditions = model.conditions(digits, speakers, b)
             cache = model.new_cache(b) if cached else None
-            fast = _fused_step(model, conditions, fused) if cached else None
+            fast = _fused_step(model, conditions, plan_decoding(model, fused=fused)) if cached else None
             window = token[:, None]  # naive: the inputs so far, at most one receptive field
             rf = model.config.receptive_field
             for _ in tqdm(range(n_samples), disable=not progress, unit="sample", desc="generating", leave=False):
@@ -67,14 +68,11 @@ def generate_audio(
     return torch.stack(out, dim=1) if out else token.new_zeros(b, 0)
 
 
-def _fused_step(model: WaveNet, conditions: list[torch.Tensor], fused: bool | None) -> Callable | None:
-    """The fused step for this generation where `fused` asks for it (None: where it is built), or
-    None: `WaveNet.step`."""
+def _fused_step(model: WaveNet, conditions: list[torch.Tensor], plan: DecodePlan) -> Callable | None:
+    """The fused step for this generation where the plan asks for it, or None: `WaveNet.step`."""
     from attnlab.accel import wavenet
 
-    if fused is None:
-        fused = wavenet.by_default(model)
-    if not fused:
+    if not plan.fused:
         return None
     if not wavenet.supports(model):
         warnings.warn(

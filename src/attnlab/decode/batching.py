@@ -37,13 +37,13 @@ prefills only the rest (`Runner.prefill_after`), with the logits of a cold prefi
 rounding. Rolling caches take none.
 """
 
-from torch import nn
-
+from attnlab.accel.plan import DecodePlan, plan_decoding
 from attnlab.decode.prefix_cache import BLOCK_TOKENS, block_keys, for_cache
 from attnlab.decode.requests import Picker
 from attnlab.decode.runner import Runner, takes_row_positions
 from attnlab.decode.sampling import prompt_scores
 from attnlab.decode.scheduler import Scheduler, SchedulerOutput, Sequence
+from attnlab.models.protocols import CausalDecoder
 
 
 class Batcher:
@@ -54,8 +54,9 @@ class Batcher:
     lengths in one forward); `step` gives every sequence its next token; sequences that finish
     leave by themselves, `leave` takes one out early (a client gone, a stop string). `fused`: the
     cached rows' step in C++ where `attnlab.accel.fused` covers the model (a warning and
-    PyTorch's path where it does not), its weights fp32, bf16 or int8 (`weights`). Not
-    thread-safe: one thread drives it.
+    PyTorch's path where it does not), its weights fp32, bf16, int8 or int4 (`weights`); or `plan`,
+    those two decided already where the model was loaded (`attnlab.accel.plan.plan_decoding`).
+    Not thread-safe: one thread drives it.
 
     `prefix_memory`: bytes of cached prompt prefixes (`prefix`, a `PrefixCache` in blocks of
     `prefix_block` tokens; None where 0 or where the cache rolls); each sequence's `cached_tokens`
@@ -68,15 +69,18 @@ class Batcher:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalDecoder,
         max_batch: int = 32,
         *,
         fused: bool = False,
         weights: str = "fp32",
+        plan: DecodePlan | None = None,
         prefix_memory: int = 0,
         prefix_block: int = BLOCK_TOKENS,
     ) -> None:
-        self.runner = Runner(model, max_batch, fused=fused, weights=weights)
+        if plan is None:  # as asked: the caller decided
+            plan = plan_decoding(model, fused=fused, weights=weights)
+        self.runner = Runner(model, max_batch, plan)
         # the prompts' cached prefixes (`attnlab.decode.prefix_cache`), at most prefix_memory bytes; None: off
         self.prefix = for_cache(self.runner.cache, prefix_memory, prefix_block)
         keeping = self.prefix is not None

@@ -30,9 +30,11 @@ from torch import nn
 
 from attnlab.accel import for_decoding
 from attnlab.accel.fused import gpt_step as fused_step
+from attnlab.accel.plan import EAGER, DecodePlan
 from attnlab.decode.sampling import _eval_mode, mask_rows, penalize, pick_rows, rolls_past_block, token_scores
 from attnlab.decode.scheduler import RunnerOutput, SchedulerOutput, Sequence
 from attnlab.errors import UserError
+from attnlab.models.protocols import CausalDecoder
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 
 
@@ -47,12 +49,13 @@ class Runner:
     """Steps of a GPT-style decoder (`model(idx, cache=..., positions=..., last_only=True)`,
     `model.new_cache`, `model.config.block_size`) over a cache of `rows` rows of block_size slots.
 
-    `fused`: the steps in C++ where `attnlab.accel.fused` covers the model (a warning and
-    PyTorch's path where it does not), reading the weights as `weights` says (fp32, bf16 or int8).
+    `plan` (`attnlab.accel.plan.DecodePlan`): with `fused`, the steps in C++ where
+    `attnlab.accel.fused` covers the model (a warning and PyTorch's path where it does not), reading
+    the weights as its `weights` says (fp32, bf16, int8 or int4).
     Every call runs in eval mode without autograd.
     """
 
-    def __init__(self, model: nn.Module, rows: int, *, fused: bool = False, weights: str = "fp32") -> None:
+    def __init__(self, model: CausalDecoder, rows: int, plan: DecodePlan = EAGER) -> None:
         self.model = for_decoding(model).model  # the projections' decoding routes, in place
         self.block = model.config.block_size
         self.cache = model.new_cache(rows, self.block)
@@ -66,9 +69,7 @@ class Runner:
         self.ring = self.cache[0].window is not None  # a ring of the window's keys a row
         self.rolls = self.ring and rolls_past_block(model)  # whole prompts, and no window slides
         self.row_positions = takes_row_positions(model, self.ring)  # else the cached rows step one at a time
-        if weights != "fp32" and not fused:
-            raise ValueError(f"{weights} weights are the fused step's (fused=True)")
-        self.fused = fused_step(model, self.cache, weights) if fused else None
+        self.fused = fused_step(model, self.cache, plan.weights) if plan.fused else None
         self.device = self.cache[0].k.device
 
     @property

@@ -24,14 +24,10 @@ import torch
 from torch import nn
 
 from attnlab.accel import for_decoding
+from attnlab.accel.plan import EAGER, DecodePlan, plan_decoding
 from attnlab.decode.requests import Penalties, Picker, TokenMask, TokenScore
+from attnlab.models.protocols import CausalDecoder
 from attnlab.nn.positions import NoPositions
-
-CPU_COMPILE_OPTIONS: dict[str, object] = {}
-"""Inductor options of a compiled decoding step on a CPU. None by default: the wrapper that calls
-the step's kernels written in C++ instead of Python (`cpp_wrapper`) gave no consistent gain and
-compiles for longer (`benchmarks/decode_ab.py wrapper`; docs/history.md, "Decoding: stream the
-weights, then fuse the step")."""
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -218,16 +214,13 @@ class _Step:
     steps skip the guards that cannot tell cache entries apart (`skip_guard_eval_unsafe`; what
     keeps it safe here is that nothing but the token and position values changes)."""
 
-    def __init__(self, model: nn.Module, compile: bool, fused: bool = False, weights: str = "fp32") -> None:
-        if compile and fused:
-            raise ValueError("compile and fused are two ways to run the decoding step; pick one")
-        if weights != "fp32" and not fused:
-            raise ValueError(f"{weights} weights are the fused step's (fused=True, with the cache)")
+    def __init__(self, model: CausalDecoder, plan: DecodePlan) -> None:
         self.model = model
-        self.compile = compile
+        self.compile = plan.compile
+        self.compile_options = plan.compile_options
         self.compiled: nn.Module | None = None
-        self.fused = fused  # still to be made: at the first step, in eval mode
-        self.weights = weights
+        self.fused = plan.fused  # still to be made: at the first step, in eval mode
+        self.weights = plan.weights
         self.fused_step: Callable[[torch.Tensor, list, int], torch.Tensor] | None = None  # if the model qualifies
 
     def _make_fused(self, cache: list) -> None:
@@ -266,8 +259,8 @@ class _Step:
             positions = torch.full((1,), position, dtype=torch.long, device=token.device)
             try:
                 if self.compiled is None:  # the first call is guarded: it picks or compiles the entry
-                    options = CPU_COMPILE_OPTIONS if token.device.type == "cpu" else {}
-                    self.compiled = torch.compile(self.model, dynamic=False, options=dict(options))
+                    options = dict(self.compile_options)
+                    self.compiled = torch.compile(self.model, dynamic=False, options=options)
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self.compiled(token, cache=cache, positions=positions, last_only=True)
@@ -303,7 +296,7 @@ def rolls_past_block(model: nn.Module) -> bool:
 
 
 def generate_tokens(
-    model: nn.Module,
+    model: CausalDecoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     pick: Picker,
@@ -313,6 +306,7 @@ def generate_tokens(
     compile: bool = False,
     fused: bool = False,
     weights: str = "fp32",
+    plan: DecodePlan | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(B,)` one step at a time, after the prompt idx `(B, T)` (long).
 
@@ -322,8 +316,10 @@ def generate_tokens(
     decoding step through torch.compile (worth it for long generations; the first call compiles);
     `fused` runs it as one C++ call (`attnlab.accel.fused`: pre-norm GPTs on the CPU; built on
     first use), its products reading the weights as `weights` says (`attnlab.accel.fused.WEIGHT_FORMATS`:
-    fp32, bf16 or int8; the prompt then goes through the fused step too). The projections take the
-    decoding routes (`attnlab.accel.for_decoding`, in place)."""
+    fp32, bf16 or int8; the prompt then goes through the fused step too). `plan`: those three
+    decided already (`attnlab.accel.plan.plan_decoding`, by the caller that loaded the model), in
+    place of `compile`, `fused` and `weights`. The projections take the decoding routes
+    (`attnlab.accel.for_decoding`, in place)."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.dim() != 2 or idx.size(1) == 0:
@@ -334,7 +330,11 @@ def generate_tokens(
     # caller's code runs between steps and must not inherit them (nor lose them when another
     # generator, suspended in between, exits its context out of order).
     new: list[torch.Tensor] = []  # the generated tokens (B,); the whole sequence only when the window slides
-    step = _Step(model, compile and use_cache, fused and use_cache, weights)
+    if plan is None:
+        plan = plan_decoding(model, fused=fused and use_cache, weights=weights, compile=compile and use_cache)
+    elif not use_cache:
+        plan = EAGER  # the fused and compiled steps write a cache
+    step = _Step(model, plan)
     rolls = rolls_past_block(model)
     with _eval_mode(model):
         prompt = idx if rolls else idx[:, -block:]
@@ -374,7 +374,7 @@ def _collect(idx: torch.Tensor, tokens: Iterator[torch.Tensor]) -> torch.Tensor:
 
 
 def greedy(
-    model: nn.Module,
+    model: CausalDecoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -392,7 +392,7 @@ def greedy(
 
 
 def sample(
-    model: nn.Module,
+    model: CausalDecoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from attnlab.accel import for_decoding
+from attnlab.models.protocols import Seq2SeqModel
 
 
 def length_limits(src: torch.Tensor, pad_id: int, max_len_ratio: float, max_len_extra: int, cap: int) -> torch.Tensor:
@@ -31,7 +31,7 @@ def length_limits(src: torch.Tensor, pad_id: int, max_len_ratio: float, max_len_
 
 @torch.inference_mode()
 def greedy_translate(
-    model: nn.Module,
+    model: Seq2SeqModel,
     src: torch.Tensor,
     *,
     bos_id: int,
@@ -56,7 +56,7 @@ def greedy_translate(
 
 @torch.inference_mode()
 def beam_search(
-    model: nn.Module,
+    model: Seq2SeqModel,
     src: torch.Tensor,
     *,
     beam_size: int,
@@ -85,7 +85,7 @@ def beam_search(
 
 
 def _beam_search(
-    model: nn.Module,
+    model: Seq2SeqModel,
     src: torch.Tensor,
     k: int,
     bos_id: int,
@@ -141,7 +141,7 @@ def _beam_search(
     return _best_hypotheses(finished, alive, history, scores)
 
 
-def _start_decoder(model: nn.Module, src: torch.Tensor, max_len: int, fused: bool) -> tuple[object, Callable]:
+def _start_decoder(model: Seq2SeqModel, src: torch.Tensor, max_len: int, fused: bool) -> tuple[object, Callable]:
     """The decoder's state for src `(B, S)` and its one-step function `tokens (N,) -> logits (N, V)`:
     the fused C++ decoder where asked and available, else the model's own `start` and `step`."""
     if fused:
@@ -237,7 +237,7 @@ def _best_hypotheses(
     return results
 
 
-def sequence_log_prob(model: nn.Module, src: torch.Tensor, tgt: Sequence[int], bos_id: int, eos_id: int) -> float:
+def sequence_log_prob(model: Seq2SeqModel, src: torch.Tensor, tgt: Sequence[int], bos_id: int, eos_id: int) -> float:
     """log P(tgt <eos> | src) under the distribution the decoders search (<pad> and <bos> masked
     out, as in `beam_search`), for one sentence src `(1, S)`; tests compare hypotheses with it."""
     tgt_in = torch.tensor([[bos_id, *tgt]], device=src.device)

@@ -36,9 +36,11 @@ import torch
 from torch import nn
 
 from attnlab.accel import for_decoding
+from attnlab.accel.plan import DecodePlan, plan_decoding
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.sampling import Picker, Sampler, _eval_mode, top_k_filter, top_p_filter
 from attnlab.errors import UserError
+from attnlab.models.protocols import CausalDecoder
 from attnlab.nn.attention import KVCache, ModelCache, RollingKVCache
 
 if TYPE_CHECKING:
@@ -168,7 +170,7 @@ def _require_full_caches(cache: list, who: str) -> None:
         )
 
 
-def _forward(model: nn.Module, tokens: list[int], device: torch.device, **kw) -> torch.Tensor:
+def _forward(model: CausalDecoder, tokens: list[int], device: torch.device, **kw) -> torch.Tensor:
     """The model's logits `(T, V)` for tokens (a list), in eval and inference mode."""
     with _eval_mode(model):
         return model(torch.tensor([tokens], dtype=torch.long, device=device), **kw)[0]
@@ -181,7 +183,7 @@ class ModelDrafter:
     its steps run as the fused C++ step (`attnlab.accel.fused`, where it covers the model), the
     context it reads anew in one call (`FusedStep.extend`)."""
 
-    def __init__(self, model: nn.Module, *, fused: bool = False) -> None:
+    def __init__(self, model: CausalDecoder, *, fused: bool = False) -> None:
         for_decoding(model)
         self.model = model
         self.block = model.config.block_size
@@ -313,7 +315,7 @@ class _Target:
     """The model that checks the drafts, with its KV cache (batch 1) and, where it runs on the
     fused C++ step, that step (bound to the cache)."""
 
-    model: nn.Module
+    model: CausalDecoder
     cache: ModelCache
     device: torch.device
     fused_step: "FusedStep | None" = None
@@ -337,23 +339,21 @@ class _Target:
             self.cache.truncate(length)
 
 
-def _target(model: nn.Module, device: torch.device, fused: bool, weights: str) -> _Target:
-    """The target with a fresh cache of block_size slots, on the fused step where `fused` asks
+def _target(model: CausalDecoder, device: torch.device, plan: DecodePlan) -> _Target:
+    """The target with a fresh cache of block_size slots, on the fused step where the plan asks
     for it and it covers the model (`attnlab.accel.fused.gpt_step` warns where it does not)."""
-    if weights != "fp32" and not fused:
-        raise ValueError(f"{weights} weights are the fused step's (fused=True)")
     cache = model.new_cache(1, model.config.block_size)
     _require_full_caches(cache, "the model")
     step = None
-    if fused:
+    if plan.fused:
         from attnlab.accel.fused import gpt_step  # a build only where asked for
 
-        step = gpt_step(model, cache, weights)
+        step = gpt_step(model, cache, plan.weights)
     return _Target(model, cache, device, step)
 
 
 def speculative_generate(
-    model: nn.Module,
+    model: CausalDecoder,
     idx: torch.Tensor,
     max_new_tokens: int,
     pick: Picker,
@@ -362,19 +362,25 @@ def speculative_generate(
     eos_id: int | None = None,
     fused: bool = False,
     weights: str = "fp32",
+    plan: DecodePlan | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token ids `(1,)` after the prompt idx `(1, T)` (long), as `generate_tokens`
     does with the same picker, drafting with `speculation.drafter` (`speculation.stats` counts what
     it kept). Greedy output is the target's token for token; sampled output has the target's law.
     `fused`: the target reads its prompt and checks the drafts on the fused C++ step
     (`attnlab.accel.fused`; a model it does not cover runs on PyTorch's, with a warning), its
-    products' weights stored as `weights` says (`WEIGHT_FORMATS`, as for `generate_tokens`)."""
+    products' weights stored as `weights` says (`WEIGHT_FORMATS`, as for `generate_tokens`). `plan`:
+    those two decided already (`attnlab.accel.plan.plan_decoding`), in their place."""
     if idx.dim() != 2 or idx.size(0) != 1 or idx.size(1) == 0:
         raise ValueError(f"speculative decoding takes one prompt (1, T) with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     for_decoding(model)
-    target = _target(model, idx.device, fused, weights)
+    if plan is None:
+        plan = plan_decoding(model, fused=fused, weights=weights)
+    if plan.compile:
+        raise ValueError("speculation checks drafts with PyTorch's step or the fused one: leave compile alone")
+    target = _target(model, idx.device, plan)
     tokens = idx[0].tolist()
     window = tokens[-model.config.block_size :]  # what generate_tokens prefills
     if len(window) > 1:  # all but the pending token, whose logits the first verification computes

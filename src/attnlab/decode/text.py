@@ -3,12 +3,13 @@
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch import nn
 
+from attnlab.accel.plan import EAGER, DecodePlan
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.sampling import Picker, generate_tokens
 from attnlab.decode.speculative import Speculation, speculative_generate
 from attnlab.errors import UserError
+from attnlab.models.protocols import CausalDecoder
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -79,32 +80,26 @@ class TextPieces:
 
 
 def stream_text(
-    model: nn.Module,
+    model: CausalDecoder,
     tokenizer: Tokenizer,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     pick: Picker,
     *,
     stop: Sequence[str] = (),
-    compile: bool = False,
-    fused: bool = False,
-    weights: str = "fp32",
+    plan: DecodePlan = EAGER,
     speculation: Speculation | None = None,
 ) -> Iterator[str]:
     """Yield the continuation of one prompt `(1, T)` as text pieces, as the tokens come (see
-    `TextPieces`). `compile`, `fused` and `weights` choose how the decoding step runs (see
-    `generate_tokens`); `speculation` drafts tokens for the step to check
-    (`attnlab.decode.speculative`: PyTorch's or, with `fused`, the fused one; not compiled).
+    `TextPieces`). `plan` says how the decoding step runs (`attnlab.accel.plan.plan_decoding`:
+    compiled, fused, which weights); `speculation` drafts tokens for the step to check
+    (`attnlab.decode.speculative`: PyTorch's or, with a fused plan, the fused one; not compiled).
     """
-    pieces = TextPieces(tokenizer, stop)
+    pieces, eos = TextPieces(tokenizer, stop), tokenizer.eos_id
     if speculation is not None:
-        if compile:
-            raise ValueError("speculation checks drafts with PyTorch's step or the fused one: leave compile alone")
-        options = dict(eos_id=tokenizer.eos_id, fused=fused, weights=weights)
-        tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, **options)
+        tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, eos_id=eos, plan=plan)
     else:
-        options = dict(eos_id=tokenizer.eos_id, compile=compile, fused=fused, weights=weights)
-        tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, **options)
+        tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, eos_id=eos, plan=plan)
     for token in tokens:
         token_id = int(token[0])
         if token_id == tokenizer.eos_id:
@@ -120,7 +115,7 @@ def stream_text(
 
 
 def complete(
-    model: nn.Module,
+    model: CausalDecoder,
     tokenizer: Tokenizer,
     prompt: str,
     max_new_tokens: int,

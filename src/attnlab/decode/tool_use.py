@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.calculator import ALLOWED, calculate
 from attnlab.decode.sampling import Picker
 from attnlab.decode.text import stream_text
 from attnlab.decode.tool_calls import ToolFormat, call_prefix, format_of, split, template_content
+from attnlab.models.protocols import CausalDecoder
 
 MAX_CALLS = 4
 
@@ -156,7 +156,7 @@ def _parsed_call(call: Mapping[str, Any]) -> dict:
 
 
 def reply_with_tools(
-    model: nn.Module,
+    model: CausalDecoder,
     tokenizer: Tokenizer,
     template,
     messages: list[dict],

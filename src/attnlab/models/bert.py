@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnlab.config import old_field_names
+from attnlab.names import OLD_FIELDS
 from attnlab.nn import (
     EMBEDDING_STD,
     AttentionOptions,
@@ -56,6 +58,7 @@ CLASSIFIER_HEADS = ("linear", "prediction")
 POSITION_IDS = ("index", "after_padding")
 
 
+@old_field_names(OLD_FIELDS)  # the block parts' n_kv_head until the rename (and the GPT's names, as TOML reads them)
 @dataclass(frozen=True)
 class BertConfig(AttentionOptions, BlockOptions, FunnelOptions):
     """Everything that fixes the shape and behaviour of a BERT. Validated on construction. The
@@ -328,6 +331,11 @@ class Bert(nn.Module):
     """Bidirectional Transformer encoder with one head. `forward(ids (B, T))` -> the head's output:
     "mlm" `(B, T, V)`, "sequence" `(B, L)`, "token" `(B, T, L)`, "none" `(B, T, C)`."""
 
+    drop_full_mask: bool = False
+    """Whether a padding mask that hides nothing is dropped, the same function at less cost. Set
+    from outside, where the model is prepared for its hardware (`attnlab.accel.rules`): seeing that
+    the mask hides nothing reads it, free on the CPU, a wait for the device on a GPU."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
@@ -385,10 +393,9 @@ class Bert(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states `(B, T, C)` of the last block and, when asked for, each block's weights."""
         mask = padding_mask_from_ids(ids, self.config.pad_id)  # (B, 1, 1, T): padding is never a key
-        if ids.device.type == "cpu" and bool(mask.all()):
+        if self.drop_full_mask and bool(mask.all()):
             # Nothing to hide (masked-LM blocks are never padded): no mask spares the attention two
-            # passes over its (B, H, T, T) weights and lets it take an unmasked kernel. Only on the
-            # CPU, where the check costs nothing: on a GPU it would wait for the device.
+            # passes over its (B, H, T, T) weights and lets it take an unmasked kernel.
             mask = None
         x = self.embeddings(ids, segments)  # (B, T, C)
         pos = torch.arange(ids.size(1), device=ids.device)

@@ -8,7 +8,7 @@ References:
 - gpt-fast: an explicit, preallocated KV cache object for incremental decoding.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -40,25 +40,6 @@ def scaled_dot_product_attention(
     weights = attention_weights(q, k, mask)
     applied = F.dropout(weights, dropout_p) if dropout_p > 0.0 else weights
     return applied @ v, weights
-
-
-FORMULA_MAX_KEYS = 128
-"""Up to this many keys, bf16 training on a CPU takes the formula (see `_formula_trains_faster`)."""
-
-
-def _formula_trains_faster(q: torch.Tensor, t_k: int) -> bool:
-    """Whether the formula's three products beat PyTorch's fused kernel for this step: in bf16 on
-    a CPU, with gradients, at most FORMULA_MAX_KEYS keys. There the fused (flash) kernel's
-    backward walks small blocks in plain loops while the formula's products run on the CPU's
-    bf16 matrix units (benchmarks/attention_cpu.py; the figures in BENCHMARKS.md, "Tuned CPU
-    paths"). Forward alone (no gradients) the fused kernel is the faster, as it is in fp32."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
-        and t_k <= FORMULA_MAX_KEYS
-        and torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()
-    )
 
 
 class CachedKeys(NamedTuple):
@@ -353,6 +334,12 @@ class MultiHeadAttention(nn.Module):
     the shared heads alone.
     """
 
+    prefer_formula: Callable[[torch.Tensor, int], bool] | None = None
+    """Set from outside, where the model is prepared for its hardware (`attnlab.accel.rules`): given
+    the queries `(B, H, Tq, D)` and the number of keys, whether the formula's three products beat
+    PyTorch's fused kernel for this step. None: the fused kernel wherever it computes the function
+    (the reference code asks nothing of the hardware)."""
+
     def __init__(
         self,
         d_model: int,
@@ -581,12 +568,11 @@ class MultiHeadAttention(nn.Module):
             k_pos = torch.arange(t_k, device=q.device) if k_pos is None else k_pos
             q_pos, k_pos = q_pos[:, None], k_pos[None, :]  # (Tq, 1), (1, Tk)
             score_bias = self.positions.score_bias(q, q_pos, k_pos)
-            value_bias = not self.positions.fused  # a term from the weights: the formula's path
+            value_bias = not self.positions.sdpa_allowed  # a term from the weights: the formula's path
         # In a compiled one-query step the formula's few operators fuse into the kernels around
         # them, where the fused kernel is one more call with its fixed cost (docs/history.md).
-        formula = (
-            need_weights or value_bias or (t_q == 1 and torch.compiler.is_compiling()) or _formula_trains_faster(q, t_k)
-        )
+        faster = self.prefer_formula is not None and self.prefer_formula(q, t_k)
+        formula = need_weights or value_bias or (t_q == 1 and torch.compiler.is_compiling()) or faster
         # A square causal problem has a dedicated flag in the fused kernel; anything else needs
         # the mask written out.
         fused_causal = causal and mask is None and score_bias is None and t_q == t_k and not formula

@@ -162,8 +162,9 @@ class AttentionPositions(nn.Module):
     broadcastable to `(*S, Tq, Tk)`; *S are the block dimensions of a blocked attention pattern.
     """
 
-    fused = True
-    """Whether attention may still take PyTorch's fused kernel (a score bias goes in as a float mask)."""
+    sdpa_allowed = True
+    """Whether attention may still take PyTorch's `scaled_dot_product_attention` (a score bias goes in
+    as a float mask); False where the scheme adds a term from the attention weights themselves."""
 
     row_positions = False
     """Whether the hooks take per-row positions `(B, 1, T)` (continuous batching): a rotation does;
@@ -418,7 +419,7 @@ class RelativePositions(AttentionPositions):
     The 2k+1 distinct a^K make the key term cheap: q·a^K for each offset once, `(Tq, 2k+1)`, then
     gathered by offset (Shaw §3.3's efficient form)."""
 
-    fused = False  # the value term needs the weights
+    sdpa_allowed = False  # the value term needs the weights
 
     def __init__(self, n_heads: int, head_dim: int, *, max_distance: int = 16, **_: object) -> None:
         super().__init__()

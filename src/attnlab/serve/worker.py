@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from attnlab.accel.fused import by_default
+from attnlab.accel.plan import plan_decoding
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.batching import Batcher, Sequence
 from attnlab.decode.sampling import Penalties, Picker, TokenMask, TokenScore, sampling_picker
 from attnlab.decode.text import TextPieces
+from attnlab.models.protocols import CausalDecoder
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +154,16 @@ class ModelWorker:
     wait for a row; more are refused with `QueueFull`. max_prompt_tokens: the longest prompt
     accepted (`context`); the model reads a prompt's last block_size tokens, as `attnlab sample` does.
     fused: the decoding step in C++ (`Batcher`'s); None: where it is built and covers the model.
-    weights: how the fused step stores the weights (fp32, bf16, int8); with bf16 or int8, None takes
-    the fused step wherever it covers the model, and a model it does not cover decodes in fp32.
+    weights: how the fused step stores the weights (fp32, bf16, int8, int4); with those but fp32, None
+    takes the fused step wherever it covers the model, and a model it does not cover decodes in fp32.
+    The two are decided once, here (`plan`: `attnlab.accel.plan.plan_decoding`), for every request.
     cache_memory: bytes of recent prompts' keys and values kept for the prompts that begin the same
     way (`attnlab.decode.prefix_cache`); 0: none.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalDecoder,
         tokenizer: Tokenizer,
         *,
         max_batch: int = 32,
@@ -177,15 +178,8 @@ class ModelWorker:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.model = model.eval()
         self.tokenizer = tokenizer
-        if fused is None:
-            fused = by_default(model, weights)
-        self.batcher = Batcher(
-            model,
-            max_batch if batched else 1,
-            fused=fused,
-            weights=weights if fused else "fp32",
-            prefix_memory=cache_memory,
-        )
+        self.plan = plan_decoding(model, fused=fused, weights=weights)  # decided once, for every request
+        self.batcher = Batcher(model, max_batch if batched else 1, plan=self.plan, prefix_memory=cache_memory)
         self.max_queue = max_queue
         self.context = max_prompt_tokens
         self.generated_tokens = 0

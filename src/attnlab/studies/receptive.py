@@ -66,7 +66,7 @@ def pixels_seen(model: torch.nn.Module, r: int, c: int) -> int:
 
 
 def _pixelcnn_row(preset: str, label: str) -> Row:
-    from attnlab.tasks.images import ImageDensity
+    from attnlab.tasks.image_density import ImageDensity
 
     config = dataclasses.replace(_model_config(preset), hidden=8, head_channels=8)
     torch.manual_seed(0)

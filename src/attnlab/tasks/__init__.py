@@ -17,22 +17,22 @@ encoder in there); `uses_tokenizer = False` for a task whose run folder has no t
 import importlib
 
 from attnlab.names import TASKS as TASK_TABLE
-from attnlab.tasks.audio import AudioDataConfig, SpeechDensity
+from attnlab.tasks.audio_classification import AudioClassification, DigitsDataConfig
+from attnlab.tasks.audio_density import AudioDataConfig, AudioDensity
 from attnlab.tasks.chat import Chat, ChatDataConfig
-from attnlab.tasks.classification import Classification, ClassificationDataConfig
-from attnlab.tasks.digits import DigitClassification, DigitsDataConfig
-from attnlab.tasks.images import ImageDensity, ImagesDataConfig
-from attnlab.tasks.lm import LanguageModeling, LMDataConfig
-from attnlab.tasks.mlm import MaskedLM, MLMDataConfig
-from attnlab.tasks.nodes import NodeClassification, NodesDataConfig
-from attnlab.tasks.tagging import Tagging, TaggingDataConfig
+from attnlab.tasks.image_classification import ImageClassification
+from attnlab.tasks.image_density import ImageDensity, ImagesDataConfig
+from attnlab.tasks.language_model import LanguageModel, LMDataConfig
+from attnlab.tasks.masked_lm import MaskedLM, MLMDataConfig
+from attnlab.tasks.node_classification import NodeClassification, NodesDataConfig
+from attnlab.tasks.text_classification import ClassificationDataConfig, TextClassification
+from attnlab.tasks.token_classification import TaggingDataConfig, TokenClassification
 from attnlab.tasks.translation import Translation, TranslationDataConfig
-from attnlab.tasks.vision import ImageClassification
 
 
 def task_class(path: str) -> type:
-    """The class of a task-table entry's `task_class`: "lm:LanguageModeling" -> `LanguageModeling`
-    of `attnlab.tasks.lm`."""
+    """The class of a task-table entry's `task_class`: "language_model:LanguageModel" -> `LanguageModel`
+    of `attnlab.tasks.language_model`."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(f"attnlab.tasks.{module}"), name)
 
@@ -53,21 +53,21 @@ __all__ = [
     "AudioDataConfig",
     "Chat",
     "ChatDataConfig",
-    "DigitClassification",
+    "AudioClassification",
     "DigitsDataConfig",
     "ImageClassification",
     "ImageDensity",
     "ImagesDataConfig",
-    "SpeechDensity",
-    "Classification",
+    "AudioDensity",
+    "TextClassification",
     "ClassificationDataConfig",
     "LMDataConfig",
-    "LanguageModeling",
+    "LanguageModel",
     "MLMDataConfig",
     "MaskedLM",
     "NodeClassification",
     "NodesDataConfig",
-    "Tagging",
+    "TokenClassification",
     "TaggingDataConfig",
     "Translation",
     "TranslationDataConfig",

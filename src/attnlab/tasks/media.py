@@ -22,7 +22,7 @@ from attnlab.decode.audio import generate_audio
 from attnlab.decode.pixels import sample_images
 from attnlab.errors import UserError
 from attnlab.fileio import check_writable
-from attnlab.tasks.images import SPLITS, read_images
+from attnlab.tasks.image_density import SPLITS, read_images
 
 SEED = 1337
 MAX_SECONDS = 60

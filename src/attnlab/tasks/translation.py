@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.accel.fused import by_default
+from attnlab.accel.plan import EAGER, DecodePlan, plan_decoding
 from attnlab.data.parallel import (
     MULTI30K_SPLITS,
     EpochBatches,
@@ -240,14 +240,15 @@ class Translation:
         beam: int = 5,
         length_penalty: float = 1.0,
         max_len_ratio: float = 1.5,
-        fused: bool | None = None,
+        plan: DecodePlan | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> list[str]:
         """Translate already-encoded source sentences (in their order) to detokenized text;
-        `fused`: the C++ decoder step (`beam_search`), by default where it is built and covers the
-        model in eval mode (`attnlab.accel.fused.by_default`); `progress(n)` after each batch of n sentences."""
-        if fused is None:
-            fused = by_default(model)
+        `plan`: whether the decoder steps in C++ (`beam_search`'s `fused`), decided where the model
+        was loaded (`attnlab.accel.plan.plan_decoding`); None: decided here, the C++ step where it is
+        built and covers the model; `progress(n)` after each batch of n sentences."""
+        if plan is None:
+            plan = plan_decoding(model)
         out: list[str] = [""] * len(sources)
         lengths = [len(s) for s in sources]
         for indices in token_batches(lengths, lengths, 6000, seed=None):
@@ -263,7 +264,7 @@ class Translation:
                 eos_id=self.eos_id,
                 length_penalty=length_penalty,
                 max_len_ratio=max_len_ratio,
-                fused=fused,
+                fused=plan.fused,
             )
             for row, i in enumerate(indices):
                 out[i] = self.tokenizer.decode(ids[row], skip_special=True).strip() if lengths[i] else ""
@@ -281,7 +282,7 @@ class Translation:
         beam: int = 5,
         length_penalty: float = 1.0,
         max_len_ratio: float = 1.5,
-        fused: bool = False,
+        plan: DecodePlan = EAGER,
     ) -> "Alignment":
         """One encoded source sentence's translation by beam search and the decoder's cross-attention
         over it (`model.cross_attention`: the last layer's, averaged over heads) under teacher forcing
@@ -289,7 +290,7 @@ class Translation:
         if not source_ids:
             raise UserError("the sentence is empty: there is nothing to translate or align")
         src = torch.tensor([list(source_ids)], device=device)
-        options = dict(length_penalty=length_penalty, max_len_ratio=max_len_ratio, fused=fused)
+        options = dict(length_penalty=length_penalty, max_len_ratio=max_len_ratio, fused=plan.fused)
         (target_ids,) = beam_search(model, src, beam_size=beam, bos_id=self.bos_id, eos_id=self.eos_id, **options)
         tgt_in = torch.tensor([[self.bos_id, *target_ids]], device=device)
         weights = model.cross_attention(src, tgt_in)[0].float().cpu()  # (T, S)

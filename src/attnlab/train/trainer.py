@@ -29,6 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnlab.accel import Applied, for_training
+from attnlab.accel.rules import prepare_for_training
 from attnlab.device import autocast, slow_dtype_note
 from attnlab.errors import UserError
 from attnlab.nn import collect_aux_loss, moe_stats
@@ -495,7 +496,9 @@ def _lora(run: RunSetup, model: nn.Module) -> LoRASetup | None:
 def _tuned(run: RunSetup, model: nn.Module) -> Applied | None:
     """attnlab's C++ kernels on the model's covered modules (they take their kernels in training
     mode; evaluation runs the reference code), and on the loss of a task that computes its own
-    cross-entropy (a `cross_entropy` attribute: the masked LM's); None where they are off."""
+    cross-entropy (a `cross_entropy` attribute: the masked LM's); None where they are off. Every
+    model first takes the hardware rules of training (`attnlab.accel.rules`), kernels or not."""
+    prepare_for_training(model)
     if not run.config.train.fused_kernels or run.config.train.lora is not None:
         return None  # the blocks' kernels read the weights themselves: they would pass the adapters by
     applied = for_training(model)

@@ -121,8 +121,8 @@ def draw_cls_attention(
     et al. 2020, Figure 6, draws the same from attention rollout; here one layer's, as they are)."""
     from attnlab.data.images import FASHION_CLASSES
     from attnlab.models.vit import ViT
-    from attnlab.tasks.images import SPLITS
-    from attnlab.tasks.vision import ImageClassification
+    from attnlab.tasks.image_classification import ImageClassification
+    from attnlab.tasks.image_density import SPLITS
 
     path = check_png_path(out)
     check_writable(path)

@@ -38,8 +38,7 @@ class RNNCarry:
 class RNNLM(nn.Module):
     """Embedding, a d-layer GRU of width k, a linear head. `forward(idx (B, T))` -> logits `(B, T, V)`.
 
-    Follows the decoding interface of `attnlab.decode`: `new_cache` gives the state to carry,
-    `forward(idx, cache=state)` advances it by the tokens of idx.
+    A `attnlab.models.protocols.CausalDecoder`, so `attnlab.decode` steps it as it steps a GPT.
     """
 
     def __init__(self, config: RNNLMConfig) -> None:

@@ -82,7 +82,7 @@ def encode_clips(recordings: Sequence[Recording], speakers: Sequence[str]) -> Cl
     )
 
 
-class SpeechDensity:
+class AudioDensity:
     """The likelihood of each recording, sample by sample, given its digit; WaveNet can also speak."""
 
     name = "audio-density"

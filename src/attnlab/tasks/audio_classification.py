@@ -55,7 +55,7 @@ def pad(waves: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lengths
 
 
-class DigitClassification:
+class AudioClassification:
     """The digit each recording says."""
 
     name = "audio-classification"

@@ -2,7 +2,7 @@
 
 Which model: `attnlab.models.electra.Electra`, a small masked-LM generator and the BERT
 discriminator that fine-tuning keeps (`--init-from` this run loads the discriminator's encoder).
-Which data: what masked-LM pre-training reads (`attnlab.tasks.mlm`: a WikiText-style corpus folder
+Which data: what masked-LM pre-training reads (`attnlab.tasks.masked_lm`: a WikiText-style corpus folder
 or a UD treebank, a WordPiece vocabulary trained on it, full blocks of `max_len` tokens), masked as
 google-research/electra masks (`pretrain_helpers.mask`): `mask_prob` of the tokens chosen, 85% of
 those become [MASK] and 15% stay; the generator's samples then replace every chosen token. Which
@@ -32,7 +32,7 @@ from attnlab.errors import ConfigError
 from attnlab.eval import perplexity
 from attnlab.models.electra import Electra, ElectraConfig, ElectraOutput
 from attnlab.tasks.checks import unknown_split
-from attnlab.tasks.mlm import EVAL_SEED, SPLIT_FILES, MaskedLM, MLMDataConfig
+from attnlab.tasks.masked_lm import EVAL_SEED, SPLIT_FILES, MaskedLM, MLMDataConfig
 
 REPLACE_PROB = 0.85  # google-research/electra's `mask`: 85% of the chosen tokens become [MASK], 15% stay
 

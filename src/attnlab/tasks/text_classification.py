@@ -67,7 +67,7 @@ class ClassificationDataConfig:
             raise ValueError(f"val_size must be >= 1, got {self.val_size}")
 
 
-class Classification(EncoderTask):
+class TextClassification(EncoderTask):
     """One label per sentence, predicted from the whole sentence."""
 
     name = "text-classification"

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.eval.language_model import LanguageModel, encode
 from attnlab.progress import ProgressLines
-from attnlab.studies.language_model import LanguageModel, encode
 
 
 @dataclass(frozen=True)

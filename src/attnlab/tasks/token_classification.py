@@ -122,7 +122,7 @@ def find_split_file(data_dir: str, split: str) -> Path:
     return found[0]
 
 
-class Tagging(EncoderTask):
+class TokenClassification(EncoderTask):
     """A tag for every word, predicted at its first subword."""
 
     name = "token-classification"

@@ -31,7 +31,7 @@ from attnlab.eval import perplexity
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.tasks.checks import unknown_split
 from attnlab.tasks.encoder import load_pretrained, source_config
-from attnlab.tasks.tagging import find_split_file
+from attnlab.tasks.token_classification import find_split_file
 
 SPLIT_FILES = {"train": "train.txt", "val": "valid.txt", "test": "test.txt"}
 EVAL_SEED = 20_190_524  # the validation blocks are masked identically at every evaluation

@@ -85,7 +85,7 @@ class LMDataConfig:
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class LanguageModeling:
+class LanguageModel:
     """Next-token prediction on a text corpus with a GPT."""
 
     name = "language-model"
@@ -328,7 +328,7 @@ def load_source(folder: str | Path) -> Source:
     if line := refusal(what_is(path), "train --init-from", (CAUSAL_LM,)):
         raise UserError(f"--init-from {line}")  # which of the command's arguments is wrong
     loaded = load_checkpoint(path, command="train --init-from", kinds=(CAUSAL_LM,))
-    if loaded.run is not None and loaded.task != LanguageModeling.name:
+    if loaded.run is not None and loaded.task != LanguageModel.name:
         raise UserError(
             f"--init-from {path}: a {loaded.task!r} run, not a language model; give "
             + takes_words((CAUSAL_LM,)).replace("a run folder", "a language-model run folder", 1)

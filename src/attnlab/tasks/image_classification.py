@@ -19,7 +19,7 @@ from attnlab.data.images import flip_and_shift
 from attnlab.errors import UserError
 from attnlab.models.vit import CNN, CNNConfig, ViT, ViTConfig
 from attnlab.tasks.checks import unknown_split
-from attnlab.tasks.images import (
+from attnlab.tasks.image_density import (
     SPLITS,
     ImagesDataConfig,
     batches,
