@@ -1,6 +1,6 @@
 """Perplexity of a trained attnlab language model through its fused decoding step, with the weights
-stored as fp32, bf16 and int8 (`attnlab.accel.fused.WEIGHT_FORMATS`): what storing the weights in
-fewer bytes costs in quality, measured by the path that decodes with them.
+stored as fp32, bf16, int8 (GGUF's q8_0) and int4 (GGUF's Q4_0) (`attnlab.accel.fused.WEIGHT_FORMATS`):
+what storing the weights in fewer bytes costs in quality, measured by the path that decodes with them.
 
 The text is tokenized by the run's tokenizer and cut into consecutive windows of the model's block
 size; each window is decoded from an empty cache, one token a step, 8 windows side by side (the
@@ -14,9 +14,10 @@ decode. That is the path where bf16 weights on a CPU with bf16 instructions mult
 rows in bf16 (`attnlab.accel.fused.NATIVE_BF16`), measured beside bf16 widened ("bf16-widened").
 
     python benchmarks/weights_perplexity.py RUN --data ../shared/data/wikitext-2/valid.txt
-        [--rows 8] [--max-tokens N] [--prompt P] [--json FILE]
+        [--rows 8] [--max-tokens N] [--prompt P] [--formats fp32,int4] [--json FILE]
 
-Prints one JSON object: the run, the tokens scored, the perplexity per precision and each one's
+Prints one JSON object: the run, the tokens scored, the bytes a weight each format stores (as the
+step holds it in memory: its values and scales), the perplexity per precision and each one's
 relative difference from fp32's.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 import attnlab
-from attnlab.accel.fused import NATIVE_BF16, WEIGHT_FORMATS, FusedStep, extension, supports
+from attnlab.accel.fused import NATIVE_BF16, WEIGHT_FORMATS, FusedStep, extension, stored_weight, supports
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run_info import run_info  # noqa: E402
@@ -79,6 +80,14 @@ def eager_nll(model: torch.nn.Module, chunks: torch.Tensor, rows: int, prompt: i
     return total
 
 
+def bytes_per_weight(model: torch.nn.Module, weights: str) -> float:
+    """The bytes a weight the step holds for `model`'s linear layers in format `weights`: their
+    stored values and scales over the weights they stand for."""
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    stored = sum(t.nbytes for w in linears for t in stored_weight(w, weights))
+    return stored / sum(w.numel() for w in linears)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", type=Path, help="a run folder written by `attnlab train` (a language model)")
@@ -86,9 +95,15 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8, help="windows decoded side by side (default 8)")
     p.add_argument("--max-tokens", type=int, help="score at most about this many tokens (default: the whole text)")
     p.add_argument("--prompt", type=int, default=0, help="prefill each window's first P tokens (default 0: none)")
+    p.add_argument(
+        "--formats", default=",".join(WEIGHT_FORMATS), help="weight formats to score, comma-separated (default: all)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args()
+    chosen = args.formats.split(",")
+    if "fp32" not in chosen or not set(chosen) <= set(WEIGHT_FORMATS):
+        raise SystemExit(f"--formats must include fp32 and name only {', '.join(WEIGHT_FORMATS)}")
     torch.set_num_threads(args.threads)
     run = attnlab.load(args.run)
     model = run.model.eval()
@@ -103,7 +118,7 @@ def main() -> None:
     scored = chunks.numel() - chunks.size(0) * max(1, args.prompt)
     ppl, seconds = {}, {}
     reference = math.exp(eager_nll(model, chunks, args.rows, args.prompt) / scored)
-    formats = {w: (w, None) for w in WEIGHT_FORMATS}  # label -> (weights, native_bf16: None for the default)
+    formats = {w: (w, None) for w in chosen}  # label -> (weights, native_bf16: None for the default)
     if args.prompt:  # prompts are where bf16 may multiply in bf16: bf16 with fp32 rows beside it
         formats["bf16-widened"] = ("bf16", False)
     for label, (weights, native) in formats.items():
@@ -120,6 +135,7 @@ def main() -> None:
         "prompt": args.prompt,
         "bf16_native_here": NATIVE_BF16,
         "tokens_scored": scored,
+        "bytes_per_weight": {w: round(bytes_per_weight(model, w), 4) for w in chosen},
         "perplexity_pytorch_fp32": round(reference, 4),
         "perplexity": {w: round(v, 4) for w, v in ppl.items()},
         "relative_to_fp32": {w: round(ppl[w] / ppl["fp32"] - 1, 5) for w in ppl},
