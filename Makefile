@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-avx2 install dev serve docs browser lint bench clean gpu-check gguf-converter
+.PHONY: demo test test-fast test-avx2 install dev serve docs browser lint bench clean gpu-check gguf-converter
 
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
@@ -15,17 +15,21 @@ demo: $(VENV)/.installed
 test: $(VENV)/.dev-installed browser gguf-converter
 	$(BIN)/pytest
 
+# The edit loop: the suite less the modules marked slow (they train, start processes or servers,
+# drive the browser or run the docs' examples). `make test` runs everything.
+test-fast: $(VENV)/.dev-installed
+	$(BIN)/pytest -m "not slow"
+
 # The AVX2 code paths on any x86-64 CPU, AVX-512 ones included (CI runs this after `make test`):
 # the C++ kernels built for x86-64-v3 (AVX2, no AVX-512) and PyTorch's and oneDNN's kernels capped
 # at AVX2, then the numerical suites. Its own inductor cache: compiled code cached under one cap
 # computed wrong results when loaded under the other.
 AVX2 := ATTNLAB_MARCH=x86-64-v3 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
         TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2
-NUMERICAL := tests/test_tolerance.py tests/accel/test_kernels.py tests/accel/test_projection.py tests/accel/test_decoding.py \
-        tests/accel/test_q4.py tests/accel/test_q4_gguf.py \
-        tests/decode/test_fused.py tests/decode/test_fused_decoder.py tests/decode/test_fused_int8.py \
-        tests/decode/test_fused_multi.py tests/decode/test_batching.py \
-        tests/train/test_fused_kernels.py tests/train/test_clipping_adamw.py
+# The numerical suites: tests/accel, every test of the tuned code (kernels, fused decoding and its
+# batching, training kernels, ClippingAdamW, projections, the float bound), less the builds' own
+# tests (`not build`), which compile extensions rather than compare numbers.
+NUMERICAL := tests/accel -m "not build"
 
 test-avx2: $(VENV)/.dev-installed
 	@case "$$(uname -m)" in x86_64|amd64) ;; *) echo "make: test-avx2 is for x86-64 CPUs; skipped"; exit 0;; esac; \
@@ -89,7 +93,7 @@ $(VENV)/.dev-installed: pyproject.toml $(VENV)/.installed
 	touch $@
 
 # llama.cpp's own converter (convert_hf_to_gguf.py, its conversion/ package and its own gguf-py/) for
-# tests/models/test_gguf.py, unpacked from llama-cpp-python's source distribution (nothing is
+# tests/models/hf/test_gguf.py, unpacked from llama-cpp-python's source distribution (nothing is
 # built, a few seconds after the 75 MB download); the tests skip, naming this target, without it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 GGUF_CONVERTER   := $(VENV)/llama-cpp-converter

@@ -68,7 +68,7 @@ def causal_lm_folder(folder: Path, family: str):
 
 def qwen3_moe_model(seed: int = 0, **fields) -> torch.nn.Module:
     """A random-weight Qwen3-MoE of `fields` (transformers' Qwen3MoeConfig keys) in eval mode, moved
-    far from its initialisation as tests/models/test_hf_families.py moves its models (norms near 1,
+    far from its initialisation as tests/models/hf/test_families.py moves its models (norms near 1,
     q and k scaled up, embeddings N(0, 1)), and with its routers spread out: at transformers' init
     every expert is nearly equally likely, and a near tie could pick another expert in two
     libraries' rounding."""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "llamacpp_compare.py"
 EXTRA = "pip install 'attnlab[llamacpp]'"
 PEER_INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "gguf", "sentencepiece"))

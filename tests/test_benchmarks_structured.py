@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "structured_overhead.py"
 pytest.importorskip("llguidance")
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "transfer_table.py"
 _spec = importlib.util.spec_from_file_location("transfer_table", SCRIPT)
 transfer = importlib.util.module_from_spec(_spec)

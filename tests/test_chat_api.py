@@ -16,6 +16,8 @@ import attnlab
 from attnlab.errors import UserError
 from tool_run import ANSWER, CONVERSATION, EXPRESSION, QUESTION, train_tool_run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tool_run(tmp_path_factory):

@@ -25,6 +25,8 @@ import pytest
 
 from attnlab.cli import build_parser, main
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"
 RUN_NAMES = ("shakespeare-char-cpu", "demo")  # the run folders the docs' examples name

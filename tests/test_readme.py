@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnlab.cli import main
+
+pytestmark = pytest.mark.slow
 
 README = Path(__file__).parents[1] / "README.md"
 

@@ -29,7 +29,7 @@ its own values; residual connections and normalisations keep an earlier error fr
 with n the longest sum in the chain (`assert_float32_close`: atol and rtol both that factor).
 What this allows is rounding, and nothing of the size of a
 real mistake: a key read from the wrong position or a term left out changes values by a fraction
-of their own size, orders of magnitude past this bound (tests/test_tolerance.py shows both).
+of their own size, orders of magnitude past this bound (tests/accel/test_tolerance.py shows both).
 """
 
 import torch

@@ -14,6 +14,8 @@ from torch.utils import cpp_extension
 
 from attnlab.accel import extensions
 
+pytestmark = [pytest.mark.slow, pytest.mark.build]
+
 SOURCE = Path(extensions.__file__).with_name("kernels.cpp")
 
 

@@ -465,7 +465,7 @@ def test_the_4_float_build_runs_every_other_kernel_right_too(narrow_build, monke
     elif kernel == "cross_entropy":
         test_cross_entropy_and_its_gradient_match_pytorch_in_float64(torch.float32, 0.1, 2)
     else:
-        _test_module("train/test_clipping_adamw.py").test_steps_match_pytorchs_clipping_and_adamw(2, 1.0)
+        _test_module("accel/test_clipping_adamw.py").test_steps_match_pytorchs_clipping_and_adamw(2, 1.0)
     assert used  # the narrow build ran, not this CPU's
 
 

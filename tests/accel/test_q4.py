@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from accel.test_fused_int8 import trained_gpt
 from attnlab.accel.fused import (
     WEIGHT_FORMATS,
     FusedStep,
@@ -34,11 +35,13 @@ from attnlab.accel.fused import (
 )
 from attnlab.decode import greedy
 from decode.conftest import tiny_gpt
-from decode.test_fused_int8 import trained_gpt
 from tolerance import assert_float32_close, float32_factor, gpt_sums
 
 gguf = pytest.importorskip("gguf")
-pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(extension() is None, reason="the fused step could not be built here"),
+]
 
 PATHS = ("vector", "portable")
 STREAMED_ROWS = (1, 2, 3, 5, 8, 9, 15)  # up to 15: streamed in groups of 8 (every group size's code)

@@ -4,7 +4,7 @@ The files are llama.cpp's converter's f32 files of tiny random Hugging Face fold
 matrix of whole 32-value blocks rewritten as Q4_0 by gguf's own quantizer (tests/gguf_files.py).
 The int4 step's weights (`attnlab.accel.fused.stored_weight` of the loaded, dequantized model) are
 compared with the file's blocks read raw ([f16 d, 16 bytes of nibbles] a block), bit for bit, as
-tests/models/test_gguf_q8_blocks.py does for Q8_0; and greedy decoding with them is compared with
+tests/models/hf/test_gguf_q8_blocks.py does for Q8_0; and greedy decoding with them is compared with
 transformers running gguf's dequantization of the same file, for 64 tokens.
 """
 
@@ -19,12 +19,15 @@ from attnlab.decode import greedy
 from attnlab.tasks.sources import default_weights, load_checkpoint
 from gguf_files import convert, converter, hf_folder, reference_model
 from helpers import cli
-from models.test_gguf import Converted, quantized_copy
-from models.test_gguf_q8_blocks import PARTS, products
+from models.hf.test_gguf import Converted, quantized_copy
+from models.hf.test_gguf_q8_blocks import PARTS, products
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(extension() is None, reason="the fused step could not be built here"),
+]
 
 LONG = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 FOLDERS = {  # every matrix in whole blocks, and room for a prompt and 64 tokens

@@ -14,6 +14,8 @@ from attnlab.models.bert import Bert, BertConfig
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.nn import MultiHeadAttention
 
+pytestmark = pytest.mark.slow
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "attnlab"
 
 DEVICE_CHECKS = re.compile(r"device\.type\s*[=!]=|[=!]=\s*[\"'](cpu|cuda|mps)[\"']|is_available\(\)|\.is_(cuda|cpu)\b")

@@ -17,6 +17,8 @@ from attnlab.studies.bench import run as bench_run
 from attnlab.studies.bench.cases import GenerateCase, TrainCase
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 QUICK_LENGTHS = [64, 128, 256]
 TOP_KEYS = {
     "date",

@@ -13,6 +13,8 @@ import pytest
 
 from attnlab.cli import main
 
+pytestmark = pytest.mark.slow
+
 TOML = """task = "chat"
 [model]
 block_size = 128

@@ -16,6 +16,8 @@ from attnlab.cli import main
 from cli.test_chat import read_until
 from tool_run import ANSWER, CONVERSATION, EXPRESSION, QUESTION, train_tool_run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tool_run(tmp_path_factory):

@@ -12,6 +12,8 @@ from attnlab.cli import main
 from attnlab.cli.demo import attnlab_command
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:

@@ -14,6 +14,8 @@ from attnlab.cli import main
 from attnlab.studies.cost import MODELS, QUANTITIES, QUICK_LENGTHS, THEORY, CostSettings, count_steps
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="pip install 'attnlab[plot]'")
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # Runs the CLI in a fresh interpreter, then says on stdout whether PyTorch was imported.
 PROGRAM = """
 import sys

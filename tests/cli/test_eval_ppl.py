@@ -15,6 +15,8 @@ from attnlab.eval.perplexity import windows
 from helpers import assert_user_error, cli
 from hf_folders import causal_lm_folder
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 CONTEXT = 64  # the folders' n_positions / max_position_embeddings

@@ -15,6 +15,8 @@ from attnlab.models.hf.marian import load_marian
 from attnlab.train import resolve, train
 from helpers import SST2, TINY_MT, UD, WIKITEXT, assert_user_error, cli, encoder_doc, translation_doc, write_fifty_pairs
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4

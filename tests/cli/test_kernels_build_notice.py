@@ -15,6 +15,8 @@ import pytest
 from attnlab.cli.kernels import KERNELS
 from helpers import cli
 
+pytestmark = pytest.mark.slow
+
 NOTICE = "building attnlab's C++ kernels for this CPU"
 
 

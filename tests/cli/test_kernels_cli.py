@@ -10,6 +10,8 @@ from attnlab.accel import fused, kernels, wavenet
 from attnlab.accel.extensions import build_folder
 from helpers import cli
 
+pytestmark = pytest.mark.slow
+
 
 def test_status_says_what_is_built_without_building(capsys, monkeypatch):
     monkeypatch.setattr(kernels, "is_built", lambda: True)

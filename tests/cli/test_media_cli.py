@@ -13,6 +13,8 @@ from attnlab.data.audio import read_wav
 from attnlab.viz.figure import png_size
 from helpers import assert_user_error, cli, train_media_runs
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("matplotlib")
 
 

@@ -8,6 +8,8 @@ import pytest
 from attnlab.config import dump_toml
 from helpers import _tiny_doc, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def lm_toml(tmp_path_factory):

@@ -3,9 +3,13 @@
 import shutil
 from pathlib import Path
 
+import pytest
+
 from attnlab.config import read_toml
 from attnlab.data.text import bundled_shakespeare
 from helpers import cli
+
+pytestmark = pytest.mark.slow
 
 TINY = ["--quiet"] + [
     f"--set={kv}"

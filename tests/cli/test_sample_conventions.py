@@ -13,6 +13,8 @@ from attnlab.data.text import bundled_shakespeare
 from attnlab.decode import speculative
 from helpers import assert_user_error, cli, shared
 
+pytestmark = pytest.mark.slow
+
 
 def _train(folder: Path, text: str, **model) -> Path:
     from attnlab.train import resolve, train

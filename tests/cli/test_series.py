@@ -14,6 +14,8 @@ import pytest
 from attnlab.config import dump_toml
 from helpers import MEDIA_IMAGE_DATA, _tiny_doc, cli
 
+pytestmark = pytest.mark.slow
+
 SEEDS = (1337, 1338)
 FEW_STEPS = {"max_iters": 4, "eval_interval": 2, "log_interval": 2}
 

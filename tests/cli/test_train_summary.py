@@ -10,6 +10,8 @@ import pytest
 
 from helpers import assert_user_error, cli, hf_bert_folder
 
+pytestmark = pytest.mark.slow
+
 SHAPE = [
     f"--set={kv}"
     for kv in ("train.eval_interval=3", "train.eval_iters=1", "model.block_size=16", "model.n_layers=1")

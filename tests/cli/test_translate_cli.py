@@ -8,6 +8,8 @@ import pytest
 from attnlab.cli import main
 from helpers import FIXTURE, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 TINY = [
     "--set=data.vocab_size=400",
     "--set=data.max_len=40",

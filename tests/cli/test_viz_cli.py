@@ -10,6 +10,8 @@ import pytest
 from attnlab.viz.figure import png_size
 from helpers import assert_user_error, cli, read_page, shared
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("matplotlib")
 
 GERMAN = "Ein Mann schläft."

@@ -29,6 +29,8 @@ from attnlab.data.chat_mix import (
 from attnlab.data.conllu import read_conllu
 from attnlab.data.conversations import parse_line
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMALL = MixOptions(translation=40, sentiment=40, tagging=20, continuation=10, arithmetic=15, val=5, arithmetic_test=12)
 

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from attnlab.accel.fused import extension
 from attnlab.decode import greedy, sample, sampling_picker
 from attnlab.decode.batching import Batcher, Sequence, takes_row_positions
 from attnlab.nn.attention import KVCache
@@ -13,12 +12,6 @@ from tolerance import assert_float32_close, gpt_sums
 # (prompt length, max new tokens): short and long prompts, one past block_size (16), sequences
 # that slide their window mid-way, one that stops at once.
 REQUESTS = [(3, 9), (1, 20), (7, 4), (12, 11), (20, 6), (5, 1), (2, 30), (9, 13)]
-
-
-# GPTs the fused step covers: learned positions with GELU, sinusoidal ones with ReLU.
-FUSED_GPTS = pytest.mark.parametrize(
-    "overrides", [{}, {"positions": "sinusoidal", "activation": "relu"}], ids=["learned", "sinusoidal"]
-)
 
 
 def prompts(vocab: int = 23, seed: int = 1) -> list[list[int]]:
@@ -63,22 +56,6 @@ def test_batched_greedy_equals_decoding_alone(overrides):
         seq = by_prompt[tuple(prompt)]
         assert seq.tokens == alone(model, prompt, max_new), (len(prompt), max_new)
         assert seq.finish_reason == "length"
-
-
-@FUSED_GPTS
-def test_the_fused_rows_step_gives_the_tokens_of_decoding_alone(overrides):
-    if extension() is None:
-        pytest.skip("the fused step could not be built here")
-    model = tiny_gpt(**overrides)
-    requests = [(p, m) for p, (_, m) in zip(prompts(seed=11), REQUESTS, strict=True)]
-    batcher = Batcher(model, max_batch=8, fused=True)
-    assert batcher.runner.fused is not None
-    calls = count_forwards(model)
-    finished = run_staggered(batcher, requests)
-    assert calls == []  # prompts, cached rows and sliding windows: all in C++
-    by_prompt = {tuple(s.prompt): s for s in finished}
-    for prompt, max_new in requests:
-        assert by_prompt[tuple(prompt)].tokens == alone(model, prompt, max_new), (len(prompt), max_new)
 
 
 def count_forwards(model) -> list[int]:
@@ -134,47 +111,6 @@ def test_a_padded_prefill_gives_each_prompt_the_logits_and_cache_of_its_own_pref
             assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
 
 
-@FUSED_GPTS
-def test_the_fused_prefill_takes_every_prompt_in_one_call_with_the_logits_and_cache_of_each_alone(overrides):
-    if extension() is None:
-        pytest.skip("the fused step could not be built here")
-    model = tiny_gpt(**overrides)
-    # Windows of 3, 1, 7, 12, 16 (a prompt of 20), 5, 2 and 9 tokens: 55 in all, more tokens than
-    # the cache's 10 rows, prefilled while two sequences are decoding, into rows 2 onwards.
-    batcher = Batcher(model, max_batch=10, fused=True)
-    for prompt in prompts(seed=5)[:2]:
-        batcher.join(prompt, 30)
-    batcher.step()
-    calls, picked = count_forwards(model), []
-    seqs = batcher.join_all([Sequence(p, 2, pick=recording(picked)) for p in prompts(seed=17)])
-    assert calls == []  # not the model's forward: one C++ call
-    assert [s.row for s in seqs] == list(range(2, 10))
-    for seq, logits in zip(seqs, picked, strict=True):
-        eager, got = Batcher(model, max_batch=1), []
-        eager.join(seq.prompt, 2, pick=recording(got))
-        assert_float32_close(logits, got[0], **gpt_sums(model.config))
-        n = seq.filled
-        assert n == min(len(seq.prompt), 16)
-        for mine, its in zip(batcher.runner.cache, eager.runner.cache, strict=True):
-            assert_float32_close(mine.k[seq.row, :, :n], its.k[0, :, :n], **gpt_sums(model.config))
-            assert_float32_close(mine.v[seq.row, :, :n], its.v[0, :, :n], **gpt_sums(model.config))
-
-
-def test_the_fused_prefill_refuses_prompts_the_cache_cannot_hold():
-    if extension() is None:
-        pytest.skip("the fused step could not be built here")
-    step = Batcher(tiny_gpt(), max_batch=2, fused=True).runner.fused.step
-    three = torch.zeros(3, dtype=torch.long)
-    with pytest.raises(RuntimeError, match=r"prompts for rows 1 \.\. 2, but the cache has 2 rows"):
-        step.prefill(three, [1, 2], 1, [])
-    with pytest.raises(RuntimeError, match="a prompt of 0 tokens; the cache holds 1 to 16"):
-        step.prefill(three, [3, 0], 0, [])
-    with pytest.raises(RuntimeError, match="a prompt of 17 tokens"):
-        step.prefill(torch.zeros(17, dtype=torch.long), [17], 0, [])
-    with pytest.raises(RuntimeError, match="the lengths add up to 2 tokens, not 3"):
-        step.prefill(three, [1, 1], 0, [])
-
-
 def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_time():
     model = tiny_gpt(positions="alibi")
     requests = [(p, m) for p, (_, m) in zip(prompts(seed=13), REQUESTS, strict=True)][:4]
@@ -186,12 +122,6 @@ def test_models_whose_positions_cannot_differ_by_row_prefill_one_prompt_at_a_tim
         batcher.step()
     for seq, (prompt, max_new) in zip(seqs, requests, strict=True):
         assert seq.tokens == alone(model, prompt, max_new)
-
-
-def test_a_model_the_fused_step_does_not_cover_batches_eagerly_with_a_warning():
-    with pytest.warns(UserWarning, match="decoding eagerly"):
-        batcher = Batcher(tiny_gpt(positions="alibi"), max_batch=2, fused=True)
-    assert batcher.runner.fused is None
 
 
 def test_end_of_text_ends_a_sequence_and_its_row_goes_to_another():

@@ -27,6 +27,8 @@ from attnlab.nn.attention import KVCache, ModelCache, RollingKVCache
 from attnlab.train import load_run, resolve, train
 from decode.conftest import tiny_gpt
 
+pytestmark = pytest.mark.slow
+
 CORPUS = bundled_shakespeare()[:20_000]
 
 

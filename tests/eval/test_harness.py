@@ -18,6 +18,8 @@ from attnlab.data.text import bundled_shakespeare
 from helpers import cli
 from hf_folders import causal_lm_folder
 
+pytestmark = pytest.mark.slow
+
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 import attnlab.studies.harness  # noqa: E402, F401  registers `attnlab`

@@ -14,6 +14,8 @@ import pytest
 
 from attnlab.config import presets
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 FIXTURES = ROOT / "tests" / "fixtures"

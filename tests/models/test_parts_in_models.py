@@ -121,7 +121,7 @@ def test_moe_auxiliary_loss_is_added_in_training_only():
 def test_cpp_kernels_and_fused_decoding_step_aside(name):
     model = gpt(**PARTS[name])
     assert uncovered_parts(model) is not None
-    # The fused decoding step computes Llama's and Mixtral's parts too (tests/decode/test_fused_llama.py).
+    # The fused decoding step computes Llama's and Mixtral's parts too (tests/accel/test_fused_llama.py).
     assert supports(model, model.new_cache(1)) == (name in ("llama", "moe", "geglu"))
     assert supports(gpt(), gpt().new_cache(1)) and uncovered_parts(gpt()) is None
     idx = torch.randint(0, V, (2, 8))

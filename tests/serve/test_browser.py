@@ -9,7 +9,7 @@ import pytest
 from serve.browser import by_id, chromium, completion, fill, missing, open_page, pick_model, wait
 from serve.conftest import RUNS, lm_worker
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 
 
 def count(driver, selector: str) -> int:

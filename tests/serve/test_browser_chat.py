@@ -23,7 +23,7 @@ from serve.browser import (
     wait,
 )
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 pytest.importorskip("llguidance")
 test_tools = pytest.importorskip("serve.test_tools")  # needs transformers for the random-weight folders
 

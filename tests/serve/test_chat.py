@@ -24,6 +24,8 @@ from hf_folders import EOS, causal_lm_folder, hf_model, write_tokenizer
 from serve.test_chat_template import LLAMA2, ZEPHYR
 from serve.test_errors import assert_error, random_value
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 CHAT = "/v1/chat/completions"

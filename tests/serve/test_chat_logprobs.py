@@ -12,6 +12,8 @@ import torch
 
 from serve.test_errors import assert_error
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 MESSAGES = [{"role": "user", "content": "ROMEO: What say you?"}]
 

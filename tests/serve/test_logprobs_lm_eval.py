@@ -21,6 +21,8 @@ from attnlab.export import export_run
 from attnlab.serve.app import create_app
 from attnlab.serve.server import BackgroundServer
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity", reason="lm-eval's API models need lm-eval[api] (tenacity)")
 

@@ -8,6 +8,8 @@ from attnlab.serve.app import create_app
 from attnlab.serve.limits import Limits
 from attnlab.serve.server import BackgroundServer
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def client(live):

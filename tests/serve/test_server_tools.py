@@ -14,6 +14,8 @@ import pytest
 from attnlab.cli import main
 from tool_run import ANSWER, EXPRESSION, QUESTION, train_tool_run
 
+pytestmark = pytest.mark.slow
+
 ASK = [{"role": "user", "content": QUESTION}]
 CALCULATOR = {
     "type": "function",

@@ -18,6 +18,8 @@ import torch
 
 from serve.test_errors import assert_error
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("llguidance")
 
 SCHEMAS = {

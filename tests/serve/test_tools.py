@@ -25,6 +25,8 @@ from serve.test_chat_template import folder_with
 from serve.test_errors import assert_error
 from serve.tool_templates import LLAMA31, LLAMA32, MISTRAL03, MISTRAL_NEMO, QWEN3, QWEN25
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 

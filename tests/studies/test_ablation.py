@@ -28,6 +28,8 @@ from attnlab.train import train
 from attnlab.train.config import read_config
 from helpers import ONE_LAYER_LM, WIKITEXT, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 BASE = ONE_LAYER_LM
 
 SPEC = """

@@ -13,6 +13,8 @@ import pytest
 from attnlab.cli import main
 from attnlab.data.chat_mix import MixOptions, write_mix
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TASKS = ("translation", "sentiment", "tagging", "arithmetic", "arithmetic-direct")
 TOML = """task = "chat"

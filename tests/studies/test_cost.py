@@ -37,6 +37,8 @@ from attnlab.studies.cost import (
     model_groups,
 )
 
+pytestmark = pytest.mark.slow
+
 
 # -- counting -------------------------------------------------------------------------------------
 def brute_force_graph(

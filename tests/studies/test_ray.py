@@ -26,6 +26,8 @@ from attnlab.studies.sweep import LOG, LocalBackend, PlannedRun, run_all
 from attnlab.train import resolve
 from helpers import ONE_LAYER_LM, cli, losses
 
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'attnlab[ray]')")
 
 TINY = {

@@ -13,6 +13,8 @@ from attnlab.errors import UserError
 from attnlab.studies.backends import check_address, join_error
 from helpers import ONE_LAYER_LM, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 SPEC = """
 base = "base.toml"
 seeds = 1

@@ -27,6 +27,8 @@ from attnlab.studies.scaling import (
 from attnlab.train.config import read_config
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 N = np.geomspace(1e4, 3e6, 7)
 
 

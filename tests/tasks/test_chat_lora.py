@@ -20,6 +20,8 @@ from attnlab.cli import main
 from attnlab.data.text import bundled_shakespeare
 from attnlab.train.lora import TOKEN_TABLES
 
+pytestmark = pytest.mark.slow
+
 CONVERSATIONS = Path("tests/fixtures/chat/conversations.jsonl").resolve()
 BASE_TOML = """task = "lm"
 [model]

@@ -16,6 +16,8 @@ from attnlab.tasks import TextClassification
 from attnlab.train import resolve
 from helpers import SST2, assert_user_error, cli, encoder_doc, shared
 
+pytestmark = pytest.mark.slow
+
 TINY = [
     "--set=model.d_model=32",
     "--set=model.n_heads=2",

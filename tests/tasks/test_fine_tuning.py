@@ -19,6 +19,8 @@ from attnlab.train import resolve
 from attnlab.train.config import apply_overrides
 from helpers import SST2, assert_user_error, cli, hf_bert_folder, shared
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 FINE_TUNE = [

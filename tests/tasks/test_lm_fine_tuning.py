@@ -19,6 +19,8 @@ from attnlab.train.config import read_config
 from helpers import assert_user_error, cli, hf_bert_folder, losses
 from hf_folders import causal_lm_folder
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -14,6 +14,8 @@ from attnlab.tasks.image_density import read_images
 from attnlab.tasks.media import sample_run_audio, sample_run_images
 from helpers import train_media_runs
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

@@ -15,6 +15,8 @@ from attnlab.tasks.audio_density import SILENCE, AudioDataConfig
 from attnlab.tasks.image_density import ImagesDataConfig, PixelGPTConfig, pixel_logits
 from attnlab.train import resolve, train
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 IMAGES = ImagesDataConfig(data_dir=str(FIXTURES / "fashion-mnist"), val_size=50, eval_images=50)
 AUDIO = AudioDataConfig(data_dir=str(FIXTURES / "fsdd"), val_size=4, segment=300, eval_clips=4)

@@ -17,6 +17,8 @@ from attnlab.tasks import MaskedLM
 from attnlab.train import resolve
 from helpers import UD, WIKITEXT, cli, conllu_words, encoder_doc, shared
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory) -> Path:

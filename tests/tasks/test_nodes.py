@@ -18,6 +18,8 @@ from attnlab.data.graphs import read_graph
 from attnlab.viz.figure import png_size
 from helpers import FIXTURES, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 PLANETOID = FIXTURES / "planetoid"
 QUICK = ("--quiet", "--set", "train.max_iters=60", "--set", "train.device=cpu")
 

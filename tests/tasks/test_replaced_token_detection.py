@@ -20,6 +20,8 @@ from attnlab.train import resolve, train
 from attnlab.train.config import apply_overrides
 from helpers import UD, WIKITEXT, assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 SMALL = {"vocab_size": 40, "max_len": 16, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "dropout": 0.0}
 PAD, MASK = 0, 3
 

@@ -26,6 +26,8 @@ from hf_folders import PROMPT, causal_lm_folder
 from run_format import FOLDER, INPUTS, LOGITS, PROBES, kept_values
 from tolerance import assert_float32_close, gpt_sums
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 CAUSAL = sources.takes_words(sources.TAKES["sample"])
 ENCODERS = sources.takes_words(sources.TAKES["embed"])
@@ -238,7 +240,7 @@ def test_the_command_decides_what_loads(llama, bert):
 
 
 def test_a_gguf_file_loads_as_its_reader_reads_it(tmp_path):
-    """The routing only: that the file's model scores like transformers' is tests/models/test_gguf.py's."""
+    """The routing only: that the file's model scores like transformers' is tests/models/hf/test_gguf.py's."""
     gguf_reader = pytest.importorskip("attnlab.models.hf.gguf", reason="attnlab.models.hf.gguf is not written yet")
     import gguf_files
 

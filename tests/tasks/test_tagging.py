@@ -18,6 +18,8 @@ from attnlab.tasks.token_classification import word_mean
 from attnlab.train import resolve
 from helpers import UD, assert_user_error, cli, conllu_words, encoder_doc, shared
 
+pytestmark = pytest.mark.slow
+
 TINY = [
     "--set=model.d_model=32",
     "--set=model.n_heads=2",

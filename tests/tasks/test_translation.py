@@ -13,6 +13,8 @@ from attnlab.train import resolve, train
 from attnlab.train.config import apply_overrides
 from helpers import FIXTURE, translation_doc
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attention"])  # the old names: still read
 def test_each_model_kind_overfits_fifty_pairs(kind, fifty_pairs, tmp_path):

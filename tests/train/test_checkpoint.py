@@ -37,6 +37,8 @@ from attnlab.train import resolve, train
 from attnlab.train.config import read_config
 from helpers import SST2, assert_user_error, cli, encoder_doc, run_config
 
+pytestmark = pytest.mark.slow
+
 FORMAT1 = Path(__file__).parents[1] / "fixtures" / "run-format1"
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,6 +32,8 @@ from attnlab.checkpoints import (
 )
 from attnlab.config import merge, parse_overrides, read_toml
 from attnlab.train import resolve, train
+
+pytestmark = pytest.mark.slow
 
 SETTINGS = ("model.dropout=0.1", "train.max_iters=10", "train.eval_interval=2", "train.lr_decay_iters=10")
 

@@ -18,6 +18,8 @@ from attnlab.train import resolve, train
 from attnlab.train.distributed import Distributed, Ranks, shard
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 # The same global batch in 1 or 2 processes differs only in the order of the gradient sums (and
 # in per-rank dropout, off here): the measured gap on this tiny model is < 1e-6 in 6 steps.
 LOSS_TOLERANCE = 1e-4

@@ -20,6 +20,8 @@ from attnlab.train.distributed import Distributed, Ranks, _blocks
 from helpers import assert_user_error, cli
 from train.test_distributed import LOSS_TOLERANCE, SETTINGS, metric_rows, sets
 
+pytestmark = pytest.mark.slow
+
 # LOSS_TOLERANCE (test_distributed's): the same global batch in 1 or 2 processes differs only in the
 # order of the gradient sums; FSDP's reduce-scatter sums in yet another order. Measured here: weights
 # within 2e-6 of one process's after 6 steps, losses equal to the 5 digits metrics.csv keeps.

@@ -23,6 +23,8 @@ from attnlab.train.guards import StepGuard, TrainingDiverged
 from attnlab.train.signals import StopRequest
 from helpers import cli
 
+pytestmark = pytest.mark.slow
+
 
 class FaultyLM(LanguageModel):
     """Language modelling whose step N (1-based) misbehaves as FAULTS[N] says."""

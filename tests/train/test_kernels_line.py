@@ -12,6 +12,8 @@ from attnlab.train import train
 from attnlab.train.run_setup import choose_kernels, set_up_run
 from helpers import run_config
 
+pytestmark = pytest.mark.slow
+
 ON = "attnlab's C++ kernels: on"
 
 

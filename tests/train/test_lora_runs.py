@@ -17,6 +17,8 @@ from attnlab.nn.lora import lora_layers
 from attnlab.train import resolve, train
 from helpers import SST2, UD, assert_user_error, cli, encoder_doc, hf_bert_folder, losses
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 

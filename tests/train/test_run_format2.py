@@ -15,6 +15,8 @@ from helpers import FIXTURES, cli
 from run_format import FOLDER, INPUTS, LOGITS, PROBES, kept_values
 from tolerance import assert_float32_close
 
+pytestmark = pytest.mark.slow
+
 FAMILIES = sorted(PROBES)
 
 

@@ -10,6 +10,8 @@ from attnlab.train import resolve, train
 from attnlab.train.tensorboard import TENSORBOARD_DIR, tensorboard_tag
 from helpers import assert_user_error, cli
 
+pytestmark = pytest.mark.slow
+
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 

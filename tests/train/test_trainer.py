@@ -15,6 +15,8 @@ from attnlab.train.optim import param_groups
 from attnlab.train.schedules import inverse_sqrt, warmup_cosine
 from helpers import losses, run_config
 
+pytestmark = pytest.mark.slow
+
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / WEIGHTS)

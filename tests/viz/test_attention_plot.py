@@ -11,6 +11,8 @@ from attnlab.errors import UserError
 from attnlab.viz import display_token, plot_alignment, plot_heads
 from attnlab.viz.figure import PNG_SIGNATURE, png_size
 
+pytestmark = pytest.mark.slow
+
 needs_matplotlib = pytest.mark.skipif(find_spec("matplotlib") is None, reason="pip install 'attnlab[plot]'")
 
 

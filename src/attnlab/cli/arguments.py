@@ -92,7 +92,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
 
 WEIGHTS = ("fp32", "bf16", "int8", "int4")
 """--weights' choices: `attnlab.accel.fused.WEIGHT_FORMATS`, repeated here so that parsing imports no
-PyTorch (tests/decode/test_fused_int8.py checks that the two agree)."""
+PyTorch (tests/accel/test_fused_int8.py checks that the two agree)."""
 
 
 def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = True) -> None:

@@ -10,7 +10,7 @@ from attnlab.cli.arguments import add_checkpoint_argument, add_json_argument
 from attnlab.sources import listed
 
 # `attnlab.models.hf.gguf_export.OUTTYPES`, spelled out: the command line is read before PyTorch is
-# imported (tests/models/test_gguf.py checks that the two agree).
+# imported (tests/models/hf/test_gguf.py checks that the two agree).
 GGUF_OUTTYPES = ("f32", "bf16", "q8_0")
 
 # The transformers Auto class that loads each exported architecture, for the closing hint.

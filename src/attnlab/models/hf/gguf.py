@@ -36,7 +36,7 @@ The way back, a GPT as a GGUF file, is `attnlab.models.hf.gguf_export`, from the
 References:
 - the GGUF format: ggml's `docs/gguf.md`; gguf-py (`GGUFReader`, `quants.py`: one dequantizer per type).
 - llama.cpp `convert_hf_to_gguf.py` (`LlamaModel.permute`, `GPT2Model.modify_tensors`,
-  `Gemma3Model`, `Phi3MiniModel`): the files tests/models/test_gguf.py reads are its output;
+  `Gemma3Model`, `Phi3MiniModel`): the files tests/models/hf/test_gguf.py reads are its output;
   llama.cpp `src/models/gemma3.cpp`, `phi3.cpp`, `smollm3.cpp` (what each file leaves to the code).
 """
 
@@ -535,7 +535,7 @@ def dequantize(tensor: "ReaderTensor", path: Path) -> torch.Tensor:
     as d (f16) and q = round(x / (max|x| / 127)), so its largest |q| is 127 and its values are d·q;
     then max|d·q| / 127 = d and d·q / d = q exactly in fp32 (d has 11 significant bits, q 7). An
     all-zero block is d = 0, q = 0 both ways; a block whose d underflows f16 to 0 reads back q = 0,
-    the same zero weights. tests/models/test_gguf_q8_blocks.py checks it on the converter's files.
+    the same zero weights. tests/models/hf/test_gguf_q8_blocks.py checks it on the converter's files.
     So does Q4_0 for the int4 format (`attnlab.accel.fused.quantize_q4_0`): a block's values are
     d·(q − 8) with q in 0..15, and the largest magnitude is the code 0's −8·d (the block's largest
     value, which ggml codes 0), so requantizing finds d = −8·d / −8 exactly and every code back;

@@ -24,6 +24,8 @@ from attnlab.tasks.embeddings import Pooling, SentenceEncoder, load_sentence_enc
 from helpers import SST2
 from roberta_folders import CLS, PAD, SEP, SHAPES, TEXTS, roberta_folder
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -18,6 +18,8 @@ from attnlab.models.hf.modernbert import load_modernbert
 from attnlab.tasks.embeddings import SentenceEncoder, read_pooling
 from roberta_folders import TEXTS, train_bpe
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")

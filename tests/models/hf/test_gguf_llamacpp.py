@@ -40,6 +40,8 @@ from attnlab.models.hf.gguf import load_gguf
 from attnlab.models.hf.gguf_export import OUTTYPES
 from gguf_files import LLAMA3_ROPE, RUN_CONTEXT, convert, converter, hf_folder, llama3_gpt, stored_tensors, tiny_runs
 
+pytestmark = pytest.mark.slow
+
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (it compiles llama.cpp)")
 
 GGML_TYPE_F32 = 0  # ggml_type: the key / value cache in float32

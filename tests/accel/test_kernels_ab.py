@@ -12,7 +12,9 @@ import pytest
 
 from attnlab.accel import kernels
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+pytestmark = [pytest.mark.slow, pytest.mark.build]
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 @pytest.mark.skipif(kernels.extension() is None, reason="the kernels could not be built here")

@@ -25,7 +25,10 @@ from decode.test_batching import REQUESTS, alone, prompts, run_staggered
 from helpers import cli
 from tolerance import assert_float32_close, gpt_sums
 
-pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(extension() is None, reason="the fused step could not be built here"),
+]
 
 LLAMA = dict(normalization="rmsnorm", activation="swiglu", positions="rope", bias=False, n_heads=4, n_kv_heads=2)
 ARCHITECTURES = {

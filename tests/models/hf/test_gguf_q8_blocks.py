@@ -5,7 +5,7 @@ model) are compared with the blocks as llama.cpp's converter wrote them, read ra
 reader ([f16 scale, 32 int8 codes] a block), bit for bit. The layouts the converter changes (Llama's
 rotary row order, q/k/v and gate/up stacked into one product) move whole rows, so each product's
 rows are compared as a set with the rows of the file tensors it is made of (the row order is what
-tests/models/test_gguf.py's logits check).
+tests/models/hf/test_gguf.py's logits check).
 """
 
 from pathlib import Path
@@ -18,6 +18,8 @@ from attnlab.accel.fused import quantize_q8_0, stored_weight
 from attnlab.tasks.sources import load_checkpoint
 from gguf_files import convert, converter, hf_folder
 from helpers import cli
+
+pytestmark = pytest.mark.slow
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")

@@ -4,7 +4,7 @@ read back with the same logits.
 The reference is transformers itself: `ModernBertForSequenceClassification` and
 `ModernBertForTokenClassification` loaded from the folder attnlab exports, and peft's `PeftModel`
 on the classifier transformers builds from the base folder. The folders are the tiny random
-ModernBERTs of test_hf_modernbert.py (several shapes, odd head counts, windows far shorter than the
+ModernBERTs of test_modernbert.py (several shapes, odd head counts, windows far shorter than the
 texts); nothing is downloaded.
 """
 
@@ -29,8 +29,10 @@ from attnlab.models.hf.modernbert import (
 from attnlab.models.hf.peft import ADAPTER_CONFIG, peft_adapter
 from attnlab.nn.lora import add_lora, lora_layers
 from helpers import SST2, UD
-from models.test_hf_modernbert import hf_batch, modernbert_folder
+from models.hf.test_modernbert import hf_batch, modernbert_folder
 from roberta_folders import TEXTS
+
+pytestmark = pytest.mark.slow
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,5 +1,5 @@
 """Qwen3-MoE folders written by transformers, imported as attnlab's GPT (Qwen3's attention with a
-mixture of experts), against transformers itself: the checks of tests/models/test_hf_families.py
+mixture of experts), against transformers itself: the checks of tests/models/hf/test_families.py
 (its token helper and tolerances) on shapes of this family's own.
 
 The two shapes take the router's two rules apart from attnlab's default: k = 2 gates left
@@ -26,7 +26,7 @@ from attnlab.models.hf._common import save_hf_checkpoint
 from attnlab.models.hf.auto import causal_lm_export, causal_lm_model
 from attnlab.nn.moe import MixtureOfExperts
 from hf_folders import qwen3_moe_model
-from models.test_hf_families import BASE, tokens
+from models.hf.test_families import BASE, tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -220,10 +220,10 @@ def test_a_published_config_without_head_dim_or_local_experts_reads_the_same(tmp
 
 
 def test_attention_lora_adapters_equal_peft_and_feedforward_ones_are_refused(pair, tmp_path, monkeypatch):
-    """tests/models/test_hf_families.py's LoRA check on this family with attention targets: peft's
+    """tests/models/hf/test_families.py's LoRA check on this family with attention targets: peft's
     logits on transformers' model. Feed-forward targets are refused by name: peft moves them onto
     the fused experts (the dense block's too), which attnlab's adapters are not."""
-    import models.test_hf_families as families
+    import models.hf.test_families as families
     from attnlab.errors import ExportError
     from attnlab.models.hf.peft import peft_adapter
     from attnlab.nn.lora import add_lora

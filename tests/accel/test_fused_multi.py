@@ -7,11 +7,11 @@ speculative decoding's verification does. Runs under `make test-avx2` too (the M
 import pytest
 import torch
 
+from accel.test_fused_int8 import ARCHITECTURES, STORED, reference_model
 from attnlab.accel import fused
 from attnlab.accel.fused import FusedStep, extension
 from attnlab.accel.projection import MKLDNN, has_reordered_weight
 from decode.conftest import tiny_gpt
-from decode.test_fused_int8 import ARCHITECTURES, STORED, reference_model
 from tolerance import assert_float32_close, gpt_sums
 
 pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")

@@ -22,7 +22,10 @@ from helpers import cli
 from hf_folders import PROMPT, causal_lm_folder
 from tolerance import assert_float32_close, gpt_sums
 
-pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(extension() is None, reason="the fused step could not be built here"),
+]
 
 STEPS = 200
 LLAMA = dict(normalization="rmsnorm", activation="swiglu", positions="rope", bias=False, n_heads=4, n_kv_heads=2)

@@ -15,7 +15,10 @@ from attnlab.decode.sampling import sampling_picker
 from attnlab.models.wavenet import WaveNet, WaveNetConfig
 from tolerance import assert_float32_close
 
-pytestmark = pytest.mark.skipif(extension() is None, reason="the fused WaveNet step could not be built here")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(extension() is None, reason="the fused WaveNet step could not be built here"),
+]
 
 SMALL = dict(residual_channels=6, dilation_channels=5, skip_channels=7)
 

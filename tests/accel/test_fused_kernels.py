@@ -13,6 +13,8 @@ from attnlab.train import train
 from attnlab.train.config import read_config
 from helpers import losses, run_config
 
+pytestmark = pytest.mark.slow
+
 NOT_BUILT_LINE = "attnlab's C++ kernels: not built on this machine, so PyTorch's operators; `attnlab kernels build`"
 
 

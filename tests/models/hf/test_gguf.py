@@ -29,6 +29,8 @@ from gguf_files import (
     tiny_runs,
 )
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 

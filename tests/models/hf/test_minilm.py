@@ -19,6 +19,8 @@ from attnlab.data.tokenizers import WordPieceTokenizer, load_tokenizer
 from attnlab.models.hf import load_bert
 from helpers import SST2, UD
 
+pytestmark = pytest.mark.slow
+
 TEXTS = [
     "A gripping, unaffable film — naïve but CAFÉ-fresh!",
     "it's a charming and often affecting journey.",

@@ -5,7 +5,7 @@ For each family, several small random shapes (odd head counts, grouped-query rat
 apart from the width; the shapes are the test's own, not a fixture shared with the importers):
 the logits equal transformers' within 1e-4 on a batch without padding and on a right-padded batch
 (transformers given the attention mask), and cached greedy decoding gives transformers' 64 greedy
-tokens. The weights are moved far from their initialisation (as tests/models/test_hf_llama.py
+tokens. The weights are moved far from their initialisation (as tests/models/hf/test_llama.py
 explains) so that a mixed-up head, a missing bias or norm, or a wrong rotary frequency moves the
 logits far past the tolerance.
 """
