@@ -190,3 +190,34 @@ def test_the_clock_is_checked_at_every_node(monkeypatch):
 
     monkeypatch.setattr(calculator, "MAX_SECONDS", -1.0)  # a deadline already past
     assert calculate("1 + 1").startswith("error: the expression took longer than")
+
+
+def test_time_the_calculator_waits_for_the_cpu_is_not_its_time():
+    """The bound is on the walk's own CPU time: a busy machine (here another thread that holds the
+    interpreter for longer than MAX_SECONDS at a time, in one C call) delays a small sum but does
+    not make it an error, as a wall clock would on a loaded machine."""
+    import sys
+    import threading
+
+    from attnlab.decode import calculator
+
+    expression = "+".join(["1"] * 60)  # a walk long enough to be interrupted
+    stop, answers = threading.Event(), []
+
+    def hold_the_interpreter() -> None:
+        while not stop.is_set():
+            sum(range(10_000_000))  # one C call: the interpreter is not handed back until it ends
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the calculator's thread gives the interpreter up as soon as asked
+    other = threading.Thread(target=hold_the_interpreter)
+    other.start()
+    try:
+        start = time.monotonic()
+        while time.monotonic() - start < 30 * calculator.MAX_SECONDS:
+            answers.append(calculate(expression))
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    assert len(answers) > 3 and set(answers) == {"60"}

@@ -43,7 +43,7 @@ def test_upos_accuracy_counts_words_and_a_reply_that_does_not_parse_loses_its_se
     ]
     got = score("tagging", replies, lines("tagging", [(" ".join(w), g) for w, g in zip(words, gold, strict=True)]))
     assert got.score == pytest.approx(100 * (2 + 3 + 0 + 0) / (3 + 3 + 2 + 1)) and got.n == 9
-    assert "2 replies unparseable" in got.note
+    assert "4 sentences; 1 replies unparseable, 1 tagging other words" in got.note
     assert tagged_right("cats/NOUN bark/VERB", "Dogs/NOUN bark/VERB") == (0, 2, False)  # other words
     with pytest.raises(ValueError):
         tagged_right("x/NOUN", "not a tagging reply")

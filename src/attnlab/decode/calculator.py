@@ -8,8 +8,10 @@ call are refused before anything is evaluated; nothing reaches Python's `eval`. 
 text's length (`MAX_CHARS`), the tree's depth (`MAX_DEPTH`), an integer's digits (`MAX_DIGITS`,
 checked after each operation and, for a power, estimated from the logarithms before it is
 computed, so 9**9**9 is refused at once rather than computed), and the time
-(`MAX_SECONDS`, checked at every node: the caps keep each single operation short, the clock the
-whole walk). Every refusal and arithmetic failure is a `CalculatorError`, whose message is the
+(`MAX_SECONDS` of the walking thread's CPU time, checked at every node: the caps keep each single
+operation short, the clock the whole walk; CPU time, not the wall clock, so that a busy machine,
+which may leave the thread waiting longer than that between two nodes, does not turn a small
+sum into an error). Every refusal and arithmetic failure is a `CalculatorError`, whose message is the
 tool's answer (`calculate`: "error: division by zero").
 
 References: nanochat's calculator tool (its Engine forces the tool's output into the sequence);
@@ -74,7 +76,7 @@ def evaluate(expression: str) -> Number:
         tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalculatorError(f"cannot read {expression.strip()!r} as arithmetic ({ALLOWED})") from None
-    return _Walk(time.monotonic() + MAX_SECONDS).value(tree.body, 1)
+    return _Walk(time.thread_time() + MAX_SECONDS).value(tree.body, 1)
 
 
 class _Walk:
@@ -86,7 +88,7 @@ class _Walk:
     def value(self, node: ast.AST, depth: int) -> Number:
         if depth > MAX_DEPTH:
             raise CalculatorError(f"the expression is nested more than {MAX_DEPTH} deep")
-        if time.monotonic() > self.deadline:
+        if time.thread_time() > self.deadline:
             raise CalculatorError(f"the expression took longer than {MAX_SECONDS} s")
         try:
             return _checked(self._node(node, depth))

@@ -1,6 +1,6 @@
 """Text in, text out: prompt encoding, incremental detokenisation and stop strings."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -95,13 +95,19 @@ def stream_text(
     compiled, fused, which weights); `speculation` drafts tokens for the step to check
     (`attnlab.decode.speculative`: PyTorch's or, with a fused plan, the fused one; not compiled).
     """
-    pieces, eos = TextPieces(tokenizer, stop), tokenizer.eos_id
+    eos = tokenizer.eos_id
     if speculation is not None:
         tokens = speculative_generate(model, prompt_ids, max_new_tokens, pick, speculation, eos_id=eos, plan=plan)
     else:
         tokens = generate_tokens(model, prompt_ids, max_new_tokens, pick, eos_id=eos, plan=plan)
-    for token in tokens:
-        token_id = int(token[0])
+    yield from token_text(tokenizer, (int(token[0]) for token in tokens), stop)
+
+
+def token_text(tokenizer: Tokenizer, tokens: Iterable[int], stop: Sequence[str] = ()) -> Iterator[str]:
+    """The text of one sequence's new token ids as pieces (`TextPieces`), until the end-of-text
+    token or a stop string; the tokens after those are not drawn."""
+    pieces = TextPieces(tokenizer, stop)
+    for token_id in tokens:
         if token_id == tokenizer.eos_id:
             break
         piece, stopped = pieces.add(token_id)

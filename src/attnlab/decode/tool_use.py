@@ -2,15 +2,22 @@
 where it ends its turn on a complete call (the chat template's format, `attnlab.decode.tool_calls`),
 the call is answered by the tool (the calculator: `attnlab.decode.calculator`), the assistant's
 call and the tool's answer join the conversation, and the conversation, rendered again by the
-template with the assistant's turn opened, is the prompt the reply goes on from. The template
+template with the assistant's turn opened, is the sequence the reply goes on from. The template
 decides the exact text forced into the sequence (attnlab's: `<|im_start|>tool\\n4164<|im_end|>\\n`
 then `<|im_start|>assistant\\n`), as training on such conversations taught it
 (`attnlab.data.conversations`).
 
+One KV cache serves the whole reply (`_Sequence`): the conversation is read once, each generated
+token is appended, and after a call only what the rendered conversation adds past the tokens
+already read (the end of the call's turn, the tool's answer, the next assistant header) is read
+into the cache, as nanochat's engine forces a tool's output in. Where the template renders the
+call's tokens otherwise than the model wrote them (other spacing, another tokenization), the
+cache is cut back to the longest prefix the two share and the rest is read: the tokens that follow
+are those a fresh prefill of the rendered conversation gives.
+
 A call to an unknown tool, arguments that are not the tool's, or an expression the calculator
 refuses is answered with "error: why", never an exception out of the reply. At most `max_calls`
-calls a reply: a call past them stays the reply's text, unanswered. Each continuation prefills the
-whole conversation again (the decoders take a prompt, not tokens appended to a running cache).
+calls a reply: a call past them stays the reply's text, unanswered.
 
 References: nanochat's Engine (`<|python_start|>...<|python_end|>` evaluated and its output forced
 as `<|output_start|>...<|output_end|>`); OpenAI's chat format for calls and tool messages.
@@ -23,10 +30,12 @@ from typing import Any
 
 import torch
 
+from attnlab.accel import for_decoding
 from attnlab.data.tokenizers import Tokenizer
 from attnlab.decode.calculator import ALLOWED, calculate
-from attnlab.decode.sampling import Picker
-from attnlab.decode.text import stream_text
+from attnlab.decode.prefix_cache import reusable
+from attnlab.decode.sampling import Picker, _eval_mode
+from attnlab.decode.text import token_text
 from attnlab.decode.tool_calls import ToolFormat, call_prefix, format_of, split, template_content
 from attnlab.models.protocols import CausalDecoder
 
@@ -174,8 +183,9 @@ def reply_with_tools(
 
     template: a chat template (`attnlab.serve.chat_template.ChatTemplate`: `source`, `encode`,
     `end_of_turn`). tools: by name (default: the calculator). max_new_tokens: the reply's new
-    tokens in all, across its continuations. context: the model's, beyond which no continuation
-    starts."""
+    tokens in all, across its continuations. context: the positions the conversation and the
+    reply may fill (default and at most the model's block_size, the one KV cache's length): no
+    continuation starts past it, and the reply stops where it is full."""
     tools = TOOLS if tools is None else tools
     fmt = format_of(template.source) if tools else None
     state = _Reply(messages)
@@ -196,6 +206,59 @@ class _Counted:
         return self.pick(logits)
 
 
+class _Sequence:
+    """The tokens the model has read in one reply (batch 1) and their keys and values, `capacity`
+    positions of them (the context, at most the model's block_size). Reading a sequence reads only
+    the tokens past the longest prefix it shares with those already read; where it parts from them,
+    the cache is cut back there first (`ModelCache.truncate`; a cache that cannot be cut, a ring, is
+    begun again)."""
+
+    def __init__(self, model: CausalDecoder, context: int | None) -> None:
+        for_decoding(model)
+        block = model.config.block_size
+        self.model, self.capacity = model, block if context is None else min(context, block)
+        self.device = next(model.parameters()).device
+        self.cache = model.new_cache(1, self.capacity)
+        self.read_ids: list[int] = []  # the tokens whose keys and values the cache holds, in order
+
+    def tokens(self, ids: list[int], room: int, pick: Picker, eos_id: int | None) -> Iterator[int]:
+        """The next tokens after the sequence `ids` (all of it, the tokens read before included),
+        at most `room`, up to and including `eos_id`; each is read into the cache before the next
+        is picked (the last one is not: nothing reads its logits)."""
+        logits = self._read(ids[self._keep(ids) :])
+        for i in range(room):
+            token = int(pick(logits)[0])
+            yield token
+            if token == eos_id or i == room - 1:
+                return
+            logits = self._read([token])
+
+    def _keep(self, ids: list[int]) -> int:
+        """Cut the cache back to the longest prefix of `ids` it holds, short of `ids`' last token
+        (read again for its logits); how many tokens are kept."""
+        shared, limit = 0, min(len(self.read_ids), len(ids) - 1)
+        while shared < limit and self.read_ids[shared] == ids[shared]:
+            shared += 1
+        if shared < len(self.read_ids):
+            if reusable(self.cache):
+                self.cache.truncate(shared)
+            else:
+                self.cache, shared = self.model.new_cache(1, self.capacity), 0
+            self.read_ids = self.read_ids[:shared]
+        return shared
+
+    def _read(self, ids: list[int]) -> torch.Tensor:
+        """The logits `(1, V)` after `ids` appended to the cache, read `block_size` at a time (a
+        ring takes no more at once)."""
+        block = self.model.config.block_size
+        with _eval_mode(self.model):
+            for start in range(0, len(ids), block):
+                part = torch.tensor([ids[start : start + block]], dtype=torch.long, device=self.device)
+                logits = self.model(part, cache=self.cache, last_only=True)
+        self.read_ids += ids
+        return logits[:, -1, :]
+
+
 class _Reply:
     """One reply's state: the text of the part being decoded, and whether it is in `messages` yet."""
 
@@ -209,17 +272,17 @@ class _Reply:
             self.open = False
 
     def generate(self, model, tokenizer, template, budget, pick, fmt, tools, max_calls, context):
-        device = next(model.parameters()).device
         defined, calls = definitions(tools), 0
+        sequence = _Sequence(model, context)
         while True:
             ids = template.encode(tokenizer, for_template(self.messages), add_generation_prompt=True, tools=defined)
-            room = budget if context is None else min(budget, context - len(ids))
+            room = min(budget, sequence.capacity - len(ids))
             if room <= 0:
                 return
             counted = _Counted(pick)
             self.text, self.sent = "", 0
-            prompt = torch.tensor([ids], dtype=torch.long, device=device)
-            for piece in stream_text(model, tokenizer, prompt, room, counted, stop=template.end_of_turn):
+            tokens = sequence.tokens(ids, room, counted, tokenizer.eos_id)
+            for piece in token_text(tokenizer, tokens, template.end_of_turn):
                 yield from self._released(piece, fmt)
             budget -= counted.count
             ended = counted.count < room  # the model ended its turn (a reply cut by the budget calls nothing)

@@ -75,11 +75,18 @@ def tagged_right(reply: str, gold: str) -> tuple[int, int, bool]:
 
 
 def tagging(replies: Sequence[str], references: Sequence[str]) -> TaskScore:
-    right = words = bad = 0
+    """UPOS accuracy; the note tells the replies that do not parse from those that parse but tag
+    other words than the sentence's (a model that learnt the format but does not copy the words)."""
+    right = words = unparsed = other = 0
     for reply, gold in zip(replies, references, strict=True):
         r, n, parsed = tagged_right(reply, gold)
-        right, words, bad = right + r, words + n, bad + (not parsed)
-    note = f"{len(replies)} sentences, {bad} replies unparseable or with other words (all their words wrong)"
+        right, words = right + r, words + n
+        unparsed += parse_tags(reply) is None
+        other += not parsed and parse_tags(reply) is not None
+    note = (
+        f"{len(replies)} sentences; {unparsed} replies unparseable, {other} tagging other words than "
+        "the sentence's (all their words wrong)"
+    )
     return TaskScore("tagging", "UPOS accuracy", 100.0 * right / words, words, note)
 
 
