@@ -24,12 +24,15 @@ whether a model qualifies; the decoding loop falls back to the model's own forwa
 The GPT step reads its products' weights (attention's, the feed-forward layers' and experts', the
 head's) in one of `WEIGHT_FORMATS` (`weights=`): fp32, the model's own; bf16, each weight rounded
 to its upper 16 bits; int8, GGUF's q8_0 (`quantize_q8_0`: blocks of 32 values of a row, one
-fp32 scale each); or int4, GGUF's Q4_0 (`quantize_q4_0`: blocks of 32 four-bit codes, one scale
-each). Only the weights are stored so: the activations, norms, embeddings, router and caches stay
-fp32, and the bf16 and int8 products widen each weight to fp32 as they read it and sum in fp32
-(`quantized.h`), on any CPU (AVX-512, AVX2 or plain C++). The int4 products of up to 15 rows
-quantize the rows too, per block of 32 to int8, and sum integers (`quantized4.h`), as llama.cpp's
-Q4_0 products do: their outputs differ from the dequantized weights' fp32 product by that
+fp32 scale each); int4, GGUF's Q4_0 (`quantize_q4_0`: blocks of 32 four-bit codes, one scale
+each); or q4_k, llama.cpp's Q4_K_M mix of GGUF's K-quants (`attnlab.accel.blocks`: super-blocks of
+256 values; Q6_K for the head and, in some layers, attention's value rows and the feed-forward
+output, `q4_k_m_kinds`; Q4_K for the rest), for rows a multiple of 256 wide. Only the weights are
+stored so: the activations, norms, embeddings, router and caches stay fp32, and the bf16 and int8
+products widen each weight to fp32 as they read it and sum in fp32 (`quantized.h`), on any CPU
+(AVX-512, AVX2 or plain C++). The int4 and q4_k products of up to 15 rows quantize the rows too,
+per block of 32 to int8, and sum integers (`quantized4.h`, `quantizedk.h`), as llama.cpp's Q4_0
+and K-quant products do: their outputs differ from the dequantized weights' fp32 product by that
 rounding of the activations. int4 is Q4_0 rather than Q4_K because Q4_0 quantizes any row a
 multiple of 32 wide (Q4_K's super-blocks need 256) with one scale a block, and a GGUF file's Q4_0
 blocks are read as they are. At batch 1 a step's speed is how fast
@@ -63,6 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.accel.blocks import QK, quantize_rows
 from attnlab.accel.coverage import covers_decoder_block, decodes_gpt, undecoded_parts
 from attnlab.accel.extensions import build
 from attnlab.accel.extensions import is_built as is_built_here
@@ -102,7 +106,7 @@ a gated unit's gate function (`attnlab.nn.GATED_UNITS`: SiLU for SwiGLU, the log
 GLU, the identity for LiGLU)."""
 
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "q4_k")
 """How the GPT step may store its products' weights (the module doc; `--weights` on the command line)."""
 
 Q8_BLOCK = 32
@@ -163,14 +167,18 @@ _STORED: dict[tuple[int, str], tuple[weakref.ref, int, tuple[torch.Tensor, torch
 """(id(weight), format) -> (the weight, its version when stored, (values, scales))."""
 
 
-def stored_weight(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, torch.Tensor]:
+def stored_weight(
+    weight: torch.Tensor, weights: str, kinds: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A product's weight as the GPT step reads it in format `weights` (`WEIGHT_FORMATS`): (values,
-    scales), the scales an empty tensor except for int8 and int4. The other copies are made once and
-    kept while the weight lives and is unchanged (as `projection.reordered_weight` keeps its own)."""
+    scales), the scales an empty tensor except for int8 and int4, and for q4_k each row's kind
+    (`kinds` `(..., out)` uint8, 0 Q4_K and 1 Q6_K, `attnlab.accel.blocks.quantize_rows`, for a copy
+    not made yet; all Q4_K when None; `q4_k_m_kinds` gives llama.cpp's Q4_K_M choice). The other
+    copies are made once, or given (`keep_stored`: a GGUF file's own blocks), and kept while the
+    weight lives and is unchanged (as `projection.reordered_weight` keeps its own)."""
     if weights == "fp32":
         return weight.detach(), torch.empty(0)
-    key = (id(weight), weights)
-    hit = _STORED.get(key)
+    hit = _STORED.get((id(weight), weights))
     if hit is not None and hit[0]() is weight and hit[1] == weight._version:
         return hit[2]
     with torch.no_grad():
@@ -180,10 +188,21 @@ def stored_weight(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, tor
             stored = quantize_q8_0(weight)
         elif weights == "int4":
             stored = quantize_q4_0(weight)
+        elif weights == "q4_k":
+            kinds = torch.zeros(weight.shape[:-1], dtype=torch.uint8) if kinds is None else kinds.contiguous()
+            stored = (quantize_rows(weight, kinds), kinds)
         else:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
-    _STORED[key] = (weakref.ref(weight, lambda _: _STORED.pop(key, None)), weight._version, stored)
+    keep_stored(weight, weights, stored)
     return stored
+
+
+def keep_stored(weight: torch.Tensor, weights: str, stored: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Hold `stored` (values, scales) as `stored_weight(weight, weights)`'s copy: made there, or the
+    blocks a GGUF file stores the weight in (`attnlab.accel.gguf_blocks`), kept while the weight
+    lives and is unchanged."""
+    key = (id(weight), weights)
+    _STORED[key] = (weakref.ref(weight, lambda _: _STORED.pop(key, None)), weight._version, stored)
 
 
 @functools.cache
@@ -207,20 +226,20 @@ def by_default(model: nn.Module, weights: str = "fp32") -> bool:
 
 
 class WeightsShapeError(UserError, ValueError):
-    """A weight format the model's shape cannot take: int4 for rows not a multiple of 32 wide. A
+    """A weight format the model's shape cannot take: int4 for rows not a multiple of 32 wide, q4_k
+    for rows not a multiple of 256 (`BLOCK_WIDTHS`). A
     user's mistake on the command line (one line, exit 2) and a bad argument in Python."""
 
 
 def weights_refusal(model: nn.Module, weights: str) -> str | None:
     """None where the GPT step decodes `model` with `weights` (`WEIGHT_FORMATS`); else one line
     saying why not and what decoding does instead (fp32 weights on PyTorch's path). Raises
-    `WeightsShapeError` for int4 where a product's rows are not a multiple of 32 wide: nothing
+    `WeightsShapeError` for int4 or q4_k where a product's rows are not whole blocks: nothing
     runs instead of what was asked for there, the format cannot hold the model."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     if weights == "fp32" or supports(model, []):
-        if weights == "int4":
-            _check_int4_widths(model)
+        _check_block_widths(model, weights)
         return None
     device = next(model.parameters()).device.type
     return (
@@ -229,18 +248,67 @@ def weights_refusal(model: nn.Module, weights: str) -> str | None:
     )
 
 
-def _check_int4_widths(model: nn.Module) -> None:
-    """Raise `WeightsShapeError` unless every product's rows are a multiple of `Q4_BLOCK` wide."""
-    odd = sorted({w.size(-1) for w in _product_weights(model) if w.size(-1) % Q4_BLOCK})
+BLOCK_WIDTHS = {
+    "int4": (Q4_BLOCK, "blocks of 32 values of a row (Q4_0)", "int8, bf16 or fp32 (any width)"),
+    "q4_k": (
+        QK,
+        "super-blocks of 256 values of a row (Q4_K, Q6_K)",
+        "int4 (rows a multiple of 32), int8, bf16 or fp32",
+    ),
+}
+"""The formats that store a row in whole blocks: format -> (the block's values, what it stores, the
+formats to use instead), for `_check_block_widths`' message."""
+
+
+def _check_block_widths(model: nn.Module, weights: str) -> None:
+    """Raise `WeightsShapeError` unless every product's rows are whole blocks of `weights`
+    (`BLOCK_WIDTHS`; any width for the other formats)."""
+    if weights not in BLOCK_WIDTHS:
+        return
+    block, holds, instead = BLOCK_WIDTHS[weights]
+    odd = sorted({w.size(-1) for w in product_weights(model) if w.size(-1) % block})
     if odd:
         widths = ", ".join(str(n) for n in odd)
         raise WeightsShapeError(
-            f"--weights int4 stores blocks of {Q4_BLOCK} values of a row (Q4_0), and this model's products "
-            f"read rows {widths} wide, not multiples of {Q4_BLOCK}; use --weights int8, bf16 or fp32 (any width)"
+            f"--weights {weights} stores {holds}, and this model's products read rows {widths} wide, "
+            f"not multiples of {block}; use --weights {instead}"
         )
 
 
-def _product_weights(model: nn.Module) -> list[torch.Tensor]:
+def _more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def q4_k_m_kinds(model: nn.Module) -> list[torch.Tensor]:
+    """Each product's row kinds (0 Q4_K, 1 Q6_K; `product_weights`' order) as llama.cpp's Q4_K_M
+    picks its tensors' types (llama-quant.cpp, `llama_tensor_get_type`): Q6_K for the head (the
+    output tensor, or the token embedding tied to it), and in the layers `_more_bits` picks for
+    attention's value rows (attn_v) and the feed-forward output (ffn_down, a mixture's experts'
+    too); Q4_K for the rest. The value rows are the last KV D rows of the fused in_proj (llama.cpp
+    gives a fused attn_qkv tensor, GPT-2's, Q5_K, which the step does not read)."""
+    kinds: list[torch.Tensor] = []
+    n = len(model.blocks)
+    for layer, (block, (in_proj, out_proj, fc1, fc2)) in enumerate(zip(model.blocks, _by_block(model), strict=True)):
+        six = int(_more_bits(layer, n))
+        attn = block.attn
+        rows = torch.zeros(in_proj.shape[:-1], dtype=torch.uint8)
+        rows[(attn.n_heads + attn.n_kv_heads) * attn.head_dim :] = six
+        kinds += [rows, _kinds(out_proj, 0), _kinds(fc1, 0), _kinds(fc2, six)]
+    return [*kinds, _kinds(model.lm_head.weight, 1)]
+
+
+def _kinds(weight: torch.Tensor, kind: int) -> torch.Tensor:
+    return torch.full(weight.shape[:-1], kind, dtype=torch.uint8)
+
+
+def _by_block(model: nn.Module) -> list[list[torch.Tensor]]:
+    """`product_weights` of each block: in_proj, out_proj, fc1, fc2."""
+    products = product_weights(model)[:-1]
+    return [products[i : i + 4] for i in range(0, len(products), 4)]
+
+
+def product_weights(model: nn.Module) -> list[torch.Tensor]:
     """Every weight a GPT step's products read, in the step's order: each block's in_proj,
     out_proj, fc1 and fc2 (a mixture's experts' stacked), then the head's."""
     products: list[torch.Tensor] = []
@@ -297,7 +365,7 @@ class FusedStep:
 
     A step of more than 8 rows multiplies the larger weights (`REORDERED_MIN_WEIGHT`) by oneDNN's
     reordered copies (`reordered_weight`, remade when a weight changes), looked up at each such step.
-    With `weights` bf16, int8 or int4 (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
+    With `weights` bf16, int8, int4 or q4_k (`WEIGHT_FORMATS`) the products read `stored_weight`'s copies
     instead, streamed up to 15 rows and widened to fp32 for PyTorch's product from 16 on (bf16
     where `native_bf16`: the blocks' products multiplied in bf16 by oneDNN from 16 rows on, the rows
     rounded to bf16). `native_bf16` defaults to `NATIVE_BF16`, whether this CPU has bf16
@@ -335,11 +403,11 @@ class FusedStep:
             self.weights += [ffn.fc1.weight, ffn.fc2.weight] if dense else [None, None]
         params += [*_weight_bias(model.final_norm), model.lm_head.weight.detach()]
         self.weights.append(model.lm_head.weight)
-        products = _product_weights(model)  # every product's weight, experts' included: what `weights` stores
-        if weights == "int4":
-            _check_int4_widths(model)
+        products = product_weights(model)  # every product's weight, experts' included: what `weights` stores
+        _check_block_widths(model, weights)
         self.format = weights  # how the products' weights are stored (WEIGHT_FORMATS)
-        stored = [stored_weight(w, weights) for w in products]
+        kinds = q4_k_m_kinds(model) if weights == "q4_k" else [None] * len(products)
+        stored = [stored_weight(w, weights, k) for w, k in zip(products, kinds, strict=True)]
         for index, (values, _) in zip(_product_indices(len(model.blocks)), stored, strict=True):
             params[index] = values
         # False: PyTorch's product for every weight (benchmarks/rows_step.py compares the two); bf16

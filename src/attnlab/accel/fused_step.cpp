@@ -20,7 +20,7 @@
 //   index into the memory, both reordered in Python for the price of a few integers.
 // The weight products read each weight row once for every row of the batch, so up to a few rows
 // cost about what one does; past 8 rows the products go to oneDNN's (over reordered weights,
-// where the caller gives them) or PyTorch's matrix product; bf16, int8 and int4 weights stream up
+// where the caller gives them) or PyTorch's matrix product; bf16, int8, int4 and K-quant weights stream up
 // to 15 rows and from 16 on are widened to fp32, a chunk at a time, for PyTorch's matrix product.
 //
 // Layouts are PyTorch's: weights (out, in) row-major, a row of the in-projection's output
@@ -40,6 +40,7 @@
 
 #include "quantized.h"
 #include "quantized4.h"
+#include "quantizedk.h"
 #include "vecmath.h"
 
 namespace {
@@ -108,53 +109,72 @@ void linear(const float* W, const float* bias, const float* x, float* y, int64_t
   }
 }
 
-// A product's weight as the GPT step stores it (quantized.h, quantized4.h): values (out, in) in
-// fp32, bf16 or int8, or int4's (out, in / 2) bytes of nibbles; for int8 and int4 their scales
-// (out, blocks) fp32; an empty tensor for the others. A mixture's experts are (E, out, in) and
-// (E, out, blocks), `expert` the one of them.
+// A product's weight as the GPT step stores it (quantized.h, quantized4.h, quantizedk.h): values
+// (out, in) in fp32, bf16 or int8, or int4's (out, in / 2) bytes of nibbles, or the K-quants'
+// (out, in / 256 x the widest row kind's bytes) super-blocks; for int8 and int4 their scales (out,
+// blocks) fp32, for the K-quants each row's kind (out,) uint8 (`attnlab::kQ4K`, `kQ6K`); an
+// empty tensor for the others. A mixture's experts are (E, out, in) and (E, out, blocks) or (E,
+// out), `expert` the one of them.
 struct Weight {
   at::Tensor values, scales;
+  int64_t columns_;
 
-  Weight(at::Tensor v, at::Tensor s = at::Tensor()) : values(std::move(v)), scales(std::move(s)) {}  // NOLINT: an fp32 tensor is a weight
+  Weight(at::Tensor v, at::Tensor s = at::Tensor())  // NOLINT: an fp32 tensor is a weight
+      : values(std::move(v)), scales(std::move(s)), columns_(columns(values, scales)) {}
 
   int64_t out() const { return values.size(-2); }
-  int64_t in() const { return columns(values); }
+  int64_t in() const { return columns_; }
   bool fp32() const { return values.scalar_type() == at::kFloat; }
-  bool q4() const { return values.scalar_type() == at::kByte; }
-  // A stored weight's columns: two a byte for int4's nibbles, one a value for the others.
-  static int64_t columns(const at::Tensor& values) {
-    return values.size(-1) * (values.scalar_type() == at::kByte ? 2 : 1);
+  bool k() const { return is_k(scales); }
+  // Whether a stored weight's values are bytes multiplied in integers (int4 or a K-quant).
+  bool integer() const { return values.scalar_type() == at::kByte; }
+  static bool is_k(const at::Tensor& scales) { return scales.defined() && scales.scalar_type() == at::kByte; }
+  // A stored weight's columns: two a byte for int4's nibbles, 256 a super-block for the K-quants
+  // (whose rows are as far apart as the widest kind among them takes), one a value for the others.
+  static int64_t columns(const at::Tensor& values, const at::Tensor& scales) {
+    if (values.scalar_type() != at::kByte) return values.size(-1);
+    if (!is_k(scales)) return values.size(-1) * 2;
+    const uint8_t* kinds = scales.data_ptr<uint8_t>();
+    const bool six = std::find(kinds, kinds + scales.numel(), attnlab::kQ6K) != kinds + scales.numel();
+    return values.size(-1) / (six ? attnlab::kQ6KBytes : attnlab::kQ4KBytes) * attnlab::kQK;
   }
   Weight expert(int64_t e) const {
-    return {values.select(0, e), scales.defined() && scales.numel() ? scales.select(0, e) : scales};
+    Weight w(values.select(0, e), scales.defined() && scales.numel() ? scales.select(0, e) : scales);
+    w.columns_ = columns_;  // the rows' spacing is the whole tensor's
+    return w;
   }
 };
 
-// `quantized_rows` for an int4 weight: the B rows of x quantized per block once (quantized4.h),
-// then every weight row multiplied with them in integers.
+// `quantized_rows` for an int4 or K-quant weight: the B rows of x quantized per block once
+// (quantized4.h), then every weight row multiplied with them in integers (quantizedk.h for the
+// K-quants, each row by its kind).
 template <int B>
-void q4_rows(const Weight& W, const float* bias, const float* x, float* y) {
-  const int64_t out = W.out(), in = W.in(), blocks = in / attnlab::kQ4Block;
+void integer_rows(const Weight& W, const float* bias, const float* x, float* y) {
+  const int64_t out = W.out(), in = W.in(), blocks = in / attnlab::kQ4Block, stride = W.values.size(-1);
   const attnlab::Q8Activations a(x, B, in);
   const auto* values = W.values.data_ptr<uint8_t>();
-  const float* scales = W.scales.data_ptr<float>();
+  const uint8_t* kinds = W.k() ? W.scales.data_ptr<uint8_t>() : nullptr;
+  const float* scales = W.k() ? nullptr : W.scales.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / in);
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
     float acc[B];
     for (int64_t j = begin; j < end; ++j) {
-      attnlab::dot_rows_q4<B>(values + j * in / 2, scales + j * blocks, a, 0, acc);
+      if (kinds)
+        attnlab::dot_rows_k<B>(values + j * stride, kinds[j], a, 0, acc);
+      else
+        attnlab::dot_rows_q4<B>(values + j * stride, scales + j * blocks, a, 0, acc);
       const float b0 = bias ? bias[j] : 0.f;
       for (int b = 0; b < B; ++b) y[b * out + j] = acc[b] + b0;
     }
   });
 }
 
-// y[b, j] = bias[j] + W[j, :] . x[b, :] for the B rows of x with a bf16, int8 or int4 weight, each
-// row of W widened as it is read (quantized.h; int4's in integers, `q4_rows`), in parallel over
-// W's rows as `linear_rows`.
+// y[b, j] = bias[j] + W[j, :] . x[b, :] for the B rows of x with a stored weight, each row of W
+// widened as it is read (quantized.h; int4's and the K-quants' in integers, `integer_rows`), in
+// parallel over W's rows as `linear_rows`.
 template <int B>
 void quantized_rows(const Weight& W, const float* bias, const float* x, float* y) {
-  if (W.q4()) return q4_rows<B>(W, bias, x, y);
+  if (W.integer()) return integer_rows<B>(W, bias, x, y);
   const int64_t out = W.out(), in = W.in();
   const bool q8 = W.values.scalar_type() == at::kChar;
   const auto* values = static_cast<const uint8_t*>(W.values.data_ptr());
@@ -201,22 +221,28 @@ void quantized_linear(const Weight& W, const float* bias, const float* x, float*
 // of a model's products, small enough to stay in the cache between the widening and the product.
 constexpr int64_t kWidenedChunk = int64_t{1} << 18;
 
-// Rows [begin, begin + n) of a bf16, int8 or int4 weight widened to fp32 into out (n, in), exactly the
-// values the streamed products read (quantized.h), in parallel over the rows.
+// Rows [begin, begin + n) of a stored weight widened to fp32 into out (n, in), exactly the values the
+// streamed products read (quantized.h, quantized4.h, quantizedk.h), in parallel over the rows.
 void widen(const Weight& W, int64_t begin, int64_t n, float* out) {
   const int64_t in = W.in();
   const bool q8 = W.values.scalar_type() == at::kChar;
   at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 14) / in), [&](int64_t lo, int64_t hi) {
     const int64_t j = begin + lo;
-    if (W.q4())
+    if (W.k()) {
+      const int64_t stride = W.values.size(-1);
+      for (int64_t r = lo; r < hi; ++r)
+        attnlab::widen_k(W.values.data_ptr<uint8_t>() + (begin + r) * stride, W.scales.data_ptr<uint8_t>()[begin + r],
+                         in, out + r * in);
+    } else if (W.integer()) {
       attnlab::widen_q4(W.values.data_ptr<uint8_t>() + j * in / 2,
                         W.scales.data_ptr<float>() + j * (in / attnlab::kQ4Block), hi - lo, in, out + lo * in);
-    else if (q8)
+    } else if (q8) {
       attnlab::widen_q8(W.values.data_ptr<int8_t>() + j * in, W.scales.data_ptr<float>() + j * attnlab::q8_blocks(in),
                         hi - lo, in, out + lo * in);
-    else
+    } else {
       attnlab::widen_bf16(reinterpret_cast<const uint16_t*>(W.values.data_ptr()) + j * in, (hi - lo) * in,
                           out + lo * in);
+    }
   });
 }
 
@@ -653,16 +679,31 @@ void mixture(const at::Tensor& router, const Weight& fc1, const at::Tensor& bias
   }
 }
 
+// A K-quant weight's row kinds are (..., out) uint8, each kQ4K or kQ6K, and its rows the
+// super-blocks of a multiple of 256 values, as far apart as the widest kind among them takes.
+void check_kinds(const at::Tensor& w, const at::Tensor& s) {
+  TORCH_CHECK(s.device().is_cpu() && s.is_contiguous() && s.sizes() == w.sizes().slice(0, w.dim() - 1),
+              "a K-quant weight's row kinds must be (..., out) uint8, contiguous, on the CPU");
+  const uint8_t* kinds = s.data_ptr<uint8_t>();
+  TORCH_CHECK(std::all_of(kinds, kinds + s.numel(), [](uint8_t k) { return k <= attnlab::kQ6K; }),
+              "a K-quant row kind is 0 (Q4_K) or 1 (Q6_K)");
+  const bool six = std::find(kinds, kinds + s.numel(), attnlab::kQ6K) != kinds + s.numel();
+  TORCH_CHECK(w.size(-1) % (six ? attnlab::kQ6KBytes : attnlab::kQ4KBytes) == 0,
+              "a K-quant weight's rows must be whole super-blocks of its widest kind");
+}
+
 // An int8 weight's scales are (..., out, ceil(in / 32)), an int4 weight's (..., out, in / 32)
-// (its bytes (..., out, in / 2), in a multiple of 32); other weights have none.
+// (its bytes (..., out, in / 2), in a multiple of 32), a K-quant weight's its row kinds
+// (`check_kinds`); other weights have none.
 void check_scales(const at::Tensor& w, const at::Tensor& s) {
   const auto type = w.scalar_type();
   if (type != at::kChar && type != at::kByte) {
-    TORCH_CHECK(!s.defined() || s.numel() == 0, "only int8 and int4 weights have scales");
+    TORCH_CHECK(!s.defined() || s.numel() == 0, "only int8, int4 and K-quant weights have scales");
     return;
   }
+  if (type == at::kByte && Weight::is_k(s)) return check_kinds(w, s);
   std::vector<int64_t> shape(w.sizes().begin(), w.sizes().end());
-  const int64_t in = Weight::columns(w);
+  const int64_t in = Weight::columns(w, s);
   TORCH_CHECK(type == at::kChar || in % attnlab::kQ4Block == 0, "an int4 weight's rows must be a multiple of ",
               attnlab::kQ4Block, " wide");
   shape.back() = attnlab::q8_blocks(in);
@@ -688,9 +729,9 @@ void check_scales(const at::Tensor& w, const at::Tensor& s) {
 // Caches (B, KV, L, D), one per block: KV < H key/value heads is grouped-query attention.
 // rms_norm: every norm is RMSNorm (else LayerNorm).
 // The products' weights (in_proj, out_proj, fc1 and fc2 of each block, and the head) are fp32,
-// bf16, int8 or int4 (`Weight`); scales holds, in that order (kProductsPerBlock per block, then
-// the head's), the int8 and int4 ones' scales and an empty tensor for each other. Every other
-// tensor is fp32.
+// bf16, int8, int4 or K-quants (`Weight`); scales holds, in that order (kProductsPerBlock per block,
+// then the head's), the int8 and int4 ones' scales, the K-quant ones' row kinds and an empty
+// tensor for each other. Every other tensor is fp32.
 class GPTStep {
  public:
   GPTStep(std::vector<at::Tensor> params, std::vector<at::Tensor> scales, at::Tensor token_embedding,
@@ -720,7 +761,7 @@ class GPTStep {
       TORCH_CHECK(k_[l].dim() == 4 && k_[l].size(0) == B_ && k_[l].size(1) == heads_.KV && k_[l].size(2) == L_ &&
                       k_[l].size(3) == heads_.D && v_[l].sizes() == k_[l].sizes(),
                   "caches must be (B, KV, L, D)");
-      check_block(params_.data() + l * kPerBlock);
+      check_block(l);
     }
     if (cos_.numel()) {
       check_cpu_fp32({cos_, sin_}, "the rotary tables");
@@ -831,26 +872,31 @@ class GPTStep {
       const auto type = w.scalar_type();
       TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && w.dim() >= 2 &&
                       (type == at::kFloat || type == at::kBFloat16 || type == at::kChar || type == at::kByte),
-                  "the products' weights must be contiguous fp32, bf16, int8 or int4 (uint8 nibbles) CPU tensors");
+                  "the products' weights must be contiguous fp32, bf16, int8, int4 (uint8 nibbles) or K-quant "
+                  "(uint8 super-blocks) CPU tensors");
       check_scales(w, s);
     }
   }
 
   // A block's tensors (`params`, above) have the shapes the step reads; the widest hidden layer
   // of the dense or gated ones (W_, F_) sizes the working buffers.
-  void check_block(const at::Tensor* p) {
+  void check_block(int64_t l) {
+    const at::Tensor* p = params_.data() + l * kPerBlock;
     const int64_t C = C_;
     TORCH_CHECK(p[0].numel() == C && p[6].numel() == C, "norm weights must be (C,)");
-    const auto in = [](const at::Tensor& w) { return Weight::columns(w); };
-    TORCH_CHECK(p[2].dim() == 2 && p[2].size(0) == heads_.width() && in(p[2]) == C,
+    const at::Tensor* s = scales_.data() + l * kProductsPerBlock;  // in_proj's, out_proj's, fc1's, fc2's
+    const auto in = [&](int64_t index) {  // of params 2, 4, 8 and 10: products 0 to 3
+      return Weight::columns(p[index], s[index < 8 ? index / 2 - 1 : index / 2 - 2]);
+    };
+    TORCH_CHECK(p[2].dim() == 2 && p[2].size(0) == heads_.width() && in(2) == C,
                 "in_proj's weight must be ((H + 2 KV) D, C)");
-    TORCH_CHECK(p[4].dim() == 2 && p[4].size(0) == C && in(p[4]) == C, "out_proj's weight must be (C, C)");
+    TORCH_CHECK(p[4].dim() == 2 && p[4].size(0) == C && in(4) == C, "out_proj's weight must be (C, C)");
     const bool moe = p[12].numel() > 0;
     const at::Tensor &fc1 = p[8], &fc2 = p[10];
     const int64_t dims = moe ? 3 : 2, experts = moe ? p[12].size(0) : 1;
     TORCH_CHECK(fc1.dim() == dims && fc2.dim() == dims, "feed-forward weights must be (W, C) and (C, F), or per expert");
-    const int64_t W = fc1.size(dims - 2), F = in(fc2);
-    TORCH_CHECK(in(fc1) == C && fc2.size(dims - 2) == C && W == (gated_ ? 2 * F : F),
+    const int64_t W = fc1.size(dims - 2), F = in(10);
+    TORCH_CHECK(in(8) == C && fc2.size(dims - 2) == C && W == (gated_ ? 2 * F : F),
                 "fc1 must have F rows (2F gated) of C and fc2 C rows of F");
     if (moe) {
       TORCH_CHECK(p[12].dim() == 2 && p[12].size(1) == C && fc1.size(0) == experts && fc2.size(0) == experts,
@@ -1109,11 +1155,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("STREAMED_MAX_ROWS") = kStreamedMaxRows;
   m.attr("WIDENED_MIN_ROWS") = kWidenedMinRows;
   m.attr("Q4_PATH") = attnlab::kQ4Path;
+  m.attr("QK_PATH") = attnlab::kQKPath;
   m.def("stored_linear", &stored_linear, without_gil(),
         "x W^T for a stored weight as the GPT step multiplies it (streamed or widened by the rows' number): "
         "values, scales, x (R, in) -> (R, out)");
   m.def("set_portable_q4", [](bool portable) { attnlab::portable_q4() = portable; },
-        "Whether the int4 products take the plain C++ path on any CPU (the tests compare it with the vector ones)");
+        "Whether the int4 and K-quant products take the plain C++ path on any CPU (the tests compare it with the vector ones)");
   // module_local: a process may load builds for two instruction sets (tests/accel/test_q4.py), and
   // pybind11 registers a class of one name once per process otherwise.
   pybind11::class_<GPTStep>(m, "GPTStep", pybind11::module_local())
@@ -1121,7 +1168,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, double, int64_t, bool,
                           bool, int64_t>())
       .def("step", &GPTStep::step, without_gil(),
-           "One pre-norm GPT decoding step (CPU; fp32, bf16, int8 or int4 weights): tokens (B,), pos, packed -> "
+           "One pre-norm GPT decoding step (CPU; fp32, bf16, int8, int4 or K-quant weights): tokens (B,), pos, packed -> "
            "logits (B, V)")
       .def("step_rows", &GPTStep::step_rows, without_gil(),
            "The step of cache rows 0..R-1, each at its own position: tokens (R,), positions (R,), packed -> logits (R, V)")

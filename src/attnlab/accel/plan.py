@@ -49,9 +49,9 @@ def plan_decoding(
 ) -> DecodePlan:
     """The one decision of how `model` decodes. fused None (no flag): the fused step where it
     covers the model and is built here (no pause to compile), or wherever it covers the model for
-    bf16, int8 or int4 weights (`attnlab.accel.fused.by_default`; WaveNet's step,
+    bf16, int8, int4 or q4_k weights (`attnlab.accel.fused.by_default`; WaveNet's step,
     `attnlab.accel.wavenet.by_default`); never beside `compile`. weights: kept for the fused step,
-    fp32 without it. fused True or False: as asked (bf16, int8 or int4 weights without the fused
+    fp32 without it. fused True or False: as asked (bf16, int8, int4 or q4_k weights without the fused
     step are refused). The inductor options follow the model's device."""
     if fused is None:
         fused = not compile and _fused_by_default(model, weights)

@@ -45,10 +45,15 @@ struct Q8Activations {
   std::vector<int8_t> p;         // (rows, in)
   std::vector<float> scale;      // (rows, blocks * kLanes)
   std::vector<int32_t> offset;   // (rows, blocks * kLanes)
+  // What the K-quants' products (quantizedk.h) add: e times the sum of a block's p, and Q6_K's
+  // -32 times the sum of each half's p in lanes 0 and 4 (its sub-blocks are 16 values).
+  std::vector<float> sum;        // (rows, blocks)
+  std::vector<int32_t> offset6;  // (rows, blocks * kLanes)
 
   Q8Activations(const float* x, int64_t rows_, int64_t in_)
       : rows(rows_), in(in_), blocks(in_ / kQ4Block), p(rows_ * in_),
-        scale(rows_ * blocks * kLanes), offset(rows_ * blocks * kLanes, 0) {
+        scale(rows_ * blocks * kLanes), offset(rows_ * blocks * kLanes, 0), sum(rows_ * blocks),
+        offset6(rows_ * blocks * kLanes, 0) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < blocks; ++k) quantize_block(x + r * in + k * kQ4Block, r, k);
   }
@@ -56,6 +61,8 @@ struct Q8Activations {
   const int8_t* row(int64_t r, int64_t k) const { return p.data() + r * in + k * kQ4Block; }
   const float* scales(int64_t r, int64_t k) const { return scale.data() + (r * blocks + k) * kLanes; }
   const int32_t* offsets(int64_t r, int64_t k) const { return offset.data() + (r * blocks + k) * kLanes; }
+  const int32_t* offsets6(int64_t r, int64_t k) const { return offset6.data() + (r * blocks + k) * kLanes; }
+  const float* sums(int64_t r, int64_t k) const { return sum.data() + r * blocks + k; }
 
  private:
   void quantize_block(const float* x, int64_t r, int64_t k) {
@@ -63,14 +70,16 @@ struct Q8Activations {
     for (int i = 0; i < kQ4Block; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float e = amax / 127.f, inv = e > 0.f ? 1.f / e : 0.f;
     int8_t* q = p.data() + r * in + k * kQ4Block;
-    int32_t sum = 0;
+    int32_t half[2] = {0, 0};
     for (int i = 0; i < kQ4Block; ++i) {
       q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
-      sum += q[i];
+      half[i / 16] += q[i];
     }
     const int64_t at = (r * blocks + k) * kLanes;
     for (int l = 0; l < kLanes; ++l) scale[at + l] = e;
-    offset[at] = -8 * sum;
+    offset[at] = -8 * (half[0] + half[1]);
+    offset6[at] = -32 * half[0], offset6[at + kLanes / 2] = -32 * half[1];
+    sum[r * blocks + k] = e * static_cast<float>(half[0] + half[1]);
   }
 };
 

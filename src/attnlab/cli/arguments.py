@@ -90,18 +90,18 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-WEIGHTS = ("fp32", "bf16", "int8", "int4")
+WEIGHTS = ("fp32", "bf16", "int8", "int4", "q4_k")
 """--weights' choices: `attnlab.accel.fused.WEIGHT_FORMATS`, repeated here so that parsing imports no
 PyTorch (tests/accel/test_fused_int8.py checks that the two agree)."""
 
 
 def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = True) -> None:
-    """--weights: how the fused decoding step stores the products' weights (fp32, bf16, int8 or
-    int4). by_checkpoint: left out, it is None, for `decoding_weights` to take the checkpoint's own
-    format (a Q8_0 GGUF's int8, a Q4_0 GGUF's int4); False: fp32."""
+    """--weights: how the fused decoding step stores the products' weights (fp32, bf16, int8, int4
+    or q4_k). by_checkpoint: left out, it is None, for `decoding_weights` to take the checkpoint's own
+    format (a Q8_0 GGUF's int8, a Q4_0 GGUF's int4, a Q4_K_M GGUF's q4_k); False: fp32."""
     default = (
-        "int8 or int4 for a GGUF file whose weight matrices are all Q8_0 or all Q4_0 (its own blocks) where the "
-        "fused step covers the model, fp32 elsewhere"
+        "int8, int4 or q4_k for a GGUF file whose weight matrices are all Q8_0, all Q4_0 or all Q4_K and Q6_K (its "
+        "own blocks) where the fused step covers the model, fp32 elsewhere"
         if by_checkpoint
         else "fp32"
     )
@@ -112,13 +112,14 @@ def add_weights_argument(p: argparse.ArgumentParser, *, by_checkpoint: bool = Tr
         help="the decoding step's weights: fp32; bf16 (rounded to 16 bits), int8 (blocks of 32 "
         "values with one fp32 scale each, as GGUF's q8_0; activations in fp32) or int4 (GGUF's Q4_0: blocks of 32 "
         "four-bit values and one scale, any width a multiple of 32; up to 15 rows the activations are quantized "
-        "to int8 blocks as llama.cpp's are), read by the fused step (built first if need be); a model the fused "
-        f"step does not cover decodes with fp32 weights, saying so (default: {default})",
+        "to int8 blocks as llama.cpp's are) or q4_k (llama.cpp's Q4_K_M mix of GGUF's Q4_K and Q6_K super-blocks "
+        "of 256 values, any width a multiple of 256), read by the fused step (built first if need be); a model the "
+        f"fused step does not cover decodes with fp32 weights, saying so (default: {default})",
     )
 
 
 def check_weights_options(args: argparse.Namespace) -> None:
-    """--weights bf16, int8 or int4 need the fused step: refused beside --no-fused or --compile."""
+    """--weights bf16, int8, int4 or q4_k need the fused step: refused beside --no-fused or --compile."""
     from attnlab.errors import UserError
 
     if args.weights in (None, "fp32"):  # None: not given (`decoding_weights` picks)

@@ -1,5 +1,5 @@
 """attnlab bench [--device cpu|cuda|auto] [--json] [--quick] [--compile | --fused | --no-fused] [--repeats N]
-[--weights fp32|bf16|int8|int4] [--out FILE.json]"""
+[--weights fp32|bf16|int8|int4|q4_k] [--out FILE.json]"""
 
 import argparse
 import sys

@@ -1,5 +1,5 @@
 """attnlab sample RUN|HF_FOLDER|GGUF [PROMPT | -p/--prompt TEXT] [-n/--max-new-tokens N --temperature T --top-k K
---top-p P --seed S] [--compile | --fused | --no-fused] [--weights fp32|bf16|int8|int4]
+--top-p P --seed S] [--compile | --fused | --no-fused] [--weights fp32|bf16|int8|int4|q4_k]
 [--draft RUN_OR_FOLDER | --prompt-lookup [N]] [--draft-k K]
 attnlab sample IMAGE_RUN --out FILE.png [--class C] [--num-samples N] [--complete SPLIT:INDEX]
 attnlab sample WAVENET_RUN --digit D --out FILE.wav [--seconds S] [--speaker NAME] [--naive]

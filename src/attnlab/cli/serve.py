@@ -1,6 +1,6 @@
 """attnlab serve RUN [RUN ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-batch N] [--max-queue N]
 [--max-tokens N] [--max-n N] [--max-prompt-tokens N] [--no-batching] [--fused | --no-fused]
-[--weights fp32|bf16|int8|int4] [--threads N] [--cache-memory SIZE]
+[--weights fp32|bf16|int8|int4|q4_k] [--threads N] [--cache-memory SIZE]
 
 Calls `attnlab.serve.app.create_app` on the runs of `attnlab.serve.registry.load_runs`."""
 

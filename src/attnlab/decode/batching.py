@@ -54,7 +54,7 @@ class Batcher:
     lengths in one forward); `step` gives every sequence its next token; sequences that finish
     leave by themselves, `leave` takes one out early (a client gone, a stop string). `fused`: the
     cached rows' step in C++ where `attnlab.accel.fused` covers the model (a warning and
-    PyTorch's path where it does not), its weights fp32, bf16, int8 or int4 (`weights`); or `plan`,
+    PyTorch's path where it does not), its weights fp32, bf16, int8, int4 or q4_k (`weights`); or `plan`,
     those two decided already where the model was loaded (`attnlab.accel.plan.plan_decoding`).
     Not thread-safe: one thread drives it.
 

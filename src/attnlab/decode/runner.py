@@ -51,7 +51,7 @@ class Runner:
 
     `plan` (`attnlab.accel.plan.DecodePlan`): with `fused`, the steps in C++ where
     `attnlab.accel.fused` covers the model (a warning and PyTorch's path where it does not), reading
-    the weights as its `weights` says (fp32, bf16, int8 or int4).
+    the weights as its `weights` says (fp32, bf16, int8, int4 or q4_k).
     Every call runs in eval mode without autograd.
     """
 

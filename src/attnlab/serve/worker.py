@@ -154,7 +154,7 @@ class ModelWorker:
     wait for a row; more are refused with `QueueFull`. max_prompt_tokens: the longest prompt
     accepted (`context`); the model reads a prompt's last block_size tokens, as `attnlab sample` does.
     fused: the decoding step in C++ (`Batcher`'s); None: where it is built and covers the model.
-    weights: how the fused step stores the weights (fp32, bf16, int8, int4); with those but fp32, None
+    weights: how the fused step stores the weights (fp32, bf16, int8, int4, q4_k); with those but fp32, None
     takes the fused step wherever it covers the model, and a model it does not cover decodes in fp32.
     The two are decided once, here (`plan`: `attnlab.accel.plan.plan_decoding`), for every request.
     cache_memory: bytes of recent prompts' keys and values kept for the prompts that begin the same

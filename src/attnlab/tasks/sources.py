@@ -189,6 +189,10 @@ def _gguf(source: SourceKind, dtype: torch.dtype) -> Loaded:
     from attnlab.models.hf.gguf import load_gguf  # it names the `gguf` package where that is missing
 
     lm = load_gguf(source.path, dtype=dtype)
+    if lm.stored_weights == "q4_k":  # the file's K-quant blocks, found by the rows' values
+        from attnlab.accel.gguf_blocks import keep_file_blocks
+
+        keep_file_blocks(lm.model, source.path)
     return Loaded(
         source=source,
         model=lm.model,

@@ -526,9 +526,9 @@ def rope_variants(reader: "GGUFReader", name: str, config: Mapping[str, Any], pa
 def dequantize(tensor: "ReaderTensor", path: Path) -> torch.Tensor:
     """One tensor of the file (a `gguf.ReaderTensor`) as float32 in PyTorch's order (rows, columns):
     F32 as stored, F16 and BF16 widened, blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, ...) decoded by
-    gguf's reference dequantizers. The one place the file's storage types are decoded: a fused
-    path for the K-quants would take the blocks here instead. A type gguf cannot decode is refused
-    by name.
+    gguf's reference dequantizers. The one place the file's storage types are decoded (the fused
+    step's q4_k finds Q4_K and Q6_K rows' blocks by these values: `attnlab.accel.gguf_blocks`). A
+    type gguf cannot decode is refused by name.
 
     Q8_0 needs no block path: the fused step's int8 format (`attnlab.accel.fused.quantize_q8_0`) of
     a dequantized Q8_0 row gives back the file's codes and scales bit for bit. ggml stores a block
@@ -730,6 +730,9 @@ def _read(path: Path) -> tuple[HFSource, BPETokenizer, str | None, str | None]:
 # The fused step's weight format (`attnlab.accel.fused.WEIGHT_FORMATS`) that holds a GGUF type's
 # values exactly, as `dequantize`'s docstring shows for Q8_0 and Q4_0.
 STORED_FORMATS = {"Q8_0": "int8", "Q4_0": "int4"}
+# The types of the q4_k format's rows: a file whose matrices are all of them (a Q4_K_M file of
+# whole super-blocks) decodes with its own blocks (`attnlab.accel.gguf_blocks`).
+K_QUANT_ROWS = {"Q4_K", "Q6_K"}
 # Matrices no product reads: looked up (the position and token-type embeddings), or a mixture's
 # router, which the fused step keeps in fp32 (llama.cpp's converter keeps them in float too).
 LOOKED_UP = ("position_embd.weight", "token_types.weight")
@@ -737,8 +740,8 @@ ROUTER = "ffn_gate_inp.weight"
 
 
 def stored_weights(reader: "GGUFReader", arch: GGUFArchitecture) -> str | None:
-    """The fused step's format (`STORED_FORMATS`) in which the file stores every matrix the step's
-    products read (attention's, the feed-forward layers' and experts', the head's: the token
+    """The fused step's format (`STORED_FORMATS`; q4_k for `K_QUANT_ROWS`) in which the file stores
+    every matrix the step's products read (attention's, the feed-forward layers' and experts', the head's: the token
     embedding where no head is stored); None where some of them are of another type (a Q8_0
     file keeps rows not a multiple of 32 wide in F16) or the type has no such format."""
     names = {tensor.name for tensor in reader.tensors}
@@ -751,6 +754,8 @@ def stored_weights(reader: "GGUFReader", arch: GGUFArchitecture) -> str | None:
         and not tensor.name.endswith(ROUTER)
         and (tied or tensor.name != "token_embd.weight")
     }
+    if types and types <= K_QUANT_ROWS:
+        return "q4_k"
     return STORED_FORMATS.get(types.pop()) if len(types) == 1 else None
 
 
@@ -760,7 +765,8 @@ class LoadedGGUF(LoadedCausalLM):
 
     stored_weights: str | None = None
     """`stored_weights`: the fused step's format that holds the products' weights as the file stores
-    them ("int8" for Q8_0, "int4" for Q4_0), which `attnlab sample` and `serve` decode with by default."""
+    them ("int8" for Q8_0, "int4" for Q4_0, "q4_k" for Q4_K and Q6_K), which `attnlab sample` and
+    `serve` decode with by default."""
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> LoadedGGUF:

@@ -52,9 +52,10 @@ def memory_bandwidth(device: torch.device, quick: bool = False, repeats: int = 5
     return 2 * n * src.element_size() / best
 
 
-BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32, "int4": 0.5 + 4.0 / 32}
+BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32, "int4": 0.5 + 4.0 / 32, "q4_k": 144 / 256}
 """Bytes a decoding step reads per weight, by `attnlab.accel.fused.WEIGHT_FORMATS` (int8: one byte
-and a 4-byte scale per 32 values; int4: half a byte and the same scale)."""
+and a 4-byte scale per 32 values; int4: half a byte and the same scale; q4_k: Q4_K's 144 bytes per
+256 values, a floor: its Q6_K rows read 210)."""
 
 
 def decode_weight_bytes(model: GPT, weights: str | None = None) -> int:
