@@ -12,13 +12,19 @@ TORCH  := torch==2.13.0
 demo: $(VENV)/.installed
 	$(BIN)/attnlab demo
 
+# The suite runs in one process per core (pytest-xdist; `make test WORKERS=1` runs it in one), each
+# with one PyTorch thread: two processes with a pool of threads each stall each other, while most
+# tests are single-threaded Python anyway. The slowest tests are listed at the end.
+WORKERS ?= auto
+PYTEST  := OMP_NUM_THREADS=1 $(BIN)/pytest -n $(WORKERS)
+
 test: $(VENV)/.dev-installed browser gguf-converter
-	$(BIN)/pytest
+	$(PYTEST) --durations=25
 
 # The edit loop: the suite less the modules marked slow (they train, start processes or servers,
 # drive the browser or run the docs' examples). `make test` runs everything.
 test-fast: $(VENV)/.dev-installed
-	$(BIN)/pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The AVX2 code paths on any x86-64 CPU, AVX-512 ones included (CI runs this after `make test`):
 # the C++ kernels built for x86-64-v3 (AVX2, no AVX-512) and PyTorch's and oneDNN's kernels capped
@@ -34,7 +40,7 @@ NUMERICAL := tests/accel -m "not build"
 test-avx2: $(VENV)/.dev-installed
 	@case "$$(uname -m)" in x86_64|amd64) ;; *) echo "make: test-avx2 is for x86-64 CPUs; skipped"; exit 0;; esac; \
 	grep -qw avx2 /proc/cpuinfo || { echo "make: this CPU has no AVX2; test-avx2 skipped"; exit 0; }; \
-	$(AVX2) $(BIN)/attnlab kernels build && $(AVX2) $(BIN)/pytest $(NUMERICAL)
+	$(AVX2) $(BIN)/attnlab kernels build && $(AVX2) $(PYTEST) $(NUMERICAL)
 
 serve: $(VENV)/.serve-installed
 	@echo "ready: $(BIN)/attnlab serve RUN [RUN ...]"

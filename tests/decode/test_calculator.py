@@ -209,7 +209,10 @@ def test_time_the_calculator_waits_for_the_cpu_is_not_its_time():
             sum(range(10_000_000))  # one C call: the interpreter is not handed back until it ends
 
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # the calculator's thread gives the interpreter up as soon as asked
+    # The calculator's thread gives the interpreter up within a tenth of a millisecond of being
+    # asked, so each walk waits out several of the other thread's calls. (Far shorter, and the
+    # waiting itself costs the thread CPU time: it wakes to ask for the interpreter that often.)
+    sys.setswitchinterval(1e-4)
     other = threading.Thread(target=hold_the_interpreter)
     other.start()
     try:
@@ -220,4 +223,4 @@ def test_time_the_calculator_waits_for_the_cpu_is_not_its_time():
         stop.set()
         other.join()
         sys.setswitchinterval(interval)
-    assert len(answers) > 3 and set(answers) == {"60"}
+    assert len(answers) >= 2 and set(answers) == {"60"}
