@@ -156,8 +156,8 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_saves(tiny_tom
 
 
 def test_a_worker_under_a_launcher_writes_all_its_output_before_it_leaves():
-    """A process with torchrun's RANK and WORLD_SIZE skips the interpreter's teardown on exit
-    (`attnlab.__main__`): what it printed to a pipe still arrives whole, with its exit status."""
+    """A process with torchrun's RANK and WORLD_SIZE leaves as any other does: what it printed to a
+    pipe arrives whole, with its exit status."""
     command = [sys.executable, "-m", "attnlab", "data", "list"]
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a pipe is by default
     alone = subprocess.run(command, capture_output=True, text=True, env=buffered, timeout=120)
