@@ -182,6 +182,33 @@ def test_greedy_continuations_agree_until_a_near_tie(files, name):
     assert_greedy_agrees(path, model, ids, 32, bound(path, logits))
 
 
+# llama.cpp's Q4_0 file keeps some tensors in Q8_0 and F16, so attnlab decodes it in fp32 (the int4
+# step reads files whose matrices are all Q4_0); its Q4_K_M file is all Q4_K and Q6_K.
+@pytest.mark.parametrize("name, weights", [("wide-q4_k_m", "q4_k")])
+def test_the_fused_step_on_the_files_own_blocks_agrees_with_llama_cpp(files, name, weights):
+    """What `attnlab sample FILE` decodes by default: the fused step reading the file's own 4-bit
+    blocks (llama.cpp's quantizer's, not requantized), whose products quantize the activations as
+    llama.cpp's do. 32 greedy tokens agree with llama.cpp's but for near ties within the bound."""
+    from attnlab.accel.fused import extension
+    from attnlab.tasks.sources import default_weights, load_checkpoint
+
+    if extension() is None:
+        pytest.skip("the fused step could not be built here")
+    path = files / f"{name}.gguf"
+    loaded = load_checkpoint(path, command="sample")
+    assert default_weights(loaded.model, loaded.stored_weights) == weights
+    ids = prompt(path, 8)
+    ours = greedy(loaded.model, torch.tensor([ids]), 32, fused=True, weights=weights)[0, len(ids) :].tolist()
+    theirs = their_greedy(path, ids, 32)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), 32)
+    print(f"{name} on the {weights} step: {agree} of 32 greedy tokens agree")
+    if agree < 32:
+        with torch.no_grad():
+            logits = loaded.model(torch.tensor([ids + ours[:agree]]))[0].numpy()
+        top2 = np.sort(logits[-1])[-2:]
+        assert top2[1] - top2[0] <= 2 * bound(path, logits), f"{name}: the continuations part at token {agree}"
+
+
 # -- files attnlab writes ----------------------------------------------------------------------------
 
 
