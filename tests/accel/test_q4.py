@@ -19,6 +19,8 @@ Each path is run here: the vector one this build has (AVX-512 with VNNI where th
 `make test-avx2` runs this file on the AVX2 build) and the plain C++ one (`set_portable_q4`).
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -179,30 +181,52 @@ ARCHITECTURES = {
 }
 
 
-def dequantized_model(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the model whose products' weights are their Q4_0 values (the embedding kept fp32;
-    a tied head untied), computed with gguf's quantizer and dequantizer, not attnlab's."""
+def dequantized_copy(
+    model: torch.nn.Module,
+    values: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    kinds: list[torch.Tensor] | None = None,
+) -> torch.nn.Module:
+    """A copy of the model whose products' weights (`product_weights`) are `values(weight, rows)`:
+    what a format stores them as, dequantized (the embedding kept fp32; a tied head untied). kinds:
+    each product's row kinds, passed on as `rows` (None: None for each)."""
     import copy
 
-    from attnlab.nn import MixtureOfExperts
-
-    def q4(p: torch.Tensor) -> torch.Tensor:
-        flat = p.detach().reshape(-1, p.size(-1)).numpy()
-        raw = gguf.quants.quantize(flat, gguf.GGMLQuantizationType.Q4_0)
-        values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0)
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(p.shape)
+    from attnlab.accel.fused import product_weights
 
     ref = copy.deepcopy(model)
+    originals, copies = product_weights(model), product_weights(ref)
+    kinds = [None] * len(originals) if kinds is None else kinds
     with torch.no_grad():
-        for block in ref.blocks:
-            tensors = [block.attn.in_proj.weight, block.attn.out_proj.weight]
-            ffn = block.ffn
-            moe = isinstance(ffn, MixtureOfExperts)
-            tensors += [ffn.experts.fc1, ffn.experts.fc2] if moe else [ffn.fc1.weight, ffn.fc2.weight]
-            for p in tensors:
-                p.copy_(q4(p))
-        ref.lm_head.weight = torch.nn.Parameter(q4(model.lm_head.weight))
+        for original, copied, rows in zip(originals[:-1], copies[:-1], kinds[:-1], strict=True):
+            copied.copy_(values(original, rows))
+        ref.lm_head.weight = torch.nn.Parameter(values(originals[-1], kinds[-1]))
     return ref.eval()
+
+
+def gguf_q4_0_values(weight: torch.Tensor, rows: None = None) -> torch.Tensor:
+    """gguf's own Q4_0 quantizer and dequantizer on a weight `(..., in)`, not attnlab's."""
+    flat = weight.detach().reshape(-1, weight.size(-1)).numpy()
+    raw = gguf.quants.quantize(flat, gguf.GGMLQuantizationType.Q4_0)
+    values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0)
+    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(weight.shape)
+
+
+def dequantized_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model whose products' weights are their Q4_0 values, computed with gguf's
+    quantizer and dequantizer, not attnlab's."""
+    return dequantized_copy(model, gguf_q4_0_values)
+
+
+def assert_extend_is_the_dequantized_model(model: torch.nn.Module, reference: torch.nn.Module, weights: str) -> None:
+    """60 tokens in one call (`extend`, the logits after each) with `weights` equal `reference`'s
+    own forward within float32's rounding. (60: a mixture's experts each see 16 tokens or more of
+    them, and widen too.)"""
+    prompt = torch.randint(model.config.vocab_size, (1, 60), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        step = FusedStep(model, extension(), model.new_cache(1), weights=weights)
+        got = step.extend(prompt[0], 0)  # (60, V)
+        want = reference(prompt)[0]
+    assert_float32_close(got, want, **gpt_sums(model.config))
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -211,13 +235,7 @@ def test_a_step_of_many_tokens_is_the_dequantized_model(arch):
     the tokens as they are: the dequantized model's own forward within float32's rounding. (60: a
     mixture's experts each see 16 tokens or more of them, and widen too.)"""
     model = tiny_gpt(block_size=64, **ARCHITECTURES[arch])
-    reference = dequantized_model(model)
-    prompt = torch.randint(model.config.vocab_size, (1, 60), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        step = FusedStep(model, extension(), model.new_cache(1), weights="int4")
-        got = step.extend(prompt[0], 0)  # (60, V)
-        want = reference(prompt)[0]
-    assert_float32_close(got, want, **gpt_sums(model.config))
+    assert_extend_is_the_dequantized_model(model, dequantized_model(model), "int4")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,12 @@ import pytest
 import torch
 
 from accel.test_fused_int8 import trained_gpt
-from accel.test_q4 import avx512_build, quantized_activations  # noqa: F401 (a fixture)
+from accel.test_q4 import (  # noqa: F401 (avx512_build: a fixture)
+    assert_extend_is_the_dequantized_model,
+    avx512_build,
+    dequantized_copy,
+    quantized_activations,
+)
 from attnlab.accel.blocks import (
     Q4_K_BYTES,
     Q6_K_BYTES,
@@ -33,7 +38,6 @@ from attnlab.accel.blocks import (
 )
 from attnlab.accel.fused import (
     WEIGHT_FORMATS,
-    FusedStep,
     WeightsShapeError,
     extension,
     q4_k_m_kinds,
@@ -41,7 +45,7 @@ from attnlab.accel.fused import (
 )
 from attnlab.decode import greedy
 from decode.conftest import tiny_gpt
-from tolerance import assert_float32_close, float32_factor, gpt_sums
+from tolerance import assert_float32_close, float32_factor
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(extension() is None, reason="the fused step could not be built here")
@@ -252,18 +256,7 @@ def test_q4_k_m_kinds_are_llama_cpps_choice():
 def dequantized_model(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of the model whose products' weights are their q4_k values (`q4_k_m_kinds`'s rows
     kinds, attnlab's quantizer) as gguf dequantizes them (the embedding kept fp32; a tied head untied)."""
-    import copy
-
-    from attnlab.accel.fused import product_weights
-
-    ref = copy.deepcopy(model)
-    kinds = q4_k_m_kinds(model)
-    originals, copies = product_weights(model), product_weights(ref)
-    with torch.no_grad():
-        for original, copied, rows in zip(originals[:-1], copies[:-1], kinds[:-1], strict=True):
-            copied.copy_(stored_values(original, rows))
-        ref.lm_head.weight = torch.nn.Parameter(stored_values(originals[-1], kinds[-1]))
-    return ref.eval()
+    return dequantized_copy(model, stored_values, q4_k_m_kinds(model))
 
 
 def stored_values(weight: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
@@ -277,13 +270,7 @@ def test_a_step_of_many_tokens_is_the_dequantized_model(arch):
     """60 tokens in one call (`extend`) widen the q4_k weights and multiply the tokens as they are:
     the dequantized model's own forward within float32's rounding."""
     model = tiny_gpt(block_size=64, **ARCHITECTURES[arch])
-    reference = dequantized_model(model)
-    prompt = torch.randint(model.config.vocab_size, (1, 60), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        step = FusedStep(model, extension(), model.new_cache(1), weights="q4_k")
-        got = step.extend(prompt[0], 0)  # (60, V)
-        want = reference(prompt)[0]
-    assert_float32_close(got, want, **gpt_sums(model.config))
+    assert_extend_is_the_dequantized_model(model, dequantized_model(model), "q4_k")
 
 
 @pytest.fixture(scope="module")
